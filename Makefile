@@ -1,0 +1,45 @@
+# gpuorch — run `make help` for the targets.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+N ?= 20
+
+.DEFAULT_GOAL := help
+
+help: ## List the targets
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  \033[1m%-10s\033[0m %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+setup: $(STAMP) ## Create .venv and install gpuorch with its pinned dependencies
+
+lint: $(STAMP) ## ruff and mypy (strict on proto/ and the pure decision modules)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+schemas: $(STAMP) ## Export the contract as JSON Schema into proto/schemas/
+	$(BIN)/python -m gpuorch_proto.schema proto/schemas
+
+test: $(STAMP) ## Lint, then the whole pytest suite against a real nats-server and local clusters
+	$(MAKE) lint
+	$(BIN)/pytest -q
+
+demo: $(STAMP) ## Start NATS, the four services and local clusters; run the seed's scenario; stop everything
+	$(BIN)/gpuorch demo
+
+chaos: $(STAMP) ## Randomized fault schedules with the invariant checker (N=schedules)
+	$(BIN)/python -m gpuorch.chaos --schedules $(N)
+
+bench: $(STAMP) ## Benchmarks: routing policy throughput and more; prints numbers
+	$(BIN)/python -m gpuorch.bench
+
+clean: ## Remove the venv and local state
+	rm -rf $(VENV) .gpuorch .pytest_cache .mypy_cache .ruff_cache
+
+.PHONY: help setup lint schemas test demo chaos bench clean

@@ -1,0 +1,57 @@
+"""gpuorch's versioned contract (v1): workload, snapshots, decisions, commands and events.
+
+Pure data: msgspec Structs, subject names and codecs. See proto/EVOLUTION.md for the rules.
+"""
+
+from .codec import (
+    ContractError,
+    decode_event,
+    decode_fence,
+    decode_owner,
+    decode_snapshot,
+    encode,
+    load_workload_yaml,
+    workload_from_obj,
+    workload_id_for,
+)
+from .events import EVENT_TYPES, TERMINAL_TYPES, Base, Event, FieldError, event_id, type_tag
+from .inventory import ClusterRegistryEntry, ClusterSnapshot, NodeInfo, QueueInfo, Taint
+from .routing import Check, ClusterVerdict, Estimate, RoutingDecision
+from .state import FenceRecord, OwnerLease
+from .subjects import Names, kv_buckets, streams
+from .workload import SCHEMA_VERSION, Workload
+
+__all__ = [
+    "EVENT_TYPES",
+    "SCHEMA_VERSION",
+    "TERMINAL_TYPES",
+    "Base",
+    "Check",
+    "ClusterRegistryEntry",
+    "ClusterSnapshot",
+    "ClusterVerdict",
+    "ContractError",
+    "Estimate",
+    "Event",
+    "FenceRecord",
+    "FieldError",
+    "Names",
+    "NodeInfo",
+    "OwnerLease",
+    "QueueInfo",
+    "RoutingDecision",
+    "Taint",
+    "Workload",
+    "decode_event",
+    "decode_fence",
+    "decode_owner",
+    "decode_snapshot",
+    "encode",
+    "event_id",
+    "kv_buckets",
+    "load_workload_yaml",
+    "streams",
+    "type_tag",
+    "workload_from_obj",
+    "workload_id_for",
+]

@@ -1,0 +1,231 @@
+"""Commands and lifecycle events: one tagged union, one envelope shape (DESIGN §2).
+
+Every message on `gpuorch.cmd.*` and `gpuorch.evt.>` is one of these Structs,
+tagged by its `type` field. Event ids are deterministic (workload, type and a
+discriminator such as the attempt), so a redelivered input republishes the same
+`Nats-Msg-Id` and JetStream drops the duplicate.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from .routing import RoutingDecision
+from .workload import Workload
+
+AttemptMode = Literal["fresh", "retry", "resume"]
+
+
+class Base(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    schema_version: int = 1
+    event_id: str = ""
+    workload_id: str
+    at: float  # unix seconds when the emitting service decided this
+
+
+# ---- commands (published by other systems) -------------------------------------------
+
+
+class Submit(Base, frozen=True, kw_only=True, tag="submit"):
+    """A new workload. `workload_id` may be empty: the router derives it from the idempotency key."""
+
+    workload_id: str = ""
+    at: float = 0.0
+    workload: Workload
+    idempotency_key: str | None = None
+
+
+class Cancel(Base, frozen=True, kw_only=True, tag="cancel"):
+    at: float = 0.0
+    reason: str = "requested"
+
+
+# ---- validation outcome ---------------------------------------------------------------
+
+
+class FieldError(msgspec.Struct, frozen=True, kw_only=True):
+    path: str  # e.g. "spec.resources.gpus"
+    message: str  # the rule broken, with the offending value
+
+
+class Rejected(Base, frozen=True, kw_only=True, tag="rejected"):
+    """An input that could not be decoded, failed validation, or can never run anywhere."""
+
+    reason: str
+    errors: list[FieldError] = []
+    source_subject: str | None = None
+    source_sequence: int | None = None
+    idempotency_key: str | None = None
+    decision: RoutingDecision | None = None  # when rejected because no cluster could ever run it
+
+
+# ---- lifecycle -------------------------------------------------------------------------
+
+
+class Submitted(Base, frozen=True, kw_only=True, tag="submitted"):
+    workload: Workload
+    idempotency_key: str | None = None
+    source_sequence: int | None = None
+
+
+class Routed(Base, frozen=True, kw_only=True, tag="routed"):
+    decision: RoutingDecision
+    attempt_number: int = 1  # which attempt this decision is for
+
+
+class Unroutable(Base, frozen=True, kw_only=True, tag="unroutable"):
+    """Waiting: blocked only by capacity now; re-evaluated when inventory changes."""
+
+    decision: RoutingDecision
+    attempt_number: int = 1
+
+
+class RouteRequested(Base, frozen=True, kw_only=True, tag="route-requested"):
+    """The dispatcher asks the router for a (new) destination, e.g. for a replacement attempt."""
+
+    attempt_number: int
+    exclude: list[str] = []  # clusters not to use (lost, failed there)
+    reason: str = ""
+
+
+class AttemptEvent(Base, frozen=True, kw_only=True):
+    attempt_id: str
+    epoch: int
+    cluster: str
+
+
+class AttemptCreated(AttemptEvent, frozen=True, kw_only=True, tag="attempt-created"):
+    attempt_number: int
+    queue: str | None = None
+    namespace: str = "gpuorch"
+    job_name: str
+    output_path: str
+    checkpoint_path: str
+    mode: AttemptMode = "fresh"
+    resume_from: str | None = None
+    mode_reason: str = ""
+
+
+class Admitted(AttemptEvent, frozen=True, kw_only=True, tag="admitted"):
+    pass
+
+
+class Running(AttemptEvent, frozen=True, kw_only=True, tag="running"):
+    workers_running: int = 1
+
+
+class Succeeded(AttemptEvent, frozen=True, kw_only=True, tag="succeeded"):
+    output_path: str
+
+
+class Failed(AttemptEvent, frozen=True, kw_only=True, tag="failed"):
+    exit_code: int | None = None
+    reason: str
+    retryable: bool = True
+
+
+class Lost(AttemptEvent, frozen=True, kw_only=True, tag="lost"):
+    reason: str
+
+
+class FenceRequested(AttemptEvent, frozen=True, kw_only=True, tag="fence-requested"):
+    reason: str
+    policy: Literal["strict", "fast"] = "strict"
+    lease_expires_at: float = 0.0
+
+
+class Fenced(AttemptEvent, frozen=True, kw_only=True, tag="fenced"):
+    """The epoch moved past `epoch`: the attempt's token is stale from now on."""
+
+    new_epoch: int
+
+
+class CancelConfirmed(AttemptEvent, frozen=True, kw_only=True, tag="cancel-confirmed"):
+    how: Literal["deleted", "already-gone", "lease-expired"] = "deleted"
+
+
+class PromoteRequested(AttemptEvent, frozen=True, kw_only=True, tag="promote-requested"):
+    output_path: str
+
+
+class Promoted(AttemptEvent, frozen=True, kw_only=True, tag="promoted"):
+    output_path: str
+    result_path: str
+
+
+class PromotionRejected(AttemptEvent, frozen=True, kw_only=True, tag="promotion-rejected"):
+    current_epoch: int
+    reason: str
+
+
+class OrphanDeleted(AttemptEvent, frozen=True, kw_only=True, tag="orphan-deleted"):
+    job_name: str
+    reason: str
+
+
+class Completed(Base, frozen=True, kw_only=True, tag="completed"):
+    attempt_id: str
+    result_path: str
+
+
+class CancelRequested(Base, frozen=True, kw_only=True, tag="cancel-requested"):
+    reason: str = "requested"
+
+
+class Cancelled(Base, frozen=True, kw_only=True, tag="cancelled"):
+    reason: str = "requested"
+
+
+class WorkloadFailed(Base, frozen=True, kw_only=True, tag="workload-failed"):
+    """Terminal failure: retry budget spent or a permanent error."""
+
+    reason: str
+    attempts: int = 0
+
+
+Command = Submit | Cancel
+
+Event = (
+    Submit
+    | Cancel
+    | Rejected
+    | Submitted
+    | Routed
+    | Unroutable
+    | RouteRequested
+    | AttemptCreated
+    | Admitted
+    | Running
+    | Succeeded
+    | Failed
+    | Lost
+    | FenceRequested
+    | Fenced
+    | CancelConfirmed
+    | PromoteRequested
+    | Promoted
+    | PromotionRejected
+    | OrphanDeleted
+    | Completed
+    | CancelRequested
+    | Cancelled
+    | WorkloadFailed
+)
+
+EVENT_TYPES: tuple[type[Base], ...] = Event.__args__  # type: ignore[attr-defined]
+
+TERMINAL_TYPES = frozenset({"completed", "cancelled", "workload-failed", "rejected"})
+
+
+def type_tag(cls_or_obj: type[Base] | Base) -> str:
+    cls = cls_or_obj if isinstance(cls_or_obj, type) else type(cls_or_obj)
+    tag = cls.__struct_config__.tag
+    assert isinstance(tag, str)
+    return tag
+
+
+def event_id(workload_id: str, kind: str, discriminator: str | int = "") -> str:
+    """Deterministic id: the same input and output kind always give the same id."""
+    return f"{workload_id}.{kind}" + (f".{discriminator}" if discriminator != "" else "")

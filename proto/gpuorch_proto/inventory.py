@@ -1,0 +1,85 @@
+"""Capacity snapshots (DESIGN §4) and the cluster registry entry.
+
+"24 free GPUs" is not a routing fact; "3 nodes with 8 free 80 GB GPUs in pool
+`train`" is. So a snapshot is per node, per queue, with what is cached and what
+the cluster can reach.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+Admission = Literal["none", "kueue", "kai", "volcano"]
+
+
+class Taint(msgspec.Struct, frozen=True, kw_only=True):
+    key: str
+    value: str | None = None
+    effect: str = "NoSchedule"
+
+
+class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    ready: bool = True
+    pool: str | None = None
+    gpu_product: str | None = None  # nvidia.com/gpu.product
+    gpu_memory_mib: int = 0  # nvidia.com/gpu.memory
+    gpus_allocatable: int = 0
+    gpus_free: int = 0
+    cpu_free: float = 0.0  # cores
+    memory_free: float = 0.0  # bytes
+    labels: dict[str, str] = {}
+    taints: list[Taint] = []
+    sharing: list[str] = []  # sharing mechanisms this node offers ("mig", "time-slicing")
+
+
+class QueueInfo(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    owners: list[str] = msgspec.field(default_factory=lambda: ["*"])  # who may submit; "*" = everyone
+    pending_jobs: int = 0
+    pending_gpus: int = 0
+    estimated_wait_seconds: float = 0.0  # from running work's remaining time and measured history
+
+
+class QueueRegistry(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    owners: list[str] = msgspec.field(default_factory=lambda: ["*"])
+
+
+class ClusterRegistryEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """What Kubernetes does not hold about a cluster: one entry per kubeconfig context."""
+
+    price_per_gpu_hour: float = 0.0
+    artifact_stores: list[str] = []
+    connections: list[str] = []
+    credentials: list[str] = []
+    datasets_cached: list[str] = []  # "name@version"
+    images_cached: list[str] = []
+    bandwidth_mbps: dict[str, float] = {}  # data location -> MB/s into this cluster
+    data_locations: list[str] = []  # data locations that are local to this cluster
+    admission: Admission = "none"
+    queues: list[QueueRegistry] = []
+    startup_seconds: float = 60.0
+    checkpoint_stores: list[str] = []  # stores whose checkpoints this cluster can read
+
+
+class ClusterSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """One cluster's capacity and reach, as inventory last observed it."""
+
+    schema_version: int = 1
+    cluster: str
+    reachable: bool
+    observed_at: float  # unix seconds of the last successful observation
+    published_at: float  # unix seconds this snapshot was published
+    error: str | None = None  # why the cluster is unreachable
+    nodes: list[NodeInfo] = []
+    queues: list[QueueInfo] = []
+    running_gpus: int = 0
+    pending_gpus: int = 0
+    registry: ClusterRegistryEntry = ClusterRegistryEntry()
+    time_scale: float = 1.0  # simulated seconds per real second (local clusters)
+
+    def age(self, now: float) -> float:
+        return max(0.0, now - self.observed_at)
