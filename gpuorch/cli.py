@@ -1,2 +1,305 @@
-def main() -> None:
-    raise SystemExit("not yet")
+"""`gpuorch`: start the embedded system, submit work, follow it, and ask why.
+
+  gpuorch up [--clusters FILE] [--state DIR]   start NATS, local clusters and the four services
+  gpuorch down                                 stop everything `up` started
+  gpuorch submit FILE [--wait] [--key K]       submit a workload (YAML or JSON)
+  gpuorch get ID | list | events [ID] [--follow] | clusters | explain ID | cancel ID
+  gpuorch demo                                 the seed's scenario, end to end, then stop
+  gpuorch fault CLUSTER partition|heal|...     inject a fault into a local cluster
+
+Every read command takes `-o json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from gpuorch.client import Client
+from gpuorch.config import Settings
+from gpuorch.projection import WorkloadView
+from gpuorch_proto import ContractError, load_workload_yaml, type_tag
+from gpuorch_proto.units import format_duration
+
+DEFAULT_STATE = Path(os.environ.get("GPUORCH_STATE_DIR", ".gpuorch"))
+DEFAULT_CLUSTERS = Path(__file__).resolve().parent.parent / "deploy" / "local" / "clusters.yaml"
+
+
+def _jsonable(obj: Any) -> Any:
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return {k: _jsonable(v) for k, v in asdict(obj).items()}
+    if isinstance(obj, msgspec.Struct):
+        return msgspec.to_builtins(obj)
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set)):
+        return [_jsonable(v) for v in obj]
+    return msgspec.to_builtins(obj)
+
+
+def settings_for(state: Path) -> Settings:
+    """The running system's settings (from `<state>/system.json`), else the environment."""
+    f = state / "system.json"
+    if f.exists():
+        doc = json.loads(f.read_text())
+        return Settings(nats_url=doc["nats_url"], prefix=doc["prefix"], kubeconfig=Path(doc["kubeconfig"]),
+                        registry=Path(doc["clusters_file"]), state_dir=Path(doc["state_dir"]))
+    return Settings.from_env()
+
+
+def view_row(v: WorkloadView) -> dict[str, Any]:
+    a = v.latest_attempt
+    return {
+        "id": v.workload_id,
+        "status": v.status,
+        "cluster": a.cluster if a else (v.decision.cluster if v.decision else None),
+        "attempts": len(v.attempts),
+        "epoch": v.epoch,
+        "promoted": v.promoted_attempt,
+        "result": v.result_path,
+        "reason": v.reason,
+    }
+
+
+def view_detail(v: WorkloadView) -> dict[str, Any]:
+    d = view_row(v)
+    d["owner"] = v.workload.metadata.owner if v.workload else None
+    d["attempt_list"] = [
+        {"id": a.attempt_id, "cluster": a.cluster, "epoch": a.epoch, "status": a.status, "mode": a.mode,
+         "mode_reason": a.mode_reason, "fenced": a.fenced, "cancel_confirmed": a.cancel_confirmed,
+         "promoted": a.promoted, "promotion_rejected": a.promotion_rejected, "output": a.output_path,
+         "times": a.times, "reason": a.reason}
+        for a in sorted(v.attempts.values(), key=lambda a: a.number)
+    ]
+    d["times"] = v.times
+    d["decision"] = msgspec.to_builtins(v.decision) if v.decision else None
+    return d
+
+
+def print_table(rows: list[dict[str, Any]], cols: list[str]) -> None:
+    widths = {c: max([len(c), *(len(str(r.get(c, "") if r.get(c) is not None else "-")) for r in rows)]) for c in cols}
+    widths = {c: min(w, 70) for c, w in widths.items()}
+    print("  ".join(c.upper().ljust(widths[c]) for c in cols))
+    for r in rows:
+        print("  ".join(str(r.get(c) if r.get(c) is not None else "-")[: widths[c]].ljust(widths[c]) for c in cols))
+
+
+async def cmd_submit(ns: argparse.Namespace, s: Settings) -> int:
+    try:
+        text = Path(ns.file).read_text()
+        wl = load_workload_yaml(text)
+    except ContractError as exc:
+        print(f"{ns.file}: {exc.reason}", file=sys.stderr)
+        for e in exc.errors:
+            print(f"  {e.path}: {e.message}", file=sys.stderr)
+        return 2
+    async with Client(s.nats_url, s.names) as c:
+        wid = await c.submit(wl, ns.key)
+        if not ns.wait:
+            print(json.dumps({"id": wid}) if ns.output == "json" else wid)
+            return 0
+        v = await c.wait(wid, timeout=ns.timeout)
+        if ns.output == "json":
+            print(json.dumps(_jsonable(view_detail(v)), indent=2))
+        else:
+            print(f"{wid}: {v.status} — {v.reason}")
+        return 0 if v.status == "completed" else 1
+
+
+async def cmd_get(ns: argparse.Namespace, s: Settings) -> int:
+    async with Client(s.nats_url, s.names) as c:
+        v = await c.view(ns.id)
+    if v is None:
+        print(f"no workload {ns.id!r}", file=sys.stderr)
+        return 1
+    d = view_detail(v)
+    if ns.output == "json":
+        print(json.dumps(_jsonable(d), indent=2))
+        return 0
+    for k in ("id", "status", "reason", "owner", "cluster", "epoch", "promoted", "result"):
+        print(f"{k:>9}: {d[k] if d[k] is not None else '-'}")
+    print("attempts:")
+    print_table(d["attempt_list"], ["id", "cluster", "epoch", "status", "mode", "fenced", "cancel_confirmed", "promoted"])
+    return 0
+
+
+async def cmd_list(ns: argparse.Namespace, s: Settings) -> int:
+    async with Client(s.nats_url, s.names) as c:
+        p = await c.projection()
+    rows = [view_row(v) for v in p.workloads.values()]
+    if ns.output == "json":
+        print(json.dumps(_jsonable(rows), indent=2))
+    else:
+        print_table(rows, ["id", "status", "cluster", "attempts", "promoted", "reason"])
+    return 0
+
+
+def _event_line(seq: int, e: Any) -> str:
+    t = time.strftime("%H:%M:%S", time.localtime(e.at)) if e.at else "--:--:--"
+    extra = {k: v for k, v in msgspec.to_builtins(e).items() if k not in ("schema_version", "event_id", "workload_id", "at", "type", "workload", "decision")}
+    if getattr(e, "decision", None) is not None:
+        extra["summary"] = e.decision.summary
+    return f"{seq:>6} {t} {e.workload_id:<24} {type_tag(e):<20} {json.dumps(extra)[:160]}"
+
+
+async def cmd_events(ns: argparse.Namespace, s: Settings) -> int:
+    async with Client(s.nats_url, s.names) as c:
+        if ns.follow:
+            async for seq, e in c.follow(ns.id):
+                print(json.dumps({"seq": seq, **msgspec.to_builtins(e)}) if ns.output == "json" else _event_line(seq, e), flush=True)
+        for seq, e in await c.events(ns.id):
+            print(json.dumps({"seq": seq, **msgspec.to_builtins(e)}) if ns.output == "json" else _event_line(seq, e))
+    return 0
+
+
+async def cmd_clusters(ns: argparse.Namespace, s: Settings) -> int:
+    async with Client(s.nats_url, s.names) as c:
+        snaps = await c.snapshots()
+    if ns.output == "json":
+        print(json.dumps({k: msgspec.to_builtins(v) for k, v in snaps.items()}, indent=2))
+        return 0
+    now = time.time()
+    rows = []
+    for name, sn in sorted(snaps.items()):
+        models = sorted({f"{n.gpu_product}({n.gpu_memory_mib // 1024}G)" for n in sn.nodes if n.gpu_product})
+        rows.append({
+            "cluster": name, "reachable": sn.reachable, "age": f"{sn.age(now):.1f}s", "nodes": len(sn.nodes),
+            "gpus_free": sum(n.gpus_free for n in sn.nodes), "gpus": sum(n.gpus_allocatable for n in sn.nodes),
+            "models": ",".join(models), "queue_wait": format_duration(max([q.estimated_wait_seconds for q in sn.queues] or [0])),
+            "stores": ",".join(sn.registry.artifact_stores), "cached": ",".join(sn.registry.datasets_cached),
+        })
+    print_table(rows, ["cluster", "reachable", "age", "nodes", "gpus_free", "gpus", "models", "queue_wait", "stores", "cached"])
+    return 0
+
+
+async def cmd_explain(ns: argparse.Namespace, s: Settings) -> int:
+    from gpuorch_router.explain import render_explain
+
+    async with Client(s.nats_url, s.names) as c:
+        v = await c.view(ns.id)
+    if v is None:
+        print(f"no workload {ns.id!r}", file=sys.stderr)
+        return 1
+    if v.decision is None:
+        print(f"{ns.id}: {v.status} — {v.reason} (no routing decision yet)")
+        return 0
+    if ns.output == "json":
+        print(json.dumps({"status": v.status, "reason": v.reason, "decision": msgspec.to_builtins(v.decision)}, indent=2))
+        return 0
+    print(f"{ns.id}: {v.status} — {v.reason}\n")
+    print(render_explain(v.decision))
+    return 0
+
+
+async def cmd_cancel(ns: argparse.Namespace, s: Settings) -> int:
+    async with Client(s.nats_url, s.names) as c:
+        await c.cancel(ns.id, ns.reason)
+        if not ns.wait:
+            print(f"cancel requested for {ns.id}")
+            return 0
+        v = await c.wait(ns.id, timeout=ns.timeout)
+        print(f"{ns.id}: {v.status} — {v.reason}")
+        return 0 if v.status in ("cancelled", "completed", "failed", "rejected") else 1
+
+
+def cmd_up(ns: argparse.Namespace) -> int:
+    from gpuorch.system import System
+
+    state: Path = ns.state
+    if (state / "system.json").exists():
+        print(f"already up (state {state}); run `gpuorch down` first", file=sys.stderr)
+        return 1
+    sys_ = System(state_dir=state.resolve(), clusters_file=Path(ns.clusters).resolve())
+    sys_.start()
+    print(f"gpuorch is up: NATS {sys_.nats_url}, kubeconfig {sys_.kubeconfig}, logs {sys_.logs}")
+    return 0
+
+
+def cmd_down(ns: argparse.Namespace) -> int:
+    from gpuorch.system import System
+
+    if not (ns.state / "system.json").exists():
+        print("nothing is running")
+        return 0
+    System.load(ns.state).stop()
+    print("stopped")
+    return 0
+
+
+def cmd_fault(ns: argparse.Namespace) -> int:
+    import subprocess
+
+    return subprocess.call([sys.executable, "-m", "gpuorch.localkube", "fault", "--state-dir", str(ns.state / "clusters"), ns.cluster, *ns.args])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="gpuorch", description="Multi-cluster GPU orchestration.")
+    ap.add_argument("--state", type=Path, default=DEFAULT_STATE, help="state directory of the embedded system")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    def out(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+        return p
+
+    p = sub.add_parser("up", help="start NATS, local clusters and the four services")
+    p.add_argument("--clusters", default=str(DEFAULT_CLUSTERS))
+    sub.add_parser("down", help="stop everything `up` started")
+    p = out(sub.add_parser("submit", help="submit a workload file"))
+    p.add_argument("file")
+    p.add_argument("--wait", action="store_true")
+    p.add_argument("--key", default=None, help="idempotency key (default: random)")
+    p.add_argument("--timeout", type=float, default=600)
+    out(sub.add_parser("get", help="one workload")).add_argument("id")
+    out(sub.add_parser("list", help="all workloads"))
+    p = out(sub.add_parser("events", help="lifecycle events"))
+    p.add_argument("id", nargs="?")
+    p.add_argument("--follow", "-f", action="store_true")
+    out(sub.add_parser("clusters", help="capacity snapshots"))
+    out(sub.add_parser("explain", help="why here, why not there, why still waiting")).add_argument("id")
+    p = out(sub.add_parser("cancel", help="cancel a workload in any state"))
+    p.add_argument("id")
+    p.add_argument("--reason", default="requested by user")
+    p.add_argument("--wait", action="store_true")
+    p.add_argument("--timeout", type=float, default=300)
+    p = sub.add_parser("demo", help="run the seed's scenario end to end, then stop")
+    p.add_argument("--clusters", default=str(DEFAULT_CLUSTERS))
+    p.add_argument("--keep", action="store_true", help="leave the system running")
+    p = sub.add_parser("fault", help="inject a fault into a local cluster")
+    p.add_argument("cluster")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    return ap
+
+
+ASYNC = {"submit": cmd_submit, "get": cmd_get, "list": cmd_list, "events": cmd_events,
+         "clusters": cmd_clusters, "explain": cmd_explain, "cancel": cmd_cancel}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ns = build_parser().parse_args(argv)
+    if ns.cmd == "up":
+        raise SystemExit(cmd_up(ns))
+    if ns.cmd == "down":
+        raise SystemExit(cmd_down(ns))
+    if ns.cmd == "fault":
+        raise SystemExit(cmd_fault(ns))
+    if ns.cmd == "demo":
+        from gpuorch.demo import run_demo
+
+        raise SystemExit(run_demo(Path(ns.clusters), keep=ns.keep))
+    s = settings_for(ns.state)
+    try:
+        raise SystemExit(asyncio.run(ASYNC[ns.cmd](ns, s)))
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    except OSError as exc:
+        print(f"cannot reach NATS at {s.nats_url}: {exc} (is the system up? `gpuorch up`)", file=sys.stderr)
+        raise SystemExit(1) from exc

@@ -63,6 +63,7 @@ class ClusterRegistryEntry(msgspec.Struct, frozen=True, kw_only=True):
     queues: list[QueueRegistry] = []
     startup_seconds: float = 60.0
     checkpoint_stores: list[str] = []  # stores whose checkpoints this cluster can read
+    cache_path: str | None = None  # where datasets staged by gpuorch live, as seen from pods
 
 
 class ClusterSnapshot(msgspec.Struct, frozen=True, kw_only=True):

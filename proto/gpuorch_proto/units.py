@@ -55,7 +55,7 @@ def format_duration(seconds: float) -> str:
     """Compact human form: 7260 → '2h1m', 42.5 → '42.5s'."""
     if seconds < 60:
         return f"{seconds:.3g}s"
-    minutes, sec = divmod(int(round(seconds)), 60)
+    minutes, sec = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     if hours:
         return f"{hours}h{minutes}m" if minutes else f"{hours}h"

@@ -1,0 +1,52 @@
+"""What every service shell shares beyond the runtime: the projection kept live from the log.
+
+At start-up a service replays the event stream into its `Projection`; afterwards its
+durable consumer on `gpuorch.evt.>` applies each event before acting on it
+(`Projection.apply` is idempotent by stream sequence, so the replayed tail that the
+durable consumer redelivers changes nothing).
+
+It also remembers each workload's trace context (the `traceparent` of the event
+that carried it), so that work a service starts on its own (a timer, a watch) is
+still a span of the workload's one trace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry.context import Context
+
+from gpuorch.projection import Projection
+from gpuorch.runtime import telemetry
+from gpuorch.runtime.shell import replay
+
+
+@dataclass
+class Follower:
+    projection: Projection = field(default_factory=Projection)
+    traceparents: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def remember(self, workload_id: str, headers: dict[str, str] | None) -> None:
+        if headers and "traceparent" in headers and workload_id not in self.traceparents:
+            self.traceparents[workload_id] = {
+                k: v for k, v in headers.items() if k in ("traceparent", "tracestate")
+            }
+
+    def context(self, workload_id: str) -> Context | None:
+        carrier = self.traceparents.get(workload_id)
+        return telemetry.extract(carrier) if carrier else None
+
+    def traceparent(self, workload_id: str) -> str | None:
+        carrier = self.traceparents.get(workload_id)
+        return carrier.get("traceparent") if carrier else None
+
+    async def catch_up(self, js: Any, stream: str, subject: str) -> int:
+        n = 0
+        async for evt, _subject, seq, headers in replay(js, stream, subject):
+            if evt is None:
+                continue
+            self.projection.apply(evt, seq)
+            self.remember(evt.workload_id, headers)
+            n += 1
+        return n

@@ -1,0 +1,575 @@
+"""The kubelet of a local cluster: runs each bound pod's containers as local process groups.
+
+Every container is a process started in its own session (so its own process group). A waiter
+thread per process observes the exit without reaping it (`waitid(WNOWAIT)`), kills whatever is
+left in the group (as a container runtime kills the container's cgroup), then reaps it. The
+controller loop only ever reads `Popen.returncode`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .objects import GPU, pod_requests, set_condition
+from .quantity import parse_quantity
+from .util import rfc3339
+
+if TYPE_CHECKING:
+    from .core import ClusterCore
+
+__all__ = ["Kubelet", "PodRun"]
+
+log = logging.getLogger("gpuorch.localkube.kubelet")
+
+_BASE_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV", "SYSTEMROOT", "USER")
+_VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+
+
+class EnvError(Exception):
+    """A container's environment cannot be built (CreateContainerConfigError)."""
+
+
+def _expand(text: str, env: dict[str, str]) -> str:
+    def sub(m: re.Match[str]) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        name = m.group(1)
+        return env.get(name, m.group(0))
+
+    return _VAR_REF.sub(sub, text)
+
+
+def _exit_info(returncode: int) -> tuple[int, int | None]:
+    if returncode < 0:
+        return 128 - returncode, -returncode
+    return returncode, None
+
+
+@dataclass
+class ContainerRun:
+    name: str
+    spec: dict[str, Any]
+    init: bool
+    log_path: Path
+    restart_count: int = 0
+    state: dict[str, Any] = field(default_factory=lambda: {"waiting": {"reason": "ContainerCreating"}})
+    last_state: dict[str, Any] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: str | None = None
+    done: bool = False
+    exit_code: int | None = None
+    next_restart: float | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    def status(self, pod_ready: bool) -> dict[str, Any]:
+        st: dict[str, Any] = {
+            "name": self.name,
+            "image": self.spec.get("image") or "",
+            "imageID": "",
+            "ready": bool(pod_ready and "running" in self.state and not self.init),
+            "restartCount": self.restart_count,
+            "started": "running" in self.state,
+            "state": self.state,
+            "lastState": self.last_state,
+        }
+        if self.proc is not None:
+            st["containerID"] = f"localkube://{self.proc.pid}"
+        return st
+
+
+@dataclass
+class PodRun:
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    dir: Path
+    restart_policy: str
+    init: list[ContainerRun]
+    main: list[ContainerRun]
+    gpu_ids: list[int]
+    start_time: str
+    stage: str = "init"  # init -> main -> done
+    init_index: int = 0
+    phase: str = "Pending"
+    reason: str | None = None
+    message: str | None = None
+    config_error: str | None = None
+    term_started: float | None = None
+    killed_hard: bool = False
+
+    def containers(self) -> list[ContainerRun]:
+        return self.init + self.main
+
+    def live(self) -> list[ContainerRun]:
+        return [c for c in self.containers() if c.alive]
+
+    def pids(self) -> dict[str, int]:
+        return {c.name: c.proc.pid for c in self.containers() if c.proc is not None and c.alive}
+
+
+class Kubelet:
+    """All nodes' kubelets of one cluster (they share one process table)."""
+
+    def __init__(self, core: ClusterCore):
+        self.core = core
+        self.runs: dict[str, PodRun] = {}
+        self._sleep = shutil.which("sleep")
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    @property
+    def _store(self) -> Any:
+        return self.core.store
+
+    def used_gpu_ids(self, node: str) -> set[int]:
+        return {i for r in self.runs.values() if r.node == node and r.stage != "done" for i in r.gpu_ids}
+
+    def pod_pids(self, uid: str) -> dict[str, int]:
+        run = self.runs.get(uid)
+        return run.pids() if run else {}
+
+    def all_pids(self) -> list[int]:
+        return [c.proc.pid for r in self.runs.values() for c in r.containers() if c.proc is not None and c.alive]
+
+    def has_processes(self, uid: str) -> bool:
+        run = self.runs.get(uid)
+        return bool(run and run.live())
+
+    def _signal(self, c: ContainerRun, sig: int) -> None:
+        if c.proc is None or c.proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(c.proc.pid, sig)
+
+    def _waiter(self, proc: subprocess.Popen[bytes]) -> None:
+        try:
+            os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # what is left of the container
+        except ChildProcessError:
+            pass
+        proc.wait()
+        self.core.wake()
+
+    # -- the sync loop ---------------------------------------------------------------------------
+
+    def sync(self) -> None:
+        store = self._store
+        now = time.monotonic()
+        pods = {p["metadata"]["uid"]: p for p in store.values("pods")}
+        nodes = {n["metadata"]["name"]: n for n in store.values("nodes")}
+        for uid, pod in pods.items():
+            spec, meta = pod["spec"], pod["metadata"]
+            node = spec.get("nodeName")
+            if (
+                node in nodes
+                and uid not in self.runs
+                and (pod.get("status") or {}).get("phase", "Pending") == "Pending"
+                and not meta.get("deletionTimestamp")
+            ):
+                self._admit(pod, nodes[node])
+        for uid, run in list(self.runs.items()):
+            pod = pods.get(uid)
+            if pod is None:
+                # the object is gone (force delete, node controller): make sure the processes are too
+                for c in run.live():
+                    self._signal(c, signal.SIGKILL)
+                if not run.live():
+                    del self.runs[uid]
+                continue
+            if pod["metadata"].get("deletionTimestamp"):
+                self._terminate(run, pod, now)
+                continue
+            self._advance(run, pod, now)
+            self._write_status(run)
+            if run.stage == "done" and not run.live():
+                del self.runs[uid]
+        for uid, pod in pods.items():
+            if pod["metadata"].get("deletionTimestamp") and uid not in self.runs:
+                self.core.store.delete("pods", pod["metadata"]["namespace"], pod["metadata"]["name"])
+
+    def next_deadline(self) -> float | None:
+        """Monotonic time of the next restart or hard kill (so the loop wakes up for it)."""
+        times = [c.next_restart for r in self.runs.values() for c in r.containers() if c.next_restart]
+        for r in self.runs.values():
+            if r.term_started is not None and not r.killed_hard:
+                times.append(r.term_started + 0.05)
+        return min(times) if times else None
+
+    # -- admission and start ---------------------------------------------------------------------
+
+    def _admit(self, pod: dict[str, Any], node: dict[str, Any]) -> None:
+        meta, spec = pod["metadata"], pod["spec"]
+        uid, ns, name, node_name = meta["uid"], meta["namespace"], meta["name"], spec["nodeName"]
+        pod_dir = self.core.state_dir / "pods" / ns / f"{name}-{uid[:8]}"
+        (pod_dir / "work").mkdir(parents=True, exist_ok=True)
+        (pod_dir / "logs").mkdir(parents=True, exist_ok=True)
+
+        def mk(c: dict[str, Any], init: bool) -> ContainerRun:
+            return ContainerRun(name=c["name"], spec=c, init=init, log_path=pod_dir / "logs" / f"{c['name']}.log")
+
+        run = PodRun(
+            uid=uid,
+            namespace=ns,
+            name=name,
+            node=node_name,
+            dir=pod_dir,
+            restart_policy=spec.get("restartPolicy", "Always"),
+            init=[mk(c, True) for c in spec.get("initContainers") or []],
+            main=[mk(c, False) for c in spec.get("containers") or []],
+            gpu_ids=[],
+            start_time=rfc3339(),
+        )
+        for c in run.init:
+            c.state = {"waiting": {"reason": "PodInitializing"}} if c is not run.init[0] else c.state
+        if run.init:
+            for c in run.main:
+                c.state = {"waiting": {"reason": "PodInitializing"}}
+        self.runs[uid] = run
+        want = int(pod_requests(pod).get(GPU, 0))
+        if want:
+            capacity = int(parse_quantity(((node.get("status") or {}).get("capacity") or {}).get(GPU, "0")))
+            used = self.used_gpu_ids(node_name)
+            free = [i for i in range(capacity) if i not in used]
+            if len(free) < want:
+                run.stage, run.phase = "done", "Failed"
+                run.reason = "UnexpectedAdmissionError"
+                run.message = (
+                    f"Allocate failed due to requested number of devices unavailable for {GPU}. "
+                    f"Requested: {want}, Available: {len(free)}, which is unexpected"
+                )
+                for c in run.containers():
+                    c.state = {"terminated": {"exitCode": 1, "reason": "UnexpectedAdmissionError", "finishedAt": rfc3339()}}
+                    c.done = True
+                self._write_status(run)
+                return
+            run.gpu_ids = free[:want]
+        self._write_status(run)
+
+    def _env(self, run: PodRun, pod: dict[str, Any], c: ContainerRun) -> dict[str, str]:
+        env: dict[str, str] = {k: os.environ[k] for k in _BASE_ENV_KEYS if k in os.environ}
+        env.setdefault("PATH", os.defpath)
+        meta, spec = pod["metadata"], pod["spec"]
+        cfg = self.core.config
+        env["PYTHONUNBUFFERED"] = "1"
+        env["HOSTNAME"] = spec.get("hostname") or meta["name"]
+        env["GPUORCH_TIME_SCALE"] = f"{cfg.time_scale:g}"
+        env["GPUORCH_CLUSTER"] = cfg.name
+        env["GPUORCH_NODE"] = run.node
+        env["GPUORCH_CLUSTER_DIR"] = str(self.core.cluster_dir)
+        env["GPUORCH_POD_DIR"] = str(run.dir / "work")
+        node = self._store.get("nodes", "", run.node)
+        if run.gpu_ids:
+            ids = ",".join(str(i) for i in run.gpu_ids)
+            env["NVIDIA_VISIBLE_DEVICES"] = ids
+            env["CUDA_VISIBLE_DEVICES"] = ids
+            if node is not None:
+                labels = node["metadata"].get("labels") or {}
+                env["GPUORCH_GPU_PRODUCT"] = labels.get("nvidia.com/gpu.product", "")
+                env["GPUORCH_GPU_MEMORY_MIB"] = labels.get("nvidia.com/gpu.memory", "")
+        for e in c.spec.get("env") or []:
+            name = e["name"]
+            if "valueFrom" in e and e["valueFrom"] is not None:
+                value = self._value_from(e["valueFrom"], pod, c)
+                if value is None:
+                    continue
+                env[name] = value
+            else:
+                env[name] = _expand(str(e.get("value") or ""), env)
+        return env
+
+    def _value_from(self, src: dict[str, Any], pod: dict[str, Any], c: ContainerRun) -> str | None:
+        meta, spec = pod["metadata"], pod["spec"]
+        if src.get("fieldRef"):
+            path = str(src["fieldRef"].get("fieldPath", ""))
+            m = re.match(r"^metadata\.(labels|annotations)\['(.+)'\]$", path)
+            if m:
+                return str((meta.get(m.group(1)) or {}).get(m.group(2), ""))
+            simple = {
+                "metadata.name": meta.get("name"),
+                "metadata.namespace": meta.get("namespace"),
+                "metadata.uid": meta.get("uid"),
+                "spec.nodeName": spec.get("nodeName"),
+                "spec.serviceAccountName": spec.get("serviceAccountName"),
+                "status.hostIP": "127.0.0.1",
+                "status.hostIPs": "127.0.0.1",
+                "status.podIP": "127.0.0.1",
+                "status.podIPs": "127.0.0.1",
+            }
+            if path in simple:
+                return str(simple[path] or "")
+            if path in ("metadata.labels", "metadata.annotations"):
+                items = meta.get(path.split(".")[1]) or {}
+                return "\n".join(f'{k}="{v}"' for k, v in sorted(items.items()))
+            raise EnvError(f'unsupported fieldPath "{path}"')
+        if src.get("resourceFieldRef"):
+            ref = src["resourceFieldRef"]
+            kind, _, res = str(ref.get("resource", "")).partition(".")
+            target = c.spec
+            if ref.get("containerName"):
+                target = next((x for x in spec.get("containers") or [] if x.get("name") == ref["containerName"]), c.spec)
+            value = ((target.get("resources") or {}).get(kind) or {}).get(res)
+            if value is None:
+                return "0"
+            divisor = parse_quantity(ref.get("divisor") or "1")
+            q = parse_quantity(value) / divisor
+            return str(-(-q.numerator // q.denominator))
+        for ref_key, what in (("secretKeyRef", "secret"), ("configMapKeyRef", "configmap")):
+            if src.get(ref_key):
+                ref = src[ref_key]
+                if ref.get("optional"):
+                    return None
+                raise EnvError(f'{what} "{ref.get("name", "")}" not found')
+        raise EnvError("unsupported valueFrom")
+
+    def _start(self, run: PodRun, pod: dict[str, Any], c: ContainerRun) -> None:
+        c.next_restart = None
+        try:
+            env = self._env(run, pod, c)
+        except EnvError as e:
+            run.config_error = str(e)
+            c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(e)}}
+            return
+        run.config_error = None
+        argv = [_expand(a, env) for a in (c.spec.get("command") or [])] + [
+            _expand(a, env) for a in (c.spec.get("args") or [])
+        ]
+        now = rfc3339()
+        if not argv:
+            self._exited(run, c, 128, None, "StartError", "localkube runs commands, not images: the container has no command or args", now)
+            return
+        if argv[0] in ("python", "python3"):
+            argv[0] = sys.executable
+        elif argv[0] == "sleep" and self._sleep:
+            argv[0] = self._sleep
+        logf = open(c.log_path, "ab")  # noqa: SIM115
+        try:
+            proc = subprocess.Popen(
+                argv,
+                cwd=run.dir / "work",
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as e:
+            self._exited(run, c, 128, None, "StartError", f"failed to start container process: {e}", now)
+            return
+        finally:
+            logf.close()
+        c.proc = proc
+        c.started_at = now
+        c.state = {"running": {"startedAt": now}}
+        threading.Thread(target=self._waiter, args=(proc,), name=f"wait-{proc.pid}", daemon=True).start()
+        log.debug("started %s/%s[%s] pid %d: %s", run.namespace, run.name, c.name, proc.pid, argv)
+
+    def _exited(
+        self, run: PodRun, c: ContainerRun, code: int, sig: int | None, reason: str | None, message: str | None, finished: str
+    ) -> None:
+        term: dict[str, Any] = {
+            "exitCode": code,
+            "reason": reason or ("Completed" if code == 0 else "Error"),
+            "startedAt": c.started_at or finished,
+            "finishedAt": finished,
+        }
+        if sig is not None:
+            term["signal"] = sig
+        if message:
+            term["message"] = message
+        if c.proc is not None:
+            term["containerID"] = f"localkube://{c.proc.pid}"
+        c.exit_code = code
+        restart = run.term_started is None and (
+            run.restart_policy == "Always" and not c.init or (run.restart_policy in ("OnFailure", "Always") and code != 0)
+        )
+        if restart:
+            delay = min(0.1 * 2**c.restart_count, 5.0)
+            c.last_state = {"terminated": term}
+            c.restart_count += 1
+            c.next_restart = time.monotonic() + delay
+            c.state = {
+                "waiting": {
+                    "reason": "CrashLoopBackOff" if code != 0 else "Completed",
+                    "message": f"back-off {delay:g}s restarting failed container={c.name} pod={run.name}_{run.namespace}",
+                }
+            }
+        else:
+            c.state = {"terminated": term}
+            c.done = True
+
+    # -- the state machine -----------------------------------------------------------------------
+
+    def _collect_exits(self, run: PodRun) -> None:
+        for c in run.containers():
+            if c.proc is not None and c.proc.returncode is not None and "running" in c.state:
+                code, sig = _exit_info(c.proc.returncode)
+                self._exited(run, c, code, sig, None, None, rfc3339())
+
+    def _advance(self, run: PodRun, pod: dict[str, Any], now: float) -> None:
+        if run.stage == "done":
+            return
+        self._collect_exits(run)
+        if run.stage == "init":
+            while run.init_index < len(run.init):
+                c = run.init[run.init_index]
+                if c.done:
+                    if c.exit_code != 0:
+                        self._finish(run, "Failed")
+                        return
+                    run.init_index += 1
+                    continue
+                if c.proc is None or (c.next_restart is not None and now >= c.next_restart):
+                    self._start(run, pod, c)
+                    if c.done and c.exit_code != 0:
+                        continue
+                return
+            run.stage = "main"
+            for c in run.main:
+                self._start(run, pod, c)
+        if run.stage == "main":
+            for c in run.main:
+                if not c.done and not c.alive and (
+                    (c.next_restart is not None and now >= c.next_restart) or (c.proc is None and c.next_restart is None)
+                ):
+                    self._start(run, pod, c)
+            if all(c.done for c in run.main):
+                self._finish(run, "Succeeded" if all(c.exit_code == 0 for c in run.main) else "Failed")
+            elif any("running" in c.state for c in run.main) or any(c.restart_count for c in run.main):
+                run.phase = "Running"
+
+    def _finish(self, run: PodRun, phase: str) -> None:
+        run.stage = "done"
+        run.phase = phase
+
+    def _terminate(self, run: PodRun, pod: dict[str, Any], now: float) -> None:
+        grace = pod["metadata"].get("deletionGracePeriodSeconds")
+        grace = 30 if grace is None else int(grace)
+        if run.term_started is None:
+            run.term_started = now
+            for c in run.live():
+                self._signal(c, signal.SIGTERM if grace > 0 else signal.SIGKILL)
+            run.killed_hard = grace == 0
+        elif not run.killed_hard and now >= run.term_started + grace:
+            for c in run.live():
+                self._signal(c, signal.SIGKILL)
+            run.killed_hard = True
+        self._collect_exits(run)
+        if run.live():
+            self._write_status(run)
+            return
+        if run.stage != "done":
+            codes = [c.exit_code for c in run.main if c.exit_code is not None]
+            run.stage = "done"
+            run.phase = "Succeeded" if codes and len(codes) == len(run.main) and all(x == 0 for x in codes) else "Failed"
+        self._write_status(run)
+        del self.runs[run.uid]
+        self.core.store.delete("pods", run.namespace, run.name)
+
+    # -- status ----------------------------------------------------------------------------------
+
+    def _write_status(self, run: PodRun) -> None:
+        ready = run.stage == "main" and all("running" in c.state for c in run.main)
+        initialized = run.stage != "init" or not run.init
+
+        def mutate(pod: dict[str, Any]) -> None:
+            if pod["metadata"].get("uid") != run.uid:
+                return
+            st = pod.setdefault("status", {})
+            st["phase"] = run.phase
+            st["hostIP"] = "127.0.0.1"
+            st["hostIPs"] = [{"ip": "127.0.0.1"}]
+            st["podIP"] = "127.0.0.1"
+            st["podIPs"] = [{"ip": "127.0.0.1"}]
+            st["startTime"] = run.start_time
+            if run.reason:
+                st["reason"] = run.reason
+            if run.message:
+                st["message"] = run.message
+            done = run.phase in ("Succeeded", "Failed")
+            set_condition(st, "PodReadyToStartContainers", "False" if done else "True", probe=False)
+            set_condition(
+                st, "Initialized", "True" if initialized else "False",
+                None if initialized else "ContainersNotInitialized",
+                None if initialized else "containers with incomplete status: " + str([c.name for c in run.init if not c.done]),
+                probe=False,
+            )
+            not_ready = [c.name for c in run.main if "running" not in c.state]
+            reason = "PodCompleted" if done else (None if ready else "ContainersNotReady")
+            msg = None if ready or done else f"containers with unready status: {not_ready}"
+            set_condition(st, "ContainersReady", "True" if ready else "False", reason, msg, probe=False)
+            set_condition(st, "Ready", "True" if ready else "False", reason, msg, probe=False)
+            order = {"PodReadyToStartContainers": 0, "Initialized": 1, "Ready": 2, "ContainersReady": 3, "PodScheduled": 4}
+            st["conditions"].sort(key=lambda x: order.get(x.get("type", ""), 9))
+            if run.init:
+                st["initContainerStatuses"] = [c.status(False) for c in run.init]
+            st["containerStatuses"] = [c.status(ready) for c in run.main]
+            ann = pod["metadata"].setdefault("annotations", {})
+            pids = run.pids()
+            main_pid = next((c.proc.pid for c in run.main if c.proc is not None and c.alive), None)
+            if main_pid is None and pids:
+                main_pid = next(iter(pids.values()))
+            if main_pid is not None:
+                ann["gpuorch.io/pid"] = str(main_pid)
+            else:
+                ann.pop("gpuorch.io/pid", None)
+            if run.gpu_ids:
+                ann["gpuorch.io/gpu-ids"] = ",".join(str(i) for i in run.gpu_ids)
+            if not ann:
+                del pod["metadata"]["annotations"]
+
+        self.core.store.update("pods", run.namespace, run.name, mutate)
+
+    # -- faults and shutdown ---------------------------------------------------------------------
+
+    def kill_node(self, node: str, timeout: float = 5.0) -> list[str]:
+        """The node died: SIGKILL every process of its pods, wait until they are reaped."""
+        uids = [uid for uid, r in self.runs.items() if r.node == node]
+        for uid in uids:
+            for c in self.runs[uid].live():
+                self._signal(c, signal.SIGKILL)
+        self._wait_gone([c for uid in uids for c in self.runs[uid].containers()], timeout)
+        for uid in uids:
+            del self.runs[uid]
+        return uids
+
+    def _wait_gone(self, containers: list[ContainerRun], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for c in containers:
+            if c.proc is None:
+                continue
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                c.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+
+    def shutdown(self, grace: float = 2.0) -> None:
+        """Stop every process (SIGTERM, then SIGKILL after `grace` seconds) and reap them."""
+        containers = [c for r in self.runs.values() for c in r.containers()]
+        for c in containers:
+            self._signal(c, signal.SIGTERM)
+        self._wait_gone(containers, grace)
+        for c in containers:
+            self._signal(c, signal.SIGKILL)
+        self._wait_gone(containers, 5.0)
+        self.runs.clear()
+
+
+def log_path(core: ClusterCore, pod: dict[str, Any], container: str) -> Path:
+    meta = pod["metadata"]
+    return core.state_dir / "pods" / meta["namespace"] / f"{meta['name']}-{meta['uid'][:8]}" / "logs" / f"{container}.log"
+

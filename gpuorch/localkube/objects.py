@@ -1,0 +1,432 @@
+"""Validation and defaulting of Jobs and Pods, as the API server does on create and update."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from fractions import Fraction
+from typing import Any
+
+from .errors import JOBS, PODS, ApiError, Resource
+from .quantity import QuantityError, parse_quantity
+from .util import DNS1123_LABEL, DNS1123_SUBDOMAIN, LABEL_VALUE, QUALIFIED_NAME, new_uid, random_suffix, rfc3339
+
+__all__ = [
+    "GPU",
+    "JOB_LABELS",
+    "pod_requests",
+    "prepare_job",
+    "prepare_pod",
+    "set_condition",
+    "get_condition",
+    "check_type_meta",
+]
+
+GPU = "nvidia.com/gpu"
+# Resources that cannot be overcommitted: requests must equal limits, and must be integers.
+_EXTENDED_INTEGER = (GPU,)
+JOB_LABELS = (
+    "batch.kubernetes.io/controller-uid",
+    "batch.kubernetes.io/job-name",
+    "controller-uid",
+    "job-name",
+)
+
+Causes = list[tuple[str, str, str]]
+
+
+def check_type_meta(obj: Any, res: Resource, namespace: str | None) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise ApiError.bad_request(f"the body of the request was not a {res.kind} object")
+    kind = obj.get("kind")
+    api_version = obj.get("apiVersion")
+    if kind not in (None, "", res.kind) or api_version not in (None, "", res.api_version):
+        raise ApiError.bad_request(
+            f"the API version in the data ({api_version}) does not match the expected API version ({res.api_version})"
+            if api_version not in (None, "", res.api_version)
+            else f"Kind in the body ({kind}) does not match {res.kind}"
+        )
+    meta = obj.get("metadata")
+    if meta is None:
+        meta = obj["metadata"] = {}
+    if not isinstance(meta, dict):
+        raise ApiError.bad_request("metadata must be an object")
+    if namespace is not None:
+        ns = meta.get("namespace")
+        if ns not in (None, "", namespace):
+            raise ApiError.bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request"
+            )
+    return obj
+
+
+def _validate_name(meta: dict[str, Any], causes: Causes, max_len: int = 253) -> str:
+    name = meta.get("name")
+    gen = meta.get("generateName")
+    if not name:
+        if gen:
+            name = str(gen)[: max_len - 5] + random_suffix()
+            meta["name"] = name
+        else:
+            causes.append(("metadata.name", "FieldValueRequired", "Required value: name or generateName is required"))
+            return ""
+    if not isinstance(name, str) or not DNS1123_SUBDOMAIN.match(name) or len(name) > max_len:
+        causes.append(
+            (
+                "metadata.name",
+                "FieldValueInvalid",
+                f'Invalid value: "{name}": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric '
+                f"characters, '-' or '.', and must start and end with an alphanumeric character"
+                + (f" (at most {max_len} characters)" if max_len < 253 else ""),
+            )
+        )
+    return str(name)
+
+
+def _validate_labels(labels: Any, path: str, causes: Causes) -> None:
+    if labels is None:
+        return
+    if not isinstance(labels, dict):
+        causes.append((path, "FieldValueInvalid", "Invalid value: must be a map of strings"))
+        return
+    for k, v in labels.items():
+        if not isinstance(k, str) or not QUALIFIED_NAME.match(k.split("/")[-1] if "/" in k else k):
+            causes.append((path, "FieldValueInvalid", f'Invalid value: "{k}": name part must consist of alphanumeric characters'))
+        if not isinstance(v, str) or len(v) > 63 or not LABEL_VALUE.match(v):
+            causes.append(
+                (f"{path}", "FieldValueInvalid", f'Invalid value: "{v}": a valid label must be an empty string or consist of '
+                 "alphanumeric characters, '-', '_' or '.' (at most 63 characters)")
+            )
+
+
+def _validate_annotations(ann: Any, path: str, causes: Causes) -> None:
+    if ann is None:
+        return
+    if not isinstance(ann, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in ann.items()):
+        causes.append((path, "FieldValueInvalid", "Invalid value: annotations must be a map of strings to strings"))
+
+
+def _normalise_quantities(values: Any, path: str) -> dict[str, str]:
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise ApiError.bad_request(f"{path}: expected a map of resource quantities")
+    out: dict[str, str] = {}
+    for k, v in values.items():
+        try:
+            parse_quantity(v)
+        except QuantityError as e:
+            raise ApiError.bad_request(f"{path}[{k}]: {e}") from e
+        out[str(k)] = v if isinstance(v, str) else (str(v) if isinstance(v, int) else repr(v))
+    return out
+
+
+def _validate_resources(c: dict[str, Any], path: str, causes: Causes) -> None:
+    res = c.get("resources")
+    if res is None:
+        c["resources"] = res = {}
+    if not isinstance(res, dict):
+        causes.append((f"{path}.resources", "FieldValueInvalid", "Invalid value: must be an object"))
+        return
+    limits = _normalise_quantities(res.get("limits"), f"{path}.resources.limits")
+    requests = _normalise_quantities(res.get("requests"), f"{path}.resources.requests")
+    for kind, values in (("limits", limits), ("requests", requests)):
+        for k, v in values.items():
+            q = parse_quantity(v)
+            if q < 0:
+                causes.append((f"{path}.resources.{kind}[{k}]", "FieldValueInvalid", f'Invalid value: "{v}": must be greater than or equal to 0'))
+            if k in _EXTENDED_INTEGER and q.denominator != 1:
+                causes.append((f"{path}.resources.{kind}[{k}]", "FieldValueInvalid", f'Invalid value: "{v}": must be an integer'))
+    for k in _EXTENDED_INTEGER:
+        if k in requests and k not in limits:
+            causes.append((f"{path}.resources.limits", "FieldValueRequired", f"Required value: Limit must be set for non overcommitable resources ({k})"))
+        elif k in requests and parse_quantity(requests[k]) != parse_quantity(limits[k]):
+            causes.append(
+                (f"{path}.resources.requests", "FieldValueInvalid", f'Invalid value: "{requests[k]}": must be equal to {k} limit of {limits[k]}')
+            )
+    for k in ("cpu", "memory"):
+        if k in requests and k in limits and parse_quantity(requests[k]) > parse_quantity(limits[k]):
+            causes.append(
+                (f"{path}.resources.requests", "FieldValueInvalid", f'Invalid value: "{requests[k]}": must be less than or equal to {k} limit of {limits[k]}')
+            )
+    # defaulting: requests default to limits
+    for k, v in limits.items():
+        requests.setdefault(k, v)
+    new_res: dict[str, Any] = {}
+    if limits:
+        new_res["limits"] = limits
+    if requests:
+        new_res["requests"] = requests
+    for extra in res:
+        if extra not in ("limits", "requests"):
+            new_res[extra] = res[extra]
+    c["resources"] = new_res
+
+
+def _validate_container(c: Any, path: str, causes: Causes, names: set[str]) -> None:
+    if not isinstance(c, dict):
+        causes.append((path, "FieldValueInvalid", "Invalid value: must be an object"))
+        return
+    name = c.get("name")
+    if not name:
+        causes.append((f"{path}.name", "FieldValueRequired", "Required value"))
+    elif not isinstance(name, str) or not DNS1123_LABEL.match(name) or len(name) > 63:
+        causes.append((f"{path}.name", "FieldValueInvalid", f'Invalid value: "{name}": a lowercase RFC 1123 label must consist of lower case alphanumeric characters or \'-\''))
+    elif name in names:
+        causes.append((f"{path}.name", "FieldValueDuplicate", f'Duplicate value: "{name}"'))
+    else:
+        names.add(name)
+    for fld in ("command", "args"):
+        v = c.get(fld)
+        if v is not None and (not isinstance(v, list) or not all(isinstance(x, str) for x in v)):
+            causes.append((f"{path}.{fld}", "FieldValueInvalid", "Invalid value: must be a list of strings"))
+    env = c.get("env")
+    if env is not None:
+        if not isinstance(env, list):
+            causes.append((f"{path}.env", "FieldValueInvalid", "Invalid value: must be a list"))
+        else:
+            for j, e in enumerate(env):
+                if not isinstance(e, dict) or not e.get("name"):
+                    causes.append((f"{path}.env[{j}].name", "FieldValueRequired", "Required value"))
+                elif "value" in e and e.get("valueFrom") is not None:
+                    causes.append((f"{path}.env[{j}].valueFrom", "FieldValueInvalid", "Invalid value: may not be specified when `value` is not empty"))
+    c.setdefault("image", "")
+    c.setdefault("imagePullPolicy", "IfNotPresent")
+    c.setdefault("terminationMessagePath", "/dev/termination-log")
+    c.setdefault("terminationMessagePolicy", "File")
+    _validate_resources(c, path, causes)
+
+
+def _validate_toleration(t: Any, path: str, causes: Causes) -> None:
+    if not isinstance(t, dict):
+        causes.append((path, "FieldValueInvalid", "Invalid value: must be an object"))
+        return
+    op = t.get("operator") or "Equal"
+    if op not in ("Equal", "Exists"):
+        causes.append((f"{path}.operator", "FieldValueNotSupported", f'Unsupported value: "{op}": supported values: "Equal", "Exists"'))
+    if op == "Exists" and t.get("value"):
+        causes.append((f"{path}.operator", "FieldValueInvalid", 'Invalid value: "Exists": value must be empty when `operator` is \'Exists\''))
+    if not t.get("key") and op != "Exists":
+        causes.append((f"{path}.operator", "FieldValueInvalid", f'Invalid value: "{op}": operator must be Exists when `key` is empty'))
+    eff = t.get("effect") or ""
+    if eff not in ("", "NoSchedule", "PreferNoSchedule", "NoExecute"):
+        causes.append((f"{path}.effect", "FieldValueNotSupported", f'Unsupported value: "{eff}": supported values: "NoSchedule", "PreferNoSchedule", "NoExecute"'))
+
+
+def validate_pod_spec(spec: Any, path: str, causes: Causes, restart_policies: tuple[str, ...]) -> None:
+    if not isinstance(spec, dict):
+        causes.append((path, "FieldValueRequired", "Required value"))
+        return
+    containers = spec.get("containers")
+    if not containers or not isinstance(containers, list):
+        causes.append((f"{path}.containers", "FieldValueRequired", "Required value"))
+        containers = []
+    names: set[str] = set()
+    for i, c in enumerate(containers):
+        _validate_container(c, f"{path}.containers[{i}]", causes, names)
+    inits = spec.get("initContainers") or []
+    if not isinstance(inits, list):
+        causes.append((f"{path}.initContainers", "FieldValueInvalid", "Invalid value: must be a list"))
+        inits = []
+    for i, c in enumerate(inits):
+        _validate_container(c, f"{path}.initContainers[{i}]", causes, names)
+    rp = spec.get("restartPolicy")
+    if rp is None and "Always" in restart_policies:
+        rp = spec["restartPolicy"] = "Always"
+    if rp not in restart_policies:
+        quoted = ", ".join(f'"{p}"' for p in restart_policies)
+        msg = "Required value: valid values: " + quoted if rp is None else f'Unsupported value: "{rp}": supported values: {quoted}'
+        causes.append((f"{path}.restartPolicy", "FieldValueRequired" if rp is None else "FieldValueNotSupported", msg))
+    ns = spec.get("nodeSelector")
+    if ns is not None and (not isinstance(ns, dict) or not all(isinstance(v, str) for v in ns.values())):
+        causes.append((f"{path}.nodeSelector", "FieldValueInvalid", "Invalid value: must be a map of strings"))
+    tols = spec.get("tolerations") or []
+    if not isinstance(tols, list):
+        causes.append((f"{path}.tolerations", "FieldValueInvalid", "Invalid value: must be a list"))
+        tols = []
+    for i, t in enumerate(tols):
+        _validate_toleration(t, f"{path}.tolerations[{i}]", causes)
+    for fld in ("terminationGracePeriodSeconds", "activeDeadlineSeconds", "priority"):
+        v = spec.get(fld)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            causes.append((f"{path}.{fld}", "FieldValueInvalid", f"Invalid value: {v!r}: must be an integer"))
+    tgp = spec.get("terminationGracePeriodSeconds")
+    if isinstance(tgp, int) and tgp < 0:
+        causes.append((f"{path}.terminationGracePeriodSeconds", "FieldValueInvalid", "Invalid value: must be >= 0"))
+    spec.setdefault("terminationGracePeriodSeconds", 30)
+    spec.setdefault("dnsPolicy", "ClusterFirst")
+    spec.setdefault("schedulerName", "default-scheduler")
+    spec.setdefault("securityContext", {})
+    spec.setdefault("serviceAccountName", "default")
+
+
+def _base_meta(meta: dict[str, Any], namespace: str | None) -> None:
+    meta.pop("resourceVersion", None)
+    meta["uid"] = new_uid()
+    meta["creationTimestamp"] = rfc3339()
+    meta["generation"] = 1
+    if namespace is not None:
+        meta["namespace"] = namespace
+    meta.pop("deletionTimestamp", None)
+    meta.pop("deletionGracePeriodSeconds", None)
+
+
+def _int_field(spec: dict[str, Any], fld: str, causes: Causes, minimum: int, path: str = "spec") -> int | None:
+    v = spec.get(fld)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        causes.append((f"{path}.{fld}", "FieldValueInvalid", f"Invalid value: {v!r}: must be an integer"))
+        return None
+    if v < minimum:
+        word = "greater than or equal to" if minimum == 0 else "greater than"
+        causes.append((f"{path}.{fld}", "FieldValueInvalid", f"Invalid value: {v}: must be {word} {0 if minimum == 0 else minimum - 1}"))
+    return v
+
+
+def prepare_job(body: Any, namespace: str) -> dict[str, Any]:
+    """Validate and default a Job on create (raises ApiError 400/422)."""
+    job = check_type_meta(copy.deepcopy(body), JOBS, namespace)
+    job["apiVersion"], job["kind"] = "batch/v1", "Job"
+    meta = job["metadata"]
+    causes: Causes = []
+    name = _validate_name(meta, causes, max_len=63)
+    _validate_labels(meta.get("labels"), "metadata.labels", causes)
+    _validate_annotations(meta.get("annotations"), "metadata.annotations", causes)
+    spec = job.get("spec")
+    if not isinstance(spec, dict):
+        spec = job["spec"] = {}
+    tmpl = spec.get("template")
+    if not isinstance(tmpl, dict):
+        causes.append(("spec.template", "FieldValueRequired", "Required value"))
+        tmpl = {}
+    tmeta = tmpl.setdefault("metadata", {}) or {}
+    tmpl["metadata"] = tmeta
+    _validate_labels(tmeta.get("labels"), "spec.template.metadata.labels", causes)
+    _validate_annotations(tmeta.get("annotations"), "spec.template.metadata.annotations", causes)
+    if "spec" not in tmpl and isinstance(spec.get("template"), dict):
+        causes.append(("spec.template.spec.containers", "FieldValueRequired", "Required value"))
+    else:
+        validate_pod_spec(tmpl.get("spec"), "spec.template.spec", causes, ("OnFailure", "Never"))
+    mode = spec.setdefault("completionMode", "NonIndexed")
+    if mode not in ("NonIndexed", "Indexed"):
+        causes.append(("spec.completionMode", "FieldValueNotSupported", f'Unsupported value: "{mode}": supported values: "NonIndexed", "Indexed"'))
+    parallelism = _int_field(spec, "parallelism", causes, 0)
+    completions = _int_field(spec, "completions", causes, 0)
+    _int_field(spec, "backoffLimit", causes, 0)
+    _int_field(spec, "activeDeadlineSeconds", causes, 1)
+    _int_field(spec, "ttlSecondsAfterFinished", causes, 0)
+    if mode == "Indexed" and completions is None:
+        causes.append(("spec.completions", "FieldValueRequired", "Required value: when completion mode is Indexed"))
+    if parallelism is None:
+        spec["parallelism"] = 1
+    if completions is None and parallelism is None:
+        spec["completions"] = 1
+    spec.setdefault("backoffLimit", 6)
+    spec.setdefault("suspend", False)
+    spec.setdefault("podReplacementPolicy", "TerminatingOrFailed")
+    if spec.get("selector") is not None and not spec.get("manualSelector"):
+        causes.append(("spec.selector", "FieldValueInvalid", "Invalid value: `selector` will be auto-generated"))
+    susp = spec.get("suspend")
+    if not isinstance(susp, bool):
+        causes.append(("spec.suspend", "FieldValueInvalid", f"Invalid value: {susp!r}: must be a boolean"))
+    if causes:
+        raise ApiError.invalid(JOBS, name, causes)
+    _base_meta(meta, namespace)
+    uid = meta["uid"]
+    labels = dict(tmeta.get("labels") or {})
+    labels.update({
+        "batch.kubernetes.io/controller-uid": uid,
+        "batch.kubernetes.io/job-name": name,
+        "controller-uid": uid,
+        "job-name": name,
+    })
+    tmeta["labels"] = labels
+    spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
+    job["status"] = {}
+    return job
+
+
+def prepare_pod(body: Any, namespace: str) -> dict[str, Any]:
+    """Validate and default a Pod on create (raises ApiError 400/422)."""
+    pod = check_type_meta(copy.deepcopy(body), PODS, namespace)
+    pod["apiVersion"], pod["kind"] = "v1", "Pod"
+    meta = pod["metadata"]
+    causes: Causes = []
+    name = _validate_name(meta, causes)
+    _validate_labels(meta.get("labels"), "metadata.labels", causes)
+    _validate_annotations(meta.get("annotations"), "metadata.annotations", causes)
+    validate_pod_spec(pod.get("spec"), "spec", causes, ("Always", "OnFailure", "Never"))
+    if causes:
+        raise ApiError.invalid(PODS, name, causes)
+    _base_meta(meta, namespace)
+    pod["status"] = {"phase": "Pending", "qosClass": qos_class(pod["spec"])}
+    return pod
+
+
+def qos_class(spec: Mapping[str, Any]) -> str:
+    containers = list(spec.get("containers") or []) + list(spec.get("initContainers") or [])
+    any_set = False
+    guaranteed = True
+    for c in containers:
+        res = c.get("resources") or {}
+        lim, req = res.get("limits") or {}, res.get("requests") or {}
+        if lim or req:
+            any_set = True
+        for k in ("cpu", "memory"):
+            if k not in lim or parse_quantity(req.get(k, lim[k])) != parse_quantity(lim[k]):
+                guaranteed = False
+    if not any_set:
+        return "BestEffort"
+    return "Guaranteed" if guaranteed else "Burstable"
+
+
+def pod_requests(pod: Mapping[str, Any]) -> dict[str, Fraction]:
+    """Effective requests: max(sum over containers, max over init containers), per resource."""
+    spec = pod.get("spec") or {}
+    total: dict[str, Fraction] = {}
+    for c in spec.get("containers") or []:
+        for k, v in ((c.get("resources") or {}).get("requests") or {}).items():
+            total[k] = total.get(k, Fraction(0)) + parse_quantity(v)
+    for c in spec.get("initContainers") or []:
+        for k, v in ((c.get("resources") or {}).get("requests") or {}).items():
+            q = parse_quantity(v)
+            if q > total.get(k, Fraction(0)):
+                total[k] = q
+    return total
+
+
+def get_condition(obj: Mapping[str, Any], ctype: str) -> dict[str, Any] | None:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == ctype:
+            return dict(c)
+    return None
+
+
+def set_condition(
+    status: dict[str, Any], ctype: str, value: str, reason: str | None = None, message: str | None = None,
+    *, probe: bool = True,
+) -> None:
+    """Set a condition by type, keeping lastTransitionTime when the status does not change."""
+    conds: list[dict[str, Any]] = status.setdefault("conditions", [])
+    now = rfc3339()
+    for c in conds:
+        if c.get("type") == ctype:
+            if c.get("status") != value:
+                c["lastTransitionTime"] = now
+                if probe:
+                    c["lastProbeTime"] = now
+            c["status"] = value
+            if reason is not None:
+                c["reason"] = reason
+            if message is not None:
+                c["message"] = message
+            return
+    cond: dict[str, Any] = {"type": ctype, "status": value, "lastTransitionTime": now}
+    if probe:
+        cond["lastProbeTime"] = now
+    if reason is not None:
+        cond["reason"] = reason
+    if message is not None:
+        cond["message"] = message
+    conds.append(cond)

@@ -1,0 +1,172 @@
+"""The object store of one cluster: one resourceVersion counter, a bounded event history, watches.
+
+Stored objects are JSON-shaped dicts and are never mutated after they are committed: every change
+replaces the object with a modified deep copy. History entries and list snapshots can therefore
+share them without copying.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import RESOURCES, ApiError
+
+__all__ = ["Event", "Store"]
+
+Obj = dict[str, Any]
+Key = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class Event:
+    rv: int
+    resource: str
+    type: str  # ADDED, MODIFIED, DELETED
+    obj: Obj
+    prev: Obj | None
+
+
+class Store:
+    def __init__(self, history_size: int = 5000):
+        self.lock = threading.RLock()
+        self.cond = threading.Condition(self.lock)
+        self._rv = 0
+        self._objs: dict[str, dict[Key, Obj]] = {"pods": {}, "jobs": {}, "nodes": {}}
+        self._history: deque[Event] = deque()
+        self._history_size = max(1, history_size)
+        self._compacted = 0  # events with rv <= this are no longer in the history
+        self._created_seq: dict[str, int] = {}
+        self._listeners: list[Callable[[], None]] = []
+        self.closed = False
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    @property
+    def rv(self) -> int:
+        return self._rv
+
+    @property
+    def compacted_rv(self) -> int:
+        return self._compacted
+
+    def get(self, resource: str, namespace: str, name: str) -> Obj | None:
+        return self._objs[resource].get((namespace, name))
+
+    def list(self, resource: str, namespace: str | None = None) -> list[Obj]:
+        with self.lock:
+            items = self._objs[resource]
+            keys = sorted(k for k in items if namespace is None or k[0] == namespace)
+            return [items[k] for k in keys]
+
+    def values(self, resource: str) -> Iterable[Obj]:
+        """Unsorted view for controllers (call with the lock held)."""
+        return list(self._objs[resource].values())
+
+    def creation_seq(self, obj: Obj) -> int:
+        """Order of creation (finer than the one-second creationTimestamp)."""
+        return self._created_seq.get(obj["metadata"].get("uid", ""), 0)
+
+    def namespaces(self) -> set[str]:
+        with self.lock:
+            return {k[0] for r in ("pods", "jobs") for k in self._objs[r]}
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def add_listener(self, fn: Callable[[], None]) -> None:
+        self._listeners.append(fn)
+
+    def _commit(self, resource: str, etype: str, obj: Obj, prev: Obj | None) -> None:
+        self._history.append(Event(self._rv, resource, etype, obj, prev))
+        while len(self._history) > self._history_size:
+            self._compacted = self._history.popleft().rv
+        self.cond.notify_all()
+        for fn in self._listeners:
+            fn()
+
+    def create(self, resource: str, obj: Obj) -> Obj:
+        with self.lock:
+            meta = obj["metadata"]
+            key = (meta.get("namespace", ""), meta["name"])
+            if key in self._objs[resource]:
+                raise ApiError.already_exists(RESOURCES[resource], meta["name"])
+            self._rv += 1
+            meta["resourceVersion"] = str(self._rv)
+            self._created_seq[meta["uid"]] = self._rv
+            self._objs[resource][key] = obj
+            self._commit(resource, "ADDED", obj, None)
+            return obj
+
+    def update(self, resource: str, namespace: str, name: str, fn: Callable[[Obj], Any]) -> Obj | None:
+        """Apply fn to a deep copy of the object and commit it if it changed.
+
+        Returns the stored object (new or unchanged), or None if it does not exist.
+        """
+        with self.lock:
+            cur = self._objs[resource].get((namespace, name))
+            if cur is None:
+                return None
+            new = copy.deepcopy(cur)
+            fn(new)
+            new["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"]
+            if new == cur:
+                return cur
+            self._rv += 1
+            new["metadata"]["resourceVersion"] = str(self._rv)
+            self._objs[resource][(namespace, name)] = new
+            self._commit(resource, "MODIFIED", new, cur)
+            return new
+
+    def replace(self, resource: str, obj: Obj) -> Obj:
+        """Store obj as the new version of an existing object (caller checked preconditions)."""
+        with self.lock:
+            meta = obj["metadata"]
+            key = (meta.get("namespace", ""), meta["name"])
+            cur = self._objs[resource].get(key)
+            if cur is None:
+                raise KeyError(key)
+            meta["resourceVersion"] = cur["metadata"]["resourceVersion"]
+            if obj == cur:
+                return cur
+            self._rv += 1
+            meta["resourceVersion"] = str(self._rv)
+            self._objs[resource][key] = obj
+            self._commit(resource, "MODIFIED", obj, cur)
+            return obj
+
+    def delete(self, resource: str, namespace: str, name: str) -> Obj | None:
+        with self.lock:
+            cur = self._objs[resource].pop((namespace, name), None)
+            if cur is None:
+                return None
+            self._rv += 1
+            final = dict(cur)
+            final["metadata"] = dict(cur["metadata"], resourceVersion=str(self._rv))
+            self._created_seq.pop(cur["metadata"].get("uid", ""), None)
+            self._commit(resource, "DELETED", final, cur)
+            return final
+
+    # -- watching --------------------------------------------------------------------------------
+
+    def events_after(self, rv: int) -> list[Event]:
+        """Events with resourceVersion > rv; raises 410 if some of them were compacted away."""
+        if rv < self._compacted:
+            raise ApiError.gone(f"too old resource version: {rv} ({self._compacted + 1})")
+        if not self._history or self._history[-1].rv <= rv:
+            return []
+        # history is ordered by rv: scan from the end
+        out: list[Event] = []
+        for ev in reversed(self._history):
+            if ev.rv <= rv:
+                break
+            out.append(ev)
+        out.reverse()
+        return out
+
+    def notify(self) -> None:
+        with self.cond:
+            self.cond.notify_all()

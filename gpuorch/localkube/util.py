@@ -1,0 +1,76 @@
+"""Small helpers shared by the API server and the controllers."""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+__all__ = [
+    "DNS1123_LABEL",
+    "DNS1123_SUBDOMAIN",
+    "LABEL_VALUE",
+    "QUALIFIED_NAME",
+    "parse_duration",
+    "random_suffix",
+    "rfc3339",
+    "parse_rfc3339",
+    "new_uid",
+]
+
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+QUALIFIED_NAME = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+_SUFFIX_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+
+
+def rfc3339(ts: float | None = None) -> str:
+    """RFC3339 UTC with a Z, second precision, as metav1.Time serialises."""
+    t = time.time() if ts is None else ts
+    return datetime.fromtimestamp(int(t), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_rfc3339(text: str) -> float:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+
+
+def new_uid() -> str:
+    return str(uuid.uuid4())
+
+
+def random_suffix(n: int = 5) -> str:
+    return "".join(random.choice(_SUFFIX_ALPHABET) for _ in range(n))
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from `90`, `"90s"`, `"30m"`, `"2h"`, `"1h30m"`, `"1d"`."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, int | float):
+        return float(value)
+    text = str(value).strip()
+    if not text:
+        raise ValueError("empty duration")
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    pos, total = 0, 0.0
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+    for m in _DURATION.finditer(text):
+        if m.start() != pos:
+            raise ValueError(f"not a duration: {value!r}")
+        total += float(m.group(1)) * units[m.group(2)]
+        pos = m.end()
+    if pos != len(text):
+        raise ValueError(f"not a duration: {value!r}")
+    return total

@@ -1,0 +1,232 @@
+"""The event log folded into per-workload state (pure: no I/O, no clock).
+
+The event stream is the record: any workload's full history, and so its state,
+is rebuilt by folding its events in stream order. Every service keeps one
+`Projection` in memory (rebuilt at start-up by replaying the stream), the CLI
+builds one to answer `get`/`list`, and the invariant checker reads the same fold.
+
+`apply` is idempotent by stream sequence: replaying an event that was already
+applied changes nothing, so a service may replay the log and then resume a
+durable consumer that redelivers the tail.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpuorch_proto import Event, RoutingDecision, Workload
+from gpuorch_proto import events as ev
+
+LIVE_ATTEMPT = frozenset({"created", "admitted", "running", "lost"})
+TERMINAL = frozenset({"completed", "cancelled", "failed", "rejected"})
+
+
+@dataclass
+class AttemptView:
+    attempt_id: str
+    number: int
+    epoch: int
+    cluster: str
+    job_name: str = ""
+    namespace: str = "gpuorch"
+    queue: str | None = None
+    output_path: str = ""
+    checkpoint_path: str = ""
+    mode: str = "fresh"
+    mode_reason: str = ""
+    resume_from: str | None = None
+    status: str = "created"  # created admitted running succeeded failed lost
+    exit_code: int | None = None
+    reason: str = ""
+    fenced: bool = False  # its epoch is stale
+    cancel_confirmed: str | None = None  # how ("deleted", "already-gone", "lease-expired")
+    promoted: bool = False
+    promotion_rejected: bool = False
+    orphan_deleted: bool = False
+    times: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def live(self) -> bool:
+        """May still be running somewhere: not known to be stopped."""
+        return self.status in LIVE_ATTEMPT and self.cancel_confirmed is None
+
+    @property
+    def gone(self) -> bool:
+        return self.cancel_confirmed is not None or self.orphan_deleted
+
+
+@dataclass
+class WorkloadView:
+    workload_id: str
+    workload: Workload | None = None
+    status: str = "submitted"  # submitted waiting routed running lost completed cancelled failed rejected
+    reason: str = ""
+    decision: RoutingDecision | None = None
+    routed_attempts: set[int] = field(default_factory=set)
+    route_requested: set[int] = field(default_factory=set)
+    attempts: dict[str, AttemptView] = field(default_factory=dict)
+    epoch: int = 1
+    promoted_attempt: str | None = None
+    result_path: str | None = None
+    cancel_requested: bool = False
+    idempotency_key: str | None = None
+    times: dict[str, float] = field(default_factory=dict)
+    history: list[tuple[int, str, float]] = field(default_factory=list)  # (seq, type, at)
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+    @property
+    def live_attempts(self) -> list[AttemptView]:
+        return [a for a in self.attempts.values() if a.live]
+
+    @property
+    def latest_attempt(self) -> AttemptView | None:
+        if not self.attempts:
+            return None
+        return max(self.attempts.values(), key=lambda a: a.number)
+
+    @property
+    def next_attempt_number(self) -> int:
+        return max([0, *self.routed_attempts, *(a.number for a in self.attempts.values())]) + 1
+
+
+@dataclass
+class Projection:
+    workloads: dict[str, WorkloadView] = field(default_factory=dict)
+    last_seq: int = 0
+
+    def get(self, workload_id: str) -> WorkloadView | None:
+        return self.workloads.get(workload_id)
+
+    def apply(self, evt: Event, seq: int) -> WorkloadView | None:
+        """Fold one event; returns the workload's view (None for events about no workload)."""
+        if seq and seq <= self.last_seq:
+            return self.workloads.get(evt.workload_id)
+        if seq:
+            self.last_seq = seq
+        if not evt.workload_id:
+            return None
+        view = self.workloads.get(evt.workload_id)
+        if view is None:
+            view = self.workloads[evt.workload_id] = WorkloadView(evt.workload_id)
+        _fold(view, evt)
+        view.history.append((seq, ev.type_tag(evt), evt.at))
+        return view
+
+
+def _attempt(view: WorkloadView, e: ev.AttemptEvent) -> AttemptView:
+    a = view.attempts.get(e.attempt_id)
+    if a is None:
+        number = int(e.attempt_id.rsplit("-a", 1)[-1]) if "-a" in e.attempt_id else 0
+        a = view.attempts[e.attempt_id] = AttemptView(e.attempt_id, number, e.epoch, e.cluster)
+    return a
+
+
+def _fold(view: WorkloadView, e: Event) -> None:
+    kind = ev.type_tag(e)
+    view.times.setdefault(kind, e.at)
+    match e:
+        case ev.Submitted():
+            view.workload = e.workload
+            view.idempotency_key = e.idempotency_key
+            if view.status == "submitted":
+                view.reason = "submitted; waiting for a routing decision"
+        case ev.Rejected():
+            view.status = "rejected"
+            view.reason = e.reason + (
+                ": " + "; ".join(f"{x.path}: {x.message}" for x in e.errors) if e.errors else ""
+            )
+            if e.decision is not None:
+                view.decision = e.decision
+        case ev.Routed():
+            view.decision = e.decision
+            view.routed_attempts.add(e.attempt_number)
+            if not view.terminal and not view.cancel_requested:
+                view.status = "routed"
+                view.reason = e.decision.summary
+        case ev.Unroutable():
+            view.decision = e.decision
+            if not view.terminal and not view.cancel_requested:
+                view.status = "waiting"
+                view.reason = e.decision.summary
+        case ev.RouteRequested():
+            view.route_requested.add(e.attempt_number)
+        case ev.AttemptCreated():
+            a = _attempt(view, e)
+            a.number, a.epoch, a.cluster = e.attempt_number, e.epoch, e.cluster
+            a.job_name, a.namespace, a.queue = e.job_name, e.namespace, e.queue
+            a.output_path, a.checkpoint_path = e.output_path, e.checkpoint_path
+            a.mode, a.mode_reason, a.resume_from = e.mode, e.mode_reason, e.resume_from
+            a.times["created"] = e.at
+            if not view.terminal:
+                view.status = "running" if not view.cancel_requested else view.status
+        case ev.Admitted():
+            a = _attempt(view, e)
+            a.times.setdefault("admitted", e.at)
+            if a.status == "created":
+                a.status = "admitted"
+        case ev.Running():
+            a = _attempt(view, e)
+            a.times.setdefault("running", e.at)
+            if a.status in ("created", "admitted", "lost"):
+                a.status = "running"
+        case ev.Succeeded():
+            a = _attempt(view, e)
+            a.status, a.output_path = "succeeded", e.output_path
+            a.times.setdefault("finished", e.at)
+        case ev.Failed():
+            a = _attempt(view, e)
+            a.status, a.exit_code, a.reason = "failed", e.exit_code, e.reason
+            a.times.setdefault("finished", e.at)
+        case ev.Lost():
+            a = _attempt(view, e)
+            if a.status in LIVE_ATTEMPT:
+                a.status = "lost"
+                a.reason = e.reason
+                a.times.setdefault("lost", e.at)
+                if not view.terminal:
+                    view.status = "lost"
+                    view.reason = f"attempt {a.attempt_id} lost on {a.cluster}: {e.reason}"
+        case ev.FenceRequested():
+            _attempt(view, e).times.setdefault("fence-requested", e.at)
+        case ev.Fenced():
+            a = _attempt(view, e)
+            a.fenced = True
+            a.times.setdefault("fenced", e.at)
+            view.epoch = max(view.epoch, e.new_epoch)
+        case ev.CancelConfirmed():
+            a = _attempt(view, e)
+            a.cancel_confirmed = e.how
+            a.times.setdefault("cancel-confirmed", e.at)
+        case ev.PromoteRequested():
+            _attempt(view, e).times.setdefault("promote-requested", e.at)
+        case ev.Promoted():
+            a = _attempt(view, e)
+            a.promoted = True
+            a.times.setdefault("promoted", e.at)
+            view.promoted_attempt = e.attempt_id
+            view.result_path = e.result_path
+        case ev.PromotionRejected():
+            _attempt(view, e).promotion_rejected = True
+        case ev.OrphanDeleted():
+            a = _attempt(view, e)
+            a.orphan_deleted = True
+            a.times.setdefault("orphan-deleted", e.at)
+        case ev.Completed():
+            view.status = "completed"
+            view.result_path = e.result_path
+            view.reason = f"attempt {e.attempt_id} promoted to {e.result_path}"
+        case ev.CancelRequested():
+            view.cancel_requested = True
+            if not view.terminal:
+                view.reason = f"cancelling: {e.reason}"
+        case ev.Cancelled():
+            view.status = "cancelled"
+            view.reason = e.reason
+        case ev.WorkloadFailed():
+            view.status = "failed"
+            view.reason = e.reason
+        case _:
+            pass

@@ -1,0 +1,78 @@
+"""Structured logs: one JSON object per line on stderr.
+
+Every line carries `timestamp`, `level`, `service`, `event` (a constant name such as
+`msg.processed`) and whatever the shell bound with structlog contextvars for the message being
+handled (subject, stream sequence, delivery count, event id, trace id). Standard-library log
+records (nats-py logs through `logging`) are rendered the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, TextIO
+
+import structlog
+from structlog.typing import EventDict, Processor, WrappedLogger
+
+# Constant event names used by the runtime shell (services add their own, e.g. "workload.routed").
+MSG_PROCESSED = "msg.processed"
+MSG_REJECTED = "msg.rejected"
+MSG_RETRY = "msg.retry"
+MSG_DEAD_LETTERED = "msg.dead_lettered"
+MSG_DUPLICATE = "msg.duplicate_publish"
+
+
+def _add_service(service: str) -> Processor:
+    def processor(logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
+        event_dict.setdefault("service", service)
+        return event_dict
+
+    return processor
+
+
+def configure_logging(service: str, level: str | int = "INFO", stream: TextIO | None = None) -> None:
+    """JSON lines to `stream` (stderr by default) for structlog and the stdlib `logging`."""
+    numeric = level if isinstance(level, int) else logging.getLevelName(str(level).upper())
+    if not isinstance(numeric, int):
+        numeric = logging.INFO
+    out = stream if stream is not None else sys.stderr
+    shared: list[Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        _add_service(service),
+    ]
+    structlog.configure(
+        processors=[
+            *shared,
+            structlog.processors.StackInfoRenderer(),
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        logger_factory=structlog.PrintLoggerFactory(file=out),
+        cache_logger_on_first_use=False,
+    )
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                structlog.processors.JSONRenderer(),
+            ],
+        )
+    )
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        if getattr(old, "_gpuorch", False):
+            root.removeHandler(old)
+    handler._gpuorch = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(numeric)
+
+
+def get_logger(name: str | None = None, **initial: Any) -> Any:
+    return structlog.get_logger(name, **initial)

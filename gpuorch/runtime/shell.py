@@ -1,0 +1,724 @@
+"""The imperative shell every service shares: consume, decode, call the pure core, publish, ack.
+
+Per input message, in order:
+
+1. bind structlog contextvars (subject, stream, stream_seq, delivered, msg_id, trace_id,
+   event_id) and open the CONSUMER span "<subject> process" as a child of the producer's
+   `traceparent`;
+2. decode with `gpuorch_proto.decode_event`. A `ContractError` (or any decode failure) publishes
+   a `rejected` event naming each bad field path and the input message is terminated (`term`):
+   a poison message is recorded, never retried, never dropped silently;
+3. call the handler; publish every output (awaiting every JetStream ack); only then `ack` the
+   input. Output event ids are deterministic, so if the process dies between publishing and
+   acking, the redelivered input republishes the same `Nats-Msg-Id`s and JetStream drops them;
+4. on `Retry(delay)` `nak` with that delay; on any other exception `nak` with a backoff by
+   delivery count. On the last allowed delivery (`max_deliver`) the message is dead-lettered
+   instead: a `rejected` event says which handler failed, how many times and why, and the input
+   is terminated. The consumer is created with one delivery more than `max_deliver`, so a
+   message whose handler kills the process every time is dead-lettered on that extra delivery
+   without calling the handler again: no crash loop, no silent drop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple, TypeVar
+
+import msgspec
+import nats.errors
+import nats.js.errors
+import structlog
+from gpuorch_proto import Base, ContractError, Event, FieldError, Names, encode, type_tag, workload_id_for
+from gpuorch_proto.codec import decode_event, is_msgpack
+from gpuorch_proto.events import Cancel, Rejected, Submit
+from gpuorch_proto.subjects import valid_token
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, PubAck
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, Status, StatusCode
+
+from . import logs, telemetry
+
+log = structlog.get_logger("gpuorch.runtime.shell")
+
+MSG_ID = "Nats-Msg-Id"
+CONTENT_TYPE = "Content-Type"
+JSON_CONTENT_TYPE = "application/json"
+PUBLISH_TIMEOUT = 10.0  # seconds to wait for all acks of one publish() call
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """One decoded input as the handler sees it; `context` has the CONSUMER span current."""
+
+    event: Event
+    subject: str
+    stream: str
+    stream_seq: int
+    delivered: int
+    headers: dict[str, str]
+    msg_id: str | None
+    context: Context
+
+
+class Retry(Exception):
+    """Raised by a handler: not now, try again after `delay` seconds (nak with delay)."""
+
+    def __init__(self, delay: float = 1.0, reason: str = "retry later") -> None:
+        super().__init__(f"{reason} (retry in {delay:g}s)")
+        self.delay = float(delay)
+        self.reason = reason
+
+
+Handler = Callable[[Incoming], Awaitable[Sequence[Base]]]
+
+
+def default_backoff(delivered: int) -> float:
+    """Nak delay after an unexpected handler error: 0.5 s, 1 s, 2 s, ... capped at 30 s."""
+    return float(min(0.5 * 2 ** max(delivered - 1, 0), 30.0))
+
+
+# -- publishing ---------------------------------------------------------------------------------
+
+
+class Publisher:
+    """Publishes contract messages to their subjects with deterministic `Nats-Msg-Id`s."""
+
+    def __init__(self, js: JetStreamContext, names: Names, *, timeout: float = PUBLISH_TIMEOUT) -> None:
+        self.js = js
+        self.names = names
+        self.timeout = timeout
+
+    def subject_for(self, event: Base) -> str:
+        if isinstance(event, Submit):
+            return self.names.cmd_submit
+        if isinstance(event, Cancel):
+            return self.names.cmd_cancel
+        return self.names.evt(event.workload_id, type_tag(event))
+
+    @staticmethod
+    def msg_id_for(event: Base) -> str | None:
+        if event.event_id:
+            return event.event_id
+        if isinstance(event, Submit) and event.idempotency_key:
+            return event.idempotency_key
+        return None
+
+    async def publish(self, events: Sequence[Base], *, context: Context | None = None) -> list[PubAck]:
+        """Publish all `events` in order and wait for every ack (raises if any failed).
+
+        Messages are written in order on the one connection (so the stream keeps their order);
+        the acks are awaited together. One PRODUCER span "<subject> publish" per message, child
+        of `context` (default: the current context); its `traceparent` goes in the headers.
+        """
+        if not events:
+            return []
+        pending: list[tuple[Span, str, str | None, asyncio.Future[PubAck]]] = []
+        try:
+            for event in events:
+                subject = self.subject_for(event)
+                msg_id = self.msg_id_for(event)
+                if msg_id is None:
+                    log.warning("publish.no_msg_id", subject=subject, type=type_tag(event))
+                span = telemetry.start_publish_span(subject, msg_id, context)
+                headers = {CONTENT_TYPE: JSON_CONTENT_TYPE, **telemetry.inject(telemetry.span_context(span, context))}
+                if msg_id:
+                    headers[MSG_ID] = msg_id
+                try:
+                    fut = await self.js.publish_async(subject, encode(event), headers=headers)
+                except BaseException as exc:
+                    _end_error(span, exc)
+                    raise
+                pending.append((span, subject, msg_id, fut))
+            results = await asyncio.wait_for(
+                asyncio.gather(*(p[3] for p in pending), return_exceptions=True),
+                self.timeout,
+            )
+        except BaseException as exc:
+            for span, _, _, fut in pending:
+                fut.cancel()
+                if span.is_recording():
+                    _end_error(span, exc)
+            raise
+        acks: list[PubAck] = []
+        first_error: BaseException | None = None
+        for (span, subject, msg_id, _), result in zip(pending, results, strict=True):
+            if isinstance(result, BaseException):
+                _end_error(span, result)
+                first_error = first_error or result
+                continue
+            if result.duplicate:
+                span.set_attribute("messaging.nats.duplicate", True)
+                log.debug(logs.MSG_DUPLICATE, to=subject, msg_id=msg_id)
+            span.end()
+            acks.append(result)
+        if first_error is not None:
+            raise first_error
+        return acks
+
+    async def publish_raw(
+        self,
+        subject: str,
+        payload: bytes,
+        msg_id: str | None = None,
+        headers: dict[str, str] | None = None,
+        *,
+        context: Context | None = None,
+    ) -> PubAck:
+        """Publish bytes as they are (other systems' commands, tests); traceparent is added."""
+        span = telemetry.start_publish_span(subject, msg_id, context)
+        hdrs = {**telemetry.inject(telemetry.span_context(span, context)), **(headers or {})}
+        if msg_id:
+            hdrs[MSG_ID] = msg_id
+        try:
+            ack = await self.js.publish(subject, payload, headers=hdrs, timeout=self.timeout)
+        except BaseException as exc:
+            _end_error(span, exc)
+            raise
+        span.end()
+        return ack
+
+
+def _end_error(span: Span, exc: BaseException) -> None:
+    if isinstance(exc, Exception):
+        span.record_exception(exc)
+    span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+    span.end()
+
+
+# -- consuming ------------------------------------------------------------------------------------
+
+
+async def bind_consumer(
+    js: JetStreamContext,
+    *,
+    stream: str,
+    durable: str,
+    filter_subject: str,
+    ack_wait: float,
+    max_deliver: int,
+    max_ack_pending: int = 1000,
+) -> JetStreamContext.PullSubscription:
+    """Create (or update) the durable pull consumer and bind to it; idempotent."""
+    config = ConsumerConfig(
+        durable_name=durable,
+        name=durable,
+        ack_policy=AckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL,
+        filter_subject=filter_subject,
+        ack_wait=ack_wait,
+        # one extra server delivery: the shell dead-letters on it instead of calling the handler
+        max_deliver=max_deliver + 1 if max_deliver > 0 else -1,
+        max_ack_pending=max_ack_pending,
+    )
+    await js.add_consumer(stream, config)
+    return await js.pull_subscribe_bind(durable=durable, stream=stream)
+
+
+async def consume(
+    js: JetStreamContext,
+    *,
+    stream: str,
+    durable: str,
+    filter_subject: str,
+    handler: Handler,
+    publisher: Publisher,
+    names: Names,
+    stop: asyncio.Event,
+    batch: int = 32,
+    ack_wait: float = 30.0,
+    max_deliver: int = 5,
+    fetch_timeout: float = 1.0,
+    backoff: Callable[[int], float] = default_backoff,
+    handler_name: str | None = None,
+) -> None:
+    """Run `handler` over a durable pull consumer until `stop` is set (see the module doc).
+
+    Returns within about `fetch_timeout` of `stop` being set (after the message in hand).
+    `max_deliver <= 0` means unlimited deliveries (no dead-lettering). Raises
+    `nats.errors.ConnectionClosedError` if the connection is closed while `stop` is not set.
+    """
+    worker = _Worker(
+        stream=stream,
+        durable=durable,
+        handler=handler,
+        handler_name=handler_name or durable,
+        publisher=publisher,
+        names=names,
+        ack_wait=ack_wait,
+        max_deliver=max_deliver,
+        backoff=backoff,
+    )
+    sub = await bind_consumer(
+        js, stream=stream, durable=durable, filter_subject=filter_subject, ack_wait=ack_wait, max_deliver=max_deliver
+    )
+    log.info("consumer.started", stream=stream, durable=durable, filter=filter_subject)
+    try:
+        while not stop.is_set():
+            try:
+                msgs = await sub.fetch(batch, timeout=fetch_timeout)
+            except (TimeoutError, nats.errors.TimeoutError):
+                continue
+            except nats.errors.ConnectionClosedError:
+                if stop.is_set():
+                    break
+                raise
+            except (nats.errors.Error, nats.js.errors.Error) as exc:
+                log.warning("consumer.fetch_error", durable=durable, error=repr(exc))
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=min(fetch_timeout, 1.0))
+                continue
+            fetched_at = time.monotonic()
+            for i, msg in enumerate(msgs):
+                if stop.is_set():
+                    # hand the rest back now rather than after ack_wait
+                    for rest in msgs[i:]:
+                        with contextlib.suppress(Exception):
+                            await rest.nak()
+                    break
+                if time.monotonic() - fetched_at > ack_wait / 2:
+                    for waiting in msgs[i:]:
+                        with contextlib.suppress(Exception):
+                            await waiting.in_progress()
+                    fetched_at = time.monotonic()
+                await worker.process(msg)
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+        log.info("consumer.stopped", stream=stream, durable=durable)
+
+
+@dataclass
+class _Worker:
+    stream: str
+    durable: str
+    handler: Handler
+    handler_name: str
+    publisher: Publisher
+    names: Names
+    ack_wait: float
+    max_deliver: int
+    backoff: Callable[[int], float]
+
+    async def process(self, msg: Msg) -> None:
+        md = msg.metadata
+        headers = {str(k): str(v) for k, v in (msg.headers or {}).items()}
+        msg_id = headers.get(MSG_ID)
+        seq = md.sequence.stream
+        delivered = md.num_delivered
+        stream = md.stream or self.stream
+        parent = telemetry.extract(headers)
+        span = telemetry.start_process_span(
+            msg.subject,
+            msg_id,
+            parent,
+            **{"messaging.nats.stream_sequence": seq, "messaging.nats.delivered": delivered},
+        )
+        ctx = telemetry.span_context(span, parent)
+        with structlog.contextvars.bound_contextvars(
+            subject=msg.subject,
+            stream=stream,
+            stream_seq=seq,
+            delivered=delivered,
+            msg_id=msg_id,
+            trace_id=telemetry.trace_id_hex(span),
+        ):
+            try:
+                await self._process(msg, headers, msg_id, stream, seq, delivered, ctx, span)
+            except Exception as exc:  # the loop must survive anything
+                log.exception("msg.shell_error", error=repr(exc))
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+                with contextlib.suppress(Exception):
+                    await msg.nak(delay=self.backoff(delivered))
+            finally:
+                span.end()
+
+    async def _process(
+        self,
+        msg: Msg,
+        headers: dict[str, str],
+        msg_id: str | None,
+        stream: str,
+        seq: int,
+        delivered: int,
+        ctx: Context,
+        span: Span,
+    ) -> None:
+        if self.max_deliver > 0 and delivered > self.max_deliver:
+            # The server's extra delivery: the handler never finished (process killed, ack lost).
+            event = _try_decode(msg.data, headers)
+            await self._dead_letter(
+                msg, headers, msg_id, stream, seq, event, ctx,
+                f"handler {self.handler_name!r} did not complete in {self.max_deliver} deliveries "
+                "(process died or ack_wait exceeded each time)",
+            )  # fmt: skip
+            return
+        try:
+            event = decode_event(msg.data, content_type=headers.get(CONTENT_TYPE))
+        except Exception as exc:
+            err = exc if isinstance(exc, ContractError) else ContractError(
+                "undecodable message", [FieldError(path="$", message=f"{type(exc).__name__}: {exc}")]
+            )  # fmt: skip
+            await self._reject(msg, headers, msg_id, stream, seq, err, ctx, span)
+            return
+        structlog.contextvars.bind_contextvars(
+            event_id=event.event_id or None, workload_id=event.workload_id or None, type=type_tag(event)
+        )
+        span.set_attribute("gpuorch.event.type", type_tag(event))
+        if event.workload_id:
+            span.set_attribute("gpuorch.workload_id", event.workload_id)
+        incoming = Incoming(
+            event=event,
+            subject=msg.subject,
+            stream=stream,
+            stream_seq=seq,
+            delivered=delivered,
+            headers=headers,
+            msg_id=msg_id,
+            context=ctx,
+        )
+        try:
+            outputs = await _with_progress(msg, self.handler(incoming), self.ack_wait)
+            await self.publisher.publish(outputs, context=ctx)
+        except Retry as r:
+            await self._failed(msg, headers, msg_id, stream, seq, delivered, event, ctx, span, r, r.delay)
+            return
+        except Exception as exc:
+            await self._failed(msg, headers, msg_id, stream, seq, delivered, event, ctx, span, exc, None)
+            return
+        try:
+            await msg.ack_sync(timeout=5.0)
+        except Exception as exc:
+            # The outputs are in the stream; a redelivery republishes the same ids (dropped).
+            log.warning("msg.ack_failed", error=repr(exc))
+        log.info(logs.MSG_PROCESSED, outputs=len(outputs), handler=self.handler_name)
+
+    async def _failed(
+        self,
+        msg: Msg,
+        headers: dict[str, str],
+        msg_id: str | None,
+        stream: str,
+        seq: int,
+        delivered: int,
+        event: Event,
+        ctx: Context,
+        span: Span,
+        exc: Exception,
+        delay: float | None,
+    ) -> None:
+        span.record_exception(exc)
+        span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+        why = f"{type(exc).__name__}: {exc}"
+        if self.max_deliver > 0 and delivered >= self.max_deliver:
+            await self._dead_letter(
+                msg, headers, msg_id, stream, seq, event, ctx,
+                f"handler {self.handler_name!r} failed {delivered} times (max_deliver={self.max_deliver}); "
+                f"last error: {why}",
+            )  # fmt: skip
+            return
+        wait = delay if delay is not None else self.backoff(delivered)
+        if isinstance(exc, Retry):
+            log.info(logs.MSG_RETRY, reason=exc.reason, delay=wait, handler=self.handler_name)
+        else:
+            log.warning(logs.MSG_RETRY, error=why, delay=wait, handler=self.handler_name, exc_info=exc)
+        await msg.nak(delay=wait)
+
+    async def _reject(
+        self,
+        msg: Msg,
+        headers: dict[str, str],
+        msg_id: str | None,
+        stream: str,
+        seq: int,
+        err: ContractError,
+        ctx: Context,
+        span: Span,
+    ) -> None:
+        span.set_status(Status(StatusCode.ERROR, "ContractError"))
+        wid = _workload_id_for_raw(msg.data, headers, msg_id, seq)
+        rejected = Rejected(
+            event_id=rejection_event_id(wid, stream, seq),
+            workload_id=wid,
+            at=time.time(),
+            reason=err.reason,
+            errors=list(err.errors),
+            source_subject=msg.subject,
+            source_sequence=seq,
+            idempotency_key=msg_id,
+        )
+        try:
+            await self.publisher.publish([rejected], context=ctx)
+        except Exception as exc:
+            # Could not record the rejection: keep the input and try again later.
+            log.warning("msg.reject_publish_failed", error=repr(exc))
+            await msg.nak(delay=self.backoff(msg.metadata.num_delivered))
+            return
+        await msg.term()
+        log.warning(
+            logs.MSG_REJECTED,
+            workload_id=wid,
+            reason=err.reason,
+            errors=[f"{e.path}: {e.message}" for e in err.errors],
+        )
+
+    async def _dead_letter(
+        self,
+        msg: Msg,
+        headers: dict[str, str],
+        msg_id: str | None,
+        stream: str,
+        seq: int,
+        event: Event | None,
+        ctx: Context,
+        reason: str,
+    ) -> None:
+        if isinstance(event, Rejected):
+            # Never answer a rejection with another one (no feedback loop); it is on record.
+            await msg.term()
+            log.error(logs.MSG_DEAD_LETTERED, reason=reason, republished=False)
+            return
+        wid = _workload_id_for_event(event) or _workload_id_for_raw(msg.data, headers, msg_id, seq)
+        rejected = Rejected(
+            event_id=rejection_event_id(wid, stream, seq),
+            workload_id=wid,
+            at=time.time(),
+            reason=reason,
+            source_subject=msg.subject,
+            source_sequence=seq,
+            idempotency_key=msg_id,
+        )
+        try:
+            await self.publisher.publish([rejected], context=ctx)
+        except Exception as exc:
+            log.warning("msg.dead_letter_publish_failed", error=repr(exc))
+            await msg.nak(delay=self.backoff(msg.metadata.num_delivered))
+            return
+        await msg.term()
+        log.error(logs.MSG_DEAD_LETTERED, workload_id=wid, reason=reason)
+
+
+def rejection_event_id(workload_id: str, stream: str, seq: int) -> str:
+    """Deterministic: a redelivered poison message republishes the same rejection."""
+    return f"{workload_id}.rejected.{stream}.{seq}"
+
+
+async def _with_progress(msg: Msg, aw: Awaitable[T], ack_wait: float) -> T:
+    """Await `aw`, telling JetStream the message is in progress every ack_wait/2 seconds."""
+    task: asyncio.Future[T] = asyncio.ensure_future(aw)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=max(ack_wait / 2, 0.05))
+            if done:
+                return task.result()
+            with contextlib.suppress(Exception):
+                await msg.in_progress()
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+
+def _try_decode(data: bytes, headers: dict[str, str]) -> Event | None:
+    try:
+        return decode_event(data, content_type=headers.get(CONTENT_TYPE))
+    except Exception:
+        return None
+
+
+def _workload_id_for_event(event: Event | None) -> str | None:
+    if event is None:
+        return None
+    if event.workload_id and valid_token(event.workload_id):
+        return event.workload_id
+    if isinstance(event, Submit):
+        key = event.idempotency_key
+        if key:
+            return workload_id_for(key, event.workload.metadata.name)
+    return None
+
+
+def _workload_id_for_raw(data: bytes, headers: dict[str, str], msg_id: str | None, seq: int) -> str:
+    """Best workload id for an input that did not decode.
+
+    A `workload_id` in the raw body (if it is a valid token) wins; else the id the router would
+    derive from the idempotency key (`Nats-Msg-Id`) and `metadata.name`; else `invalid-<seq>`.
+    """
+    raw = _raw_mapping(data, headers)
+    wid = raw.get("workload_id") if raw else None
+    if isinstance(wid, str) and wid and valid_token(wid):
+        return wid
+    if msg_id:
+        name = "wl"
+        wl = raw.get("workload") if raw else None
+        meta = (wl if isinstance(wl, dict) else raw or {}).get("metadata")
+        if isinstance(meta, dict) and isinstance(meta.get("name"), str) and meta["name"]:
+            name = meta["name"]
+        return workload_id_for(msg_id, name)
+    return f"invalid-{seq}"
+
+
+def _raw_mapping(data: bytes, headers: dict[str, str]) -> dict[str, Any] | None:
+    try:
+        if is_msgpack(data, headers.get(CONTENT_TYPE)):
+            obj = msgspec.msgpack.decode(data)
+        else:
+            obj = json.loads(data)
+    except Exception:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+# -- replay ---------------------------------------------------------------------------------------
+
+
+class Replayed(NamedTuple):
+    event: Event | None  # None only with include_undecodable=True
+    subject: str
+    seq: int
+    headers: dict[str, str]
+
+
+async def replay(
+    js: JetStreamContext,
+    stream: str,
+    filter_subject: str | None = None,
+    *,
+    batch: int = 256,
+    fetch_timeout: float = 2.0,
+    include_undecodable: bool = False,
+) -> AsyncIterator[Replayed]:
+    """Read `stream` (optionally filtered) from the start up to its last sequence at call time.
+
+    For services that rebuild an in-memory projection from the event log at start-up. Uses an
+    ephemeral, unacknowledged pull consumer that is deleted afterwards. Undecodable messages are
+    skipped (logged `replay.skipped`) unless `include_undecodable`.
+    """
+    info = await js.stream_info(stream)
+    last = info.state.last_seq or 0
+    if not info.state.messages:
+        return
+    config = ConsumerConfig(
+        ack_policy=AckPolicy.NONE,
+        deliver_policy=DeliverPolicy.ALL,
+        inactive_threshold=60.0,
+        mem_storage=True,
+    )
+    if filter_subject is None:
+        config.filter_subjects = list(info.config.subjects or [])
+    sub = await js.pull_subscribe(filter_subject or "", durable=None, stream=stream, config=config)
+    try:
+        ci = await sub.consumer_info()
+        if not ci.num_pending:
+            return
+        while True:
+            try:
+                msgs = await sub.fetch(batch, timeout=fetch_timeout)
+            except (TimeoutError, nats.errors.TimeoutError):
+                ci = await sub.consumer_info()
+                if not ci.num_pending or (ci.delivered and (ci.delivered.stream_seq or 0) >= last):
+                    return
+                continue
+            for msg in msgs:
+                md = msg.metadata
+                seq = md.sequence.stream
+                if seq > last:
+                    return
+                headers = {str(k): str(v) for k, v in (msg.headers or {}).items()}
+                event = _try_decode(msg.data, headers)
+                if event is None:
+                    log.warning("replay.skipped", stream=stream, stream_seq=seq, subject=msg.subject)
+                    if include_undecodable:
+                        yield Replayed(None, msg.subject, seq, headers)
+                else:
+                    yield Replayed(event, msg.subject, seq, headers)
+                if seq >= last or md.num_pending == 0:
+                    return
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+        with contextlib.suppress(Exception):
+            await js.delete_consumer(stream, sub._consumer)
+
+
+# -- service entry point ------------------------------------------------------------------------
+
+
+def run_service(
+    name: str,
+    main: Callable[[asyncio.Event], Awaitable[None]],
+    *,
+    log_level: str | None = None,
+) -> Any:
+    """Run a service: `serve(name, main)` on a fresh event loop, or return it to be awaited.
+
+    Called from a plain `def main()` (no running loop) it blocks until the service has stopped,
+    as `asyncio.run(serve(...))` would. Called inside a running loop it returns the `serve(...)`
+    coroutine, so `await run_service(name, main)` works too.
+    """
+    coro = serve(name, main, log_level=log_level)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        asyncio.run(coro)
+        return None
+    return coro
+
+
+async def serve(
+    name: str,
+    main: Callable[[asyncio.Event], Awaitable[None]],
+    *,
+    log_level: str | None = None,
+) -> None:
+    """Configure logging and tracing, run `main(stop)` until it returns; SIGTERM/SIGINT set `stop`.
+
+    A second signal cancels `main`. The tracer provider is flushed and shut down on the way out.
+    """
+    logs.configure_logging(name, log_level or os.environ.get("GPUORCH_LOG_LEVEL", "INFO"))
+    provider = telemetry.setup_tracing(name)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(main(stop))
+
+    def on_signal(sig: signal.Signals) -> None:
+        if stop.is_set():
+            log.warning("service.forced_stop", signal=sig.name)
+            task.cancel()
+        else:
+            log.info("service.stopping", signal=sig.name)
+            stop.set()
+
+    installed: list[signal.Signals] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, on_signal, sig)
+            installed.append(sig)
+    log.info("service.started", pid=os.getpid())
+    try:
+        await task
+    except asyncio.CancelledError:
+        if not stop.is_set():
+            raise
+        log.info("service.cancelled")
+    except Exception:
+        log.exception("service.crashed")
+        raise
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+        provider.force_flush()
+        provider.shutdown()
+        log.info("service.stopped")

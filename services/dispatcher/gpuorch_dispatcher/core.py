@@ -1,0 +1,451 @@
+"""The dispatcher's pure decisions: attempts, Jobs, retry vs resume, cancellation, completion.
+
+(state, event, now) -> actions. No I/O here: the service shell executes `CreateJob`
+and `DeleteJob` through the Kubernetes client and publishes `Emit`ted events.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuorch.projection import AttemptView, WorkloadView
+from gpuorch_proto import ClusterRegistryEntry, Event, Workload, event_id
+from gpuorch_proto import events as ev
+from gpuorch_proto.units import parse_duration, parse_quantity
+
+NAMESPACE = "gpuorch"
+LABEL_WORKLOAD = "gpuorch.io/workload"
+LABEL_ATTEMPT = "gpuorch.io/attempt"
+LABEL_EPOCH = "gpuorch.io/epoch"
+LABEL_MANAGED = "gpuorch.io/managed"
+LABEL_POOL = "gpuorch.io/pool"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+SCHEDULER_FOR = {"kai": "kai-scheduler", "volcano": "volcano"}
+
+
+@dataclass(frozen=True)
+class Emit:
+    event: ev.Base
+
+
+@dataclass(frozen=True)
+class CreateJob:
+    cluster: str
+    namespace: str
+    manifest: dict[str, Any]
+    created: ev.AttemptCreated  # published once the Job exists (or already existed)
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    cluster: str
+    namespace: str
+    job_name: str
+    reason: str
+
+
+Action = Emit | CreateJob | DeleteJob
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What the dispatcher knows about where things live (filled in by the shell)."""
+
+    registry: dict[str, ClusterRegistryEntry]
+    store_roots: dict[str, str]  # artifact store -> root path/URI
+    data_roots: dict[str, str]  # data location -> root path/URI
+    cache_roots: dict[str, str]  # cluster -> where gpuorch stages datasets
+    time_scale: float = 1.0
+    python: str = "python"
+    checkpoints: dict[str, str] = field(default_factory=dict)  # attempt id -> latest valid checkpoint file
+
+
+@dataclass(frozen=True)
+class JobObservation:
+    """What the cluster says about one attempt's Job (None = the cluster did not answer)."""
+
+    exists: bool
+    workers: int = 1
+    scheduled: int = 0  # pods bound to a node
+    running: int = 0  # pods running
+    complete: bool = False
+    failed: bool = False
+    exit_code: int | None = None
+    reason: str = ""
+
+
+def attempt_id(workload_id: str, number: int) -> str:
+    return f"{workload_id}-a{number}"
+
+
+def _input_env_name(ref: str) -> str:
+    name = ref.split("@", 1)[0].rsplit("/", 1)[-1]
+    return "GPUORCH_INPUT_" + "".join(c if c.isalnum() else "_" for c in name).upper()
+
+
+def _real_seconds(sim_seconds: float, time_scale: float) -> int:
+    return max(1, math.ceil(sim_seconds / max(time_scale, 1e-9)))
+
+
+def choose_mode(view: WorkloadView, cluster: str, env: Environment) -> tuple[str, str | None, str]:
+    """Retry is not resume: resume only from a checkpoint the new cluster can read."""
+    wl = view.workload
+    assert wl is not None
+    earlier = sorted(view.attempts.values(), key=lambda a: a.number, reverse=True)
+    if not earlier:
+        return "fresh", None, "first attempt"
+    ckpt_store = wl.spec.checkpoint.store or wl.spec.output.store
+    entry = env.registry.get(cluster, ClusterRegistryEntry())
+    for a in earlier:
+        path = env.checkpoints.get(a.attempt_id)
+        if path is None:
+            continue
+        if not wl.spec.checkpoint.portable and a.cluster != cluster:
+            return "retry", None, (
+                f"checkpoint of {a.attempt_id} on {a.cluster} is not portable (spec.checkpoint.portable=false)"
+            )
+        readable = ckpt_store in entry.artifact_stores or ckpt_store in entry.checkpoint_stores
+        if not readable:
+            return "retry", None, f"{cluster} cannot read checkpoint store {ckpt_store!r}"
+        # same data version and image: both are immutable in the workload spec of this workload
+        return "resume", path, f"resume from {a.attempt_id}'s checkpoint ({path})"
+    return "retry", None, "no valid checkpoint from earlier attempts"
+
+
+def build_job(
+    wl: Workload,
+    workload_id: str,
+    att_id: str,
+    epoch: int,
+    cluster: str,
+    queue: str | None,
+    env: Environment,
+    *,
+    output_path: str,
+    checkpoint_path: str,
+    resume_from: str | None,
+    traceparent: str | None = None,
+) -> dict[str, Any]:
+    """The batch/v1 Job for one attempt (DESIGN §6), as a plain JSON-able dict."""
+    spec = wl.spec
+    res = spec.resources
+    entry = env.registry.get(cluster, ClusterRegistryEntry())
+    labels = {
+        LABEL_MANAGED: "true",
+        LABEL_WORKLOAD: workload_id,
+        LABEL_ATTEMPT: att_id,
+        LABEL_EPOCH: str(epoch),
+    }
+    if entry.admission == "kueue" and queue:
+        labels[KUEUE_QUEUE_LABEL] = queue
+    gpus = int(res.gpus) if res.gpus == int(res.gpus) else 1
+    cpu = parse_quantity(res.cpu)
+    limits = {"cpu": res.cpu, "memory": res.memory}
+    if res.same_node and res.workers > 1:
+        # one pod holding the whole gang's GPUs on one node
+        limits = {"cpu": _fmt_cpu(cpu * res.workers), "memory": res.memory}
+    pod_gpus = gpus * (res.workers if res.same_node and res.workers > 1 else 1)
+    if pod_gpus:
+        limits["nvidia.com/gpu"] = str(pod_gpus)
+    pods = 1 if res.same_node else res.workers
+    cache_root = env.cache_roots.get(cluster, "")
+    envs: dict[str, str] = dict(spec.env)
+    envs.update(
+        {
+            "GPUORCH_WORKLOAD_ID": workload_id,
+            "GPUORCH_ATTEMPT_ID": att_id,
+            "GPUORCH_EPOCH": str(epoch),
+            "GPUORCH_OUTPUT_DIR": output_path,
+            "GPUORCH_CHECKPOINT_DIR": checkpoint_path,
+            "GPUORCH_WORKERS": str(res.workers),
+        }
+    )
+    if resume_from:
+        envs["GPUORCH_RESUME_FROM"] = resume_from
+    if traceparent:
+        envs["TRACEPARENT"] = traceparent
+    init: list[dict[str, Any]] = []
+    for inp in spec.inputs:
+        local = next((loc for loc in inp.locations if loc in entry.data_locations), None)
+        if local is not None:
+            envs[_input_env_name(inp.ref)] = f"{env.data_roots.get(local, local)}/{inp.ref}"
+            continue
+        envs[_input_env_name(inp.ref)] = f"{cache_root}/{inp.ref}"
+        if inp.ref in entry.datasets_cached:
+            continue
+        source = max(inp.locations, key=lambda loc: entry.bandwidth_mbps.get(loc, 0.0), default="")
+        init.append(
+            {
+                "name": f"stage-{len(init)}",
+                "image": spec.image,
+                "command": [env.python, "-m", "gpuorch.stage"],
+                "args": [
+                    "--dataset", inp.ref,
+                    "--source", env.data_roots.get(source, source),
+                    "--cache", cache_root,
+                    "--size-gb", f"{inp.size_gb:g}",
+                    "--bandwidth-mbps", f"{entry.bandwidth_mbps.get(source, 0.0):g}",
+                    "--time-scale", f"{env.time_scale:g}",
+                ],
+                "resources": {"limits": {"cpu": "1", "memory": "1Gi"}, "requests": {"cpu": "1", "memory": "1Gi"}},
+            }
+        )
+    node_selector = dict(spec.requirements.node_selector)
+    if len(spec.requirements.pools) == 1:
+        node_selector[LABEL_POOL] = spec.requirements.pools[0]
+    if len(res.accelerators) == 1:
+        node_selector["nvidia.com/gpu.product"] = res.accelerators[0]
+    match_exprs: list[dict[str, Any]] = []
+    if len(spec.requirements.pools) > 1:
+        match_exprs.append({"key": LABEL_POOL, "operator": "In", "values": list(spec.requirements.pools)})
+    if len(res.accelerators) > 1:
+        match_exprs.append({"key": "nvidia.com/gpu.product", "operator": "In", "values": list(res.accelerators)})
+    if res.gpu_memory_gib:
+        need_mib = int(res.gpu_memory_gib * 1024) - 1
+        match_exprs.append({"key": "nvidia.com/gpu.memory", "operator": "Gt", "values": [str(need_mib)]})
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 5,
+        "containers": [
+            {
+                "name": "main",
+                "image": spec.image,
+                "command": [env.python if c in ("python", "python3") and i == 0 else c for i, c in enumerate(spec.command)],
+                "args": list(spec.args),
+                "env": [{"name": k, "value": v} for k, v in sorted(envs.items())],
+                "resources": {"limits": limits, "requests": dict(limits)},
+            }
+        ],
+    }
+    if init:
+        pod_spec["initContainers"] = init
+    if node_selector:
+        pod_spec["nodeSelector"] = node_selector
+    if match_exprs:
+        pod_spec["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": match_exprs}]
+                }
+            }
+        }
+    if spec.requirements.tolerations:
+        pod_spec["tolerations"] = [
+            {k: v for k, v in (("key", t.key), ("operator", t.operator), ("value", t.value), ("effect", t.effect)) if v}
+            for t in spec.requirements.tolerations
+        ]
+    if entry.admission in SCHEDULER_FOR:
+        pod_spec["schedulerName"] = SCHEDULER_FOR[entry.admission]
+    annotations = {"gpuorch.io/gang": "true"} if pods > 1 else {}
+    job_spec: dict[str, Any] = {
+        "parallelism": pods,
+        "completions": pods,
+        "backoffLimit": 0,  # gpuorch owns retries: a failed pod fails the attempt
+        "template": {"metadata": {"labels": dict(labels), "annotations": dict(annotations)}, "spec": pod_spec},
+    }
+    if pods > 1:
+        job_spec["completionMode"] = "Indexed"
+    if spec.timeout:
+        job_spec["activeDeadlineSeconds"] = _real_seconds(parse_duration(spec.timeout), env.time_scale)
+    if entry.admission == "kueue":
+        job_spec["suspend"] = True  # Kueue admits by unsuspending
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": att_id, "namespace": NAMESPACE, "labels": labels, "annotations": annotations},
+        "spec": job_spec,
+    }
+
+
+def _fmt_cpu(cores: float) -> str:
+    return str(int(cores)) if cores == int(cores) else f"{int(cores * 1000)}m"
+
+
+def _attempt_paths(env: Environment, wl: Workload, workload_id: str, att_id: str) -> tuple[str, str]:
+    out_root = env.store_roots.get(wl.spec.output.store, wl.spec.output.store)
+    ck_store = wl.spec.checkpoint.store or wl.spec.output.store
+    ck_root = env.store_roots.get(ck_store, ck_store)
+    return (
+        f"{out_root}/{workload_id}/attempts/{att_id}",
+        f"{ck_root}/{workload_id}/attempts/{att_id}/checkpoints",
+    )
+
+
+def on_routed(view: WorkloadView, e: ev.Routed, now: float, env: Environment, traceparent: str | None = None) -> list[Action]:
+    """A destination was chosen: create the attempt's Job (exactly once per attempt number)."""
+    wl = view.workload
+    if wl is None or view.terminal or view.cancel_requested or e.decision.cluster is None:
+        return []
+    if any(a.number == e.attempt_number for a in view.attempts.values()):
+        return []
+    if view.live_attempts and not all(a.fenced for a in view.live_attempts):
+        return []  # an unfenced attempt still owns this workload: never two current attempts
+    cluster = e.decision.cluster
+    att = attempt_id(view.workload_id, e.attempt_number)
+    out, ckpt = _attempt_paths(env, wl, view.workload_id, att)
+    mode, resume_from, why = choose_mode(view, cluster, env)
+    manifest = build_job(
+        wl, view.workload_id, att, view.epoch, cluster, e.decision.queue, env,
+        output_path=out, checkpoint_path=ckpt, resume_from=resume_from, traceparent=traceparent,
+    )
+    created = ev.AttemptCreated(
+        event_id=event_id(view.workload_id, "attempt-created", e.attempt_number),
+        workload_id=view.workload_id,
+        at=now,
+        attempt_id=att,
+        epoch=view.epoch,
+        cluster=cluster,
+        attempt_number=e.attempt_number,
+        queue=e.decision.queue,
+        namespace=NAMESPACE,
+        job_name=att,
+        output_path=out,
+        checkpoint_path=ckpt,
+        mode=mode,  # type: ignore[arg-type]
+        resume_from=resume_from,
+        mode_reason=why,
+    )
+    return [CreateJob(cluster, NAMESPACE, manifest, created)]
+
+
+def _eid(a: AttemptView, kind: str) -> str:
+    return f"{a.attempt_id}.{kind}"
+
+
+def on_observation(view: WorkloadView, a: AttemptView, obs: JobObservation, now: float) -> list[Action]:
+    """Translate what the cluster says about an attempt's Job into lifecycle events."""
+    if a.status in ("succeeded", "failed") or a.gone or view.workload is None:
+        return []
+    base = {"workload_id": view.workload_id, "at": now, "attempt_id": a.attempt_id, "epoch": a.epoch, "cluster": a.cluster}
+    out: list[Action] = []
+    if not obs.exists:
+        if a.fenced or view.cancel_requested:
+            return []
+        return [Emit(ev.Failed(event_id=_eid(a, "failed"), exit_code=None, reason="job disappeared from the cluster", retryable=True, **base))]
+    if obs.scheduled >= obs.workers and "admitted" not in a.times:
+        out.append(Emit(ev.Admitted(event_id=_eid(a, "admitted"), **base)))
+    if (obs.running >= obs.workers or obs.complete) and "running" not in a.times:
+        out.append(Emit(ev.Running(event_id=_eid(a, "running"), workers_running=obs.workers, **base)))
+    if obs.complete:
+        out.append(Emit(ev.Succeeded(event_id=_eid(a, "succeeded"), output_path=a.output_path, **base)))
+        out.append(Emit(ev.PromoteRequested(event_id=_eid(a, "promote-requested"), output_path=a.output_path, **base)))
+    elif obs.failed:
+        spec = view.workload.spec
+        code = obs.exit_code
+        permanent = code is not None and code in spec.retry.permanent_exit_codes
+        listed = not spec.retry.retryable_exit_codes or (code in spec.retry.retryable_exit_codes)
+        out.append(
+            Emit(ev.Failed(event_id=_eid(a, "failed"), exit_code=code, reason=obs.reason or "job failed", retryable=not permanent and listed, **base))
+        )
+    return out
+
+
+def lost(view: WorkloadView, a: AttemptView, now: float, reason: str) -> list[Action]:
+    if not a.live or a.status == "lost":
+        return []
+    return [Emit(ev.Lost(event_id=_eid(a, "lost"), workload_id=view.workload_id, at=now, attempt_id=a.attempt_id, epoch=a.epoch, cluster=a.cluster, reason=reason))]
+
+
+def _fence(view: WorkloadView, a: AttemptView, now: float, reason: str, time_scale: float) -> Emit:
+    assert view.workload is not None
+    lease = parse_duration(view.workload.spec.lease) / max(time_scale, 1e-9)
+    return Emit(
+        ev.FenceRequested(
+            event_id=_eid(a, "fence-requested"),
+            workload_id=view.workload_id, at=now, attempt_id=a.attempt_id, epoch=a.epoch, cluster=a.cluster,
+            reason=reason, policy=view.workload.spec.fencing, lease_expires_at=now + lease,
+        )
+    )
+
+
+def failed_attempts(view: WorkloadView) -> int:
+    return sum(1 for a in view.attempts.values() if a.status == "failed")
+
+
+def _replacement_due(view: WorkloadView, a: AttemptView) -> bool:
+    latest = view.latest_attempt
+    return (
+        view.workload is not None
+        and not view.terminal
+        and not view.cancel_requested
+        and latest is not None
+        and latest.attempt_id == a.attempt_id
+        and a.status in ("failed", "lost")
+        and view.next_attempt_number not in view.route_requested
+    )
+
+
+def _request_route(view: WorkloadView, a: AttemptView, now: float, why: str) -> Emit:
+    n = view.next_attempt_number
+    exclude = [a.cluster] if a.status == "lost" else []
+    return Emit(ev.RouteRequested(event_id=event_id(view.workload_id, "route-requested", n), workload_id=view.workload_id, at=now, attempt_number=n, exclude=exclude, reason=why))
+
+
+def on_event(view: WorkloadView, e: Event, now: float, env: Environment) -> list[Action]:
+    """React to one lifecycle event (routed is handled by on_routed, which needs the manifest)."""
+    wl = view.workload
+    if wl is None:
+        return []
+    match e:
+        case ev.Failed():
+            a = view.attempts.get(e.attempt_id)
+            if a is None:
+                return []
+            out: list[Action] = [_fence(view, a, now, f"attempt failed: {e.reason}", env.time_scale)]
+            if view.terminal or view.cancel_requested:
+                return out
+            if not e.retryable:
+                out.append(Emit(ev.WorkloadFailed(event_id=event_id(view.workload_id, "workload-failed"), workload_id=view.workload_id, at=now, reason=f"permanent failure (exit code {e.exit_code}) in {a.attempt_id}: {e.reason}", attempts=len(view.attempts))))
+            elif failed_attempts(view) > wl.spec.retry.budget:
+                out.append(Emit(ev.WorkloadFailed(event_id=event_id(view.workload_id, "workload-failed"), workload_id=view.workload_id, at=now, reason=f"retry budget of {wl.spec.retry.budget} spent; last: {e.reason}", attempts=len(view.attempts))))
+            return out
+        case ev.Lost():
+            a = view.attempts.get(e.attempt_id)
+            if a is None:
+                return []
+            return [_fence(view, a, now, f"lost: {e.reason}", env.time_scale)]
+        case ev.Fenced():
+            a = view.attempts.get(e.attempt_id)
+            if a is None or not _replacement_due(view, a):
+                return []
+            if a.status == "lost" and wl.spec.fencing == "strict":
+                return []  # strict: wait for cancel-confirmed or lease expiry
+            return [_request_route(view, a, now, f"replacing {a.attempt_id} ({a.status}) after the epoch moved to {e.new_epoch}")]
+        case ev.CancelConfirmed():
+            a = view.attempts.get(e.attempt_id)
+            if a is None:
+                return []
+            if view.cancel_requested and not view.terminal and not view.live_attempts:
+                return [Emit(ev.Cancelled(event_id=event_id(view.workload_id, "cancelled"), workload_id=view.workload_id, at=now, reason="cancelled; every attempt confirmed gone"))]
+            if a.fenced and _replacement_due(view, a):
+                return [_request_route(view, a, now, f"replacing {a.attempt_id} ({a.status}); cancellation confirmed ({e.how})")]
+            return []
+        case ev.Promoted():
+            if view.status == "completed":
+                return []
+            a = view.attempts.get(e.attempt_id)
+            out = [Emit(ev.Completed(event_id=event_id(view.workload_id, "completed"), workload_id=view.workload_id, at=now, attempt_id=e.attempt_id, result_path=e.result_path))]
+            if a is not None:
+                out.append(DeleteJob(a.cluster, a.namespace, a.job_name, "completed and promoted"))
+            return out
+        case _:
+            return []
+
+
+def on_cancel(view: WorkloadView | None, workload_id: str, reason: str, now: float, env: Environment) -> list[Action]:
+    """`gpuorch cancel` in any state: fence every live attempt; done when all are confirmed gone."""
+    if view is None:
+        return [Emit(ev.Rejected(event_id=event_id(workload_id, "rejected", "cancel"), workload_id=workload_id, at=now, reason=f"cancel: unknown workload {workload_id!r}"))]
+    if view.terminal:
+        return []
+    out: list[Action] = []
+    if not view.cancel_requested:
+        out.append(Emit(ev.CancelRequested(event_id=event_id(workload_id, "cancel-requested"), workload_id=workload_id, at=now, reason=reason)))
+    live = view.live_attempts
+    for a in live:
+        out.append(_fence(view, a, now, f"cancel: {reason}", env.time_scale))
+    if not live:
+        out.append(Emit(ev.Cancelled(event_id=event_id(workload_id, "cancelled"), workload_id=workload_id, at=now, reason=reason)))
+    return out

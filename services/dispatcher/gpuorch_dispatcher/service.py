@@ -1,0 +1,263 @@
+"""The dispatcher's shell: the only writer of attempts (DESIGN §6).
+
+Consumes routing decisions and lifecycle events, creates each attempt's Job through
+the official Kubernetes client, watches the Jobs, and publishes what it sees. All
+decisions come from `core`; this module only does I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import structlog
+from kubernetes.client.exceptions import ApiException
+
+from gpuorch.config import Settings, load_registry
+from gpuorch.follow import Follower
+from gpuorch.kube import TIMEOUT, ClusterClient, make_clients, unreachable
+from gpuorch.projection import AttemptView
+from gpuorch.runtime import bus
+from gpuorch.runtime.shell import Incoming, Publisher, Retry, consume, run_service
+from gpuorch_proto import events as ev
+
+from . import core
+
+log = structlog.get_logger("gpuorch.dispatcher")
+
+
+def staged_key(cluster: str, ref: str) -> str:
+    """KV key for "gpuorch staged dataset `ref` on `cluster`" (KV keys cannot hold '@')."""
+    return f"{cluster}.{hashlib.sha256(ref.encode()).hexdigest()[:16]}"
+
+
+def latest_checkpoint(path: str) -> str | None:
+    """The newest complete checkpoint file in an attempt's checkpoint dir (tmp files skipped)."""
+    p = Path(path)
+    if not p.is_dir():
+        return None
+    files = [f for f in p.iterdir() if f.is_file() and not f.name.endswith(".tmp") and not f.name.startswith(".")]
+    return str(max(files, key=lambda f: f.stat().st_mtime)) if files else None
+
+
+def observe(cc: ClusterClient, job: dict, pods: list[dict]) -> core.JobObservation:
+    spec, status = job.get("spec") or {}, job.get("status") or {}
+    conds = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
+    workers = int(spec.get("parallelism") or 1)
+    scheduled = sum(1 for p in pods if (p.get("spec") or {}).get("nodeName"))
+    running = sum(1 for p in pods if (p.get("status") or {}).get("phase") in ("Running", "Succeeded"))
+    exit_code = None
+    for p in pods:
+        for cs in (p.get("status") or {}).get("containerStatuses") or []:
+            term = (cs.get("state") or {}).get("terminated")
+            if term and term.get("exitCode"):
+                exit_code = int(term["exitCode"])
+    failed = conds.get("Failed")
+    reason = ""
+    if failed:
+        reason = f"{failed.get('reason', 'Failed')}: {failed.get('message', '')}".strip(": ")
+        if exit_code is not None:
+            reason += f" (exit code {exit_code})"
+    return core.JobObservation(
+        exists=True, workers=workers, scheduled=scheduled, running=running,
+        complete="Complete" in conds, failed=failed is not None, exit_code=exit_code, reason=reason,
+    )
+
+
+class Dispatcher:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.names = settings.names
+        self.follower = Follower()
+        self.registry = load_registry(settings.registry) if settings.registry else None
+        self.clients: dict[str, ClusterClient] = make_clients(settings.kubeconfig) if settings.kubeconfig else {}
+        self.last_ok: dict[str, float] = {}
+        self.interval = float(os.environ.get("GPUORCH_DISPATCH_INTERVAL", "0.5"))
+        self.lost_after = float(os.environ.get("GPUORCH_LOST_AFTER", "3"))
+        self.publisher: Publisher | None = None
+        self.kv_staged: object | None = None
+
+    def environment(self, attempts: Sequence[AttemptView] = ()) -> core.Environment:
+        reg = self.registry.clusters if self.registry else {}
+        s = self.settings
+        data_roots: dict[str, str] = {}
+        if s.data_dir.exists():
+            data_roots = {p.name: str(p.resolve()) for p in s.data_dir.iterdir() if p.is_dir()}
+        stores = set().union(*(set(e.artifact_stores) | set(e.checkpoint_stores) for e in reg.values())) if reg else set()
+        return core.Environment(
+            registry=reg,
+            store_roots={st: str(s.store_root(st)) for st in stores},
+            data_roots=data_roots,
+            cache_roots={c: e.cache_path or str((s.state_dir / "caches" / c).resolve()) for c, e in reg.items()},
+            time_scale=self.registry.time_scale if self.registry else 1.0,
+            checkpoints={a.attempt_id: ck for a in attempts if (ck := latest_checkpoint(a.checkpoint_path))},
+        )
+
+    # --- executing actions ---------------------------------------------------------------
+    async def execute(self, actions: Sequence[core.Action], workload_id: str) -> list[ev.Base]:
+        """Run the I/O an action needs; return the events to publish once it is done."""
+        out: list[ev.Base] = []
+        for act in actions:
+            if isinstance(act, core.Emit):
+                out.append(act.event)
+            elif isinstance(act, core.CreateJob):
+                await self.create_job(act)
+                out.append(act.created)
+            elif isinstance(act, core.DeleteJob):
+                await self.delete_job(act)
+        return out
+
+    async def create_job(self, act: core.CreateJob) -> None:
+        cc = self.clients.get(act.cluster)
+        if cc is None:
+            raise RuntimeError(f"routed to unknown cluster {act.cluster!r} (not in the kubeconfig)")
+        try:
+            await asyncio.to_thread(cc.batch.create_namespaced_job, act.namespace, act.manifest, _request_timeout=TIMEOUT)
+            log.info("job.created", cluster=act.cluster, job=act.manifest["metadata"]["name"])
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            log.info("job.exists", cluster=act.cluster, job=act.manifest["metadata"]["name"])
+
+    async def delete_job(self, act: core.DeleteJob) -> None:
+        cc = self.clients.get(act.cluster)
+        if cc is None:
+            return
+        try:
+            await asyncio.to_thread(cc.batch.delete_namespaced_job, act.job_name, act.namespace, propagation_policy="Background", _request_timeout=TIMEOUT)
+        except ApiException as exc:
+            if exc.status != 404:
+                log.warning("job.delete_failed", cluster=act.cluster, job=act.job_name, status=exc.status)
+        except Exception as exc:
+            log.warning("job.delete_unreachable", cluster=act.cluster, job=act.job_name, error=str(exc))
+
+    # --- handlers --------------------------------------------------------------------------
+    async def on_event(self, msg: Incoming) -> Sequence[ev.Base]:
+        e = msg.event
+        view = self.follower.projection.apply(e, msg.stream_seq)
+        self.follower.remember(e.workload_id, msg.headers)
+        if view is None:
+            return []
+        now = time.time()
+        if isinstance(e, ev.Routed):
+            env = self.environment(list(view.attempts.values()))
+            actions = core.on_routed(view, e, now, env, traceparent=self.follower.traceparent(e.workload_id))
+            try:
+                return await self.execute(actions, e.workload_id)
+            except Exception as exc:
+                if not unreachable(exc) or msg.delivered < 4:
+                    log.warning("job.create_failed", workload=e.workload_id, error=str(exc), delivered=msg.delivered)
+                    raise Retry(1.0) from exc
+                # the cluster never answered: the Job may or may not exist; fence it and move on
+                created = [a for a in actions if isinstance(a, core.CreateJob)]
+                out: list[ev.Base] = []
+                for c in created:
+                    out.append(c.created)
+                    out.append(ev.Lost(event_id=f"{c.created.attempt_id}.lost", workload_id=e.workload_id, at=now, attempt_id=c.created.attempt_id, epoch=c.created.epoch, cluster=c.cluster, reason=f"cluster did not answer the create: {exc}"))
+                return out
+        if isinstance(e, ev.Running):
+            await self.record_staged(view, e)
+        actions = core.on_event(view, e, now, self.environment())
+        return await self.execute(actions, e.workload_id)
+
+    async def on_command(self, msg: Incoming) -> Sequence[ev.Base]:
+        e = msg.event
+        if not isinstance(e, ev.Cancel):
+            return []
+        view = self.follower.projection.get(e.workload_id)
+        actions = core.on_cancel(view, e.workload_id, e.reason, time.time(), self.environment())
+        return await self.execute(actions, e.workload_id)
+
+    async def record_staged(self, view: object, e: ev.Running) -> None:
+        """After an attempt's staging init containers ran, its inputs are cached on that cluster."""
+        from gpuorch.projection import WorkloadView
+
+        if not isinstance(view, WorkloadView) or view.workload is None or self.kv_staged is None:
+            return
+        entry = self.registry.clusters.get(e.cluster) if self.registry else None
+        for inp in view.workload.spec.inputs:
+            if entry and (inp.ref in entry.datasets_cached or set(inp.locations) & set(entry.data_locations)):
+                continue
+            value = json.dumps({"cluster": e.cluster, "ref": inp.ref, "at": e.at}).encode()
+            await self.kv_staged.put(staged_key(e.cluster, inp.ref), value)  # type: ignore[attr-defined]
+
+    # --- watching the clusters ---------------------------------------------------------------
+    def _list(self, cc: ClusterClient) -> tuple[dict[str, dict], dict[str, list[dict]]]:
+        sel = f"{core.LABEL_MANAGED}=true"
+        jobs = cc.batch.list_namespaced_job(core.NAMESPACE, label_selector=sel, _request_timeout=TIMEOUT)
+        pods = cc.core.list_namespaced_pod(core.NAMESPACE, label_selector=sel, _request_timeout=TIMEOUT)
+        by_job = {j.metadata.name: cc.sanitize(j) for j in jobs.items}
+        pods_by: dict[str, list[dict]] = {}
+        for p in pods.items:
+            att = (p.metadata.labels or {}).get(core.LABEL_ATTEMPT)
+            if att:
+                pods_by.setdefault(att, []).append(cc.sanitize(p))
+        return by_job, pods_by
+
+    async def watch(self, stop: asyncio.Event) -> None:
+        assert self.publisher is not None
+        while not stop.is_set():
+            live: dict[str, list[tuple[object, AttemptView]]] = {}
+            for view in self.follower.projection.workloads.values():
+                for a in view.attempts.values():
+                    if a.live or (a.status == "lost" and not a.gone):
+                        live.setdefault(a.cluster, []).append((view, a))
+            for cluster, items in live.items():
+                cc = self.clients.get(cluster)
+                if cc is None:
+                    continue
+                now = time.time()
+                try:
+                    jobs, pods = await asyncio.to_thread(self._list, cc)
+                    self.last_ok[cluster] = now
+                except Exception as exc:
+                    if not unreachable(exc) and not isinstance(exc, ApiException):
+                        log.exception("watch.error", cluster=cluster)
+                    since = self.last_ok.setdefault(cluster, now)
+                    if now - since >= self.lost_after:
+                        for view, a in items:
+                            acts = core.lost(view, a, now, f"{cluster} has not answered for {now - since:.1f}s ({type(exc).__name__})")  # type: ignore[arg-type]
+                            await self.publisher.publish(await self.execute(acts, a.attempt_id), context=self.follower.context(view.workload_id))  # type: ignore[attr-defined]
+                    continue
+                for view, a in items:
+                    job = jobs.get(a.job_name)
+                    obs = observe(cc, job, pods.get(a.attempt_id, [])) if job else core.JobObservation(exists=False)
+                    acts = core.on_observation(view, a, obs, now)  # type: ignore[arg-type]
+                    if acts:
+                        wid = view.workload_id  # type: ignore[attr-defined]
+                        await self.publisher.publish(await self.execute(acts, wid), context=self.follower.context(wid))
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=self.interval)
+            except TimeoutError:
+                pass
+
+    async def run(self, stop: asyncio.Event) -> None:
+        nc = await bus.connect(self.settings.nats_url, "gpuorch-dispatcher")
+        try:
+            js = nc.jetstream()
+            await bus.ensure_topology(js, self.names)
+            self.kv_staged = await js.key_value(self.names.kv_staged)
+            self.publisher = Publisher(js, self.names)
+            n = await self.follower.catch_up(js, self.names.stream_evt, self.names.evt_all)
+            log.info("dispatcher.caught_up", events=n)
+            tasks = [
+                asyncio.create_task(consume(js, stream=self.names.stream_evt, durable=self.names.durable("dispatcher", "events"), filter_subject=self.names.evt_all, handler=self.on_event, publisher=self.publisher, names=self.names, stop=stop)),
+                asyncio.create_task(consume(js, stream=self.names.stream_cmd, durable=self.names.durable("dispatcher", "cancel"), filter_subject=self.names.cmd_cancel, handler=self.on_command, publisher=self.publisher, names=self.names, stop=stop)),
+                asyncio.create_task(self.watch(stop)),
+            ]
+            log.info("dispatcher.ready", clusters=sorted(self.clients))
+            await stop.wait()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            await nc.close()
+
+
+def main() -> None:
+    run_service("dispatcher", Dispatcher(Settings.from_env()).run)

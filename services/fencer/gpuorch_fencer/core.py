@@ -1,0 +1,125 @@
+"""The fencer's pure rules: epochs, promotion, cancellation confirmation, orphans (DESIGN §7).
+
+Each function takes the workload's current `FenceRecord` (None = none yet) and
+returns the record to write (None = no write) plus the events to publish after
+the write succeeded. The shell writes with compare-and-set on the KV revision it
+read; on a conflict it re-reads and calls the same function again.
+
+Invariants these rules keep: the epoch only grows; exactly one attempt is ever
+promoted; an attempt whose epoch is not the current one never is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from gpuorch_proto import FenceRecord, event_id
+from gpuorch_proto import events as ev
+
+
+@dataclass(frozen=True)
+class Decision:
+    record: FenceRecord | None  # the record to write by compare-and-set; None = leave as is
+    events: list[ev.Base]
+    promote: tuple[str, str] | None = None  # (attempt output path, result path) to publish
+    delete_job: bool = False  # the attempt's Job must be deleted and confirmed gone
+
+
+def _base(e: ev.AttemptEvent, now: float) -> dict[str, object]:
+    return {"workload_id": e.workload_id, "at": now, "attempt_id": e.attempt_id, "epoch": e.epoch, "cluster": e.cluster}
+
+
+def _fenced(e: ev.AttemptEvent, new_epoch: int, now: float) -> ev.Fenced:
+    return ev.Fenced(event_id=f"{e.attempt_id}.fenced", new_epoch=new_epoch, **_base(e, now))  # type: ignore[arg-type]
+
+
+def on_attempt_created(rec: FenceRecord | None, e: ev.AttemptCreated, now: float) -> Decision:
+    """Register the attempt as current for its epoch; an attempt born stale is fenced at once."""
+    if rec is None:
+        return Decision(FenceRecord(epoch=e.epoch, current_attempt=e.attempt_id), [])
+    if e.epoch < rec.epoch:
+        return Decision(None, [_fenced(e, rec.epoch, now)], delete_job=True)
+    if e.epoch > rec.epoch:  # cannot happen with one dispatcher writer; accept the newer epoch
+        return Decision(replace(rec, epoch=e.epoch, current_attempt=e.attempt_id), [])
+    if rec.current_attempt is None:
+        return Decision(replace(rec, current_attempt=e.attempt_id), [])
+    if rec.current_attempt == e.attempt_id:
+        return Decision(None, [])
+    # a second attempt at the same epoch: the first one stays current, this one is stale
+    return Decision(None, [_fenced(e, rec.epoch, now)], delete_job=True)
+
+
+def on_fence_requested(rec: FenceRecord | None, e: ev.FenceRequested, now: float) -> Decision:
+    """Bump the epoch past the attempt's, so its token is stale from now on; then pursue cancellation."""
+    current = rec or FenceRecord(epoch=e.epoch, current_attempt=e.attempt_id)
+    if current.promoted_attempt == e.attempt_id:
+        # already published: nothing to fence, only clean up its Job
+        return Decision(None, [], delete_job=True)
+    if current.epoch > e.epoch:
+        return Decision(None, [_fenced(e, current.epoch, now)], delete_job=True)
+    new = replace(current, epoch=e.epoch + 1, current_attempt=None)
+    return Decision(new, [_fenced(e, new.epoch, now)], delete_job=True)
+
+
+def on_promote_requested(rec: FenceRecord | None, e: ev.PromoteRequested, now: float, result_path: str) -> Decision:
+    """Promotion is the only way to publish: current epoch, first and only promotion, by CAS."""
+    b = _base(e, now)
+    rejected_id = f"{e.attempt_id}.promotion-rejected"
+    if rec is None:
+        rec = FenceRecord(epoch=e.epoch, current_attempt=e.attempt_id)
+    if rec.promoted_attempt == e.attempt_id:
+        return Decision(
+            None,
+            [ev.Promoted(event_id=f"{e.attempt_id}.promoted", output_path=e.output_path, result_path=rec.result_path or result_path, **b)],  # type: ignore[arg-type]
+            promote=(e.output_path, rec.result_path or result_path),
+        )
+    if rec.promoted_attempt is not None:
+        reason = f"workload already promoted attempt {rec.promoted_attempt}"
+        return Decision(None, [ev.PromotionRejected(event_id=rejected_id, current_epoch=rec.epoch, reason=reason, **b)], delete_job=True)  # type: ignore[arg-type]
+    if e.epoch != rec.epoch:
+        reason = f"stale epoch {e.epoch}: the workload's epoch is {rec.epoch}"
+        return Decision(None, [ev.PromotionRejected(event_id=rejected_id, current_epoch=rec.epoch, reason=reason, **b)], delete_job=True)  # type: ignore[arg-type]
+    if rec.current_attempt not in (None, e.attempt_id):
+        reason = f"attempt {rec.current_attempt} is current at epoch {rec.epoch}"
+        return Decision(None, [ev.PromotionRejected(event_id=rejected_id, current_epoch=rec.epoch, reason=reason, **b)], delete_job=True)  # type: ignore[arg-type]
+    new = replace(rec, current_attempt=e.attempt_id, promoted_attempt=e.attempt_id, promoted_epoch=e.epoch, result_path=result_path)
+    return Decision(
+        new,
+        [ev.Promoted(event_id=f"{e.attempt_id}.promoted", output_path=e.output_path, result_path=result_path, **b)],  # type: ignore[arg-type]
+        promote=(e.output_path, result_path),
+    )
+
+
+def cancel_confirmed(e: ev.AttemptEvent, now: float, how: str) -> ev.CancelConfirmed:
+    return ev.CancelConfirmed(event_id=f"{e.attempt_id}.cancel-confirmed", how=how, **_base(e, now))  # type: ignore[arg-type]
+
+
+def orphan_deleted(workload_id: str, attempt_id: str, epoch: int, cluster: str, job_name: str, reason: str, now: float) -> ev.OrphanDeleted:
+    return ev.OrphanDeleted(
+        event_id=event_id(workload_id, "orphan-deleted", attempt_id),
+        workload_id=workload_id, at=now, attempt_id=attempt_id, epoch=epoch, cluster=cluster, job_name=job_name, reason=reason,
+    )
+
+
+def is_orphan(rec: FenceRecord | None, attempt_id: str, epoch: int, known_attempt: bool) -> str | None:
+    """Why a Job found on a cluster must go (None = it may stay)."""
+    if not known_attempt:
+        return f"unknown attempt {attempt_id}"
+    if rec is None:
+        return None
+    if rec.promoted_attempt is not None and rec.promoted_attempt != attempt_id:
+        return f"workload already promoted {rec.promoted_attempt}"
+    if epoch < rec.epoch:
+        return f"stale epoch {epoch} < {rec.epoch}"
+    return None
+
+
+def cancellation_due(lease_expires_at: float, now: float) -> bool:
+    """Unreachable cluster: presume the attempt dead only once its lease has run out."""
+    return now >= lease_expires_at
+
+
+def result_path_for(output_path: str) -> str:
+    """`<store>/<workload>/attempts/<attempt>` publishes to `<store>/<workload>/result`."""
+    head, sep, _ = output_path.rstrip("/").rpartition("/attempts/")
+    return f"{head}/result" if sep else f"{output_path.rstrip('/')}.result"

@@ -1,0 +1,279 @@
+"""The fencer's shell: epochs and promotion in a KV bucket by compare-and-set, cancellation
+pursued until confirmed, orphaned Jobs garbage-collected (DESIGN §7)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+from kubernetes.client.exceptions import ApiException
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+
+from gpuorch.config import Settings
+from gpuorch.follow import Follower
+from gpuorch.kube import TIMEOUT, ClusterClient, make_clients, unreachable
+from gpuorch.runtime import bus
+from gpuorch.runtime.shell import Incoming, Publisher, consume, run_service
+from gpuorch_proto import FenceRecord, decode_fence, encode
+from gpuorch_proto import events as ev
+
+from . import core
+
+log = structlog.get_logger("gpuorch.fencer")
+
+LABEL_MANAGED = "gpuorch.io/managed"
+LABEL_WORKLOAD = "gpuorch.io/workload"
+LABEL_ATTEMPT = "gpuorch.io/attempt"
+LABEL_EPOCH = "gpuorch.io/epoch"
+
+
+@dataclass
+class Pursuit:
+    """A Job to delete and confirm gone."""
+
+    workload_id: str
+    attempt_id: str
+    epoch: int
+    cluster: str
+    namespace: str
+    job_name: str
+    lease_expires_at: float
+    orphan_reason: str | None = None  # set: confirm with orphan-deleted instead of cancel-confirmed
+
+
+def publish_dir(src: str, dst: str) -> None:
+    """Copy an attempt's outputs to the workload's result path atomically (idempotent)."""
+    s, d = Path(src), Path(dst)
+    if d.exists():
+        return
+    d.parent.mkdir(parents=True, exist_ok=True)
+    tmp = d.with_name(d.name + f".tmp-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    if s.is_dir():
+        shutil.copytree(s, tmp)
+    else:
+        tmp.mkdir(parents=True)
+    os.replace(tmp, d)
+
+
+class Fencer:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.names = settings.names
+        self.follower = Follower()
+        self.clients: dict[str, ClusterClient] = make_clients(settings.kubeconfig) if settings.kubeconfig else {}
+        self.pursuits: dict[str, Pursuit] = {}
+        self.kv: Any = None
+        self.publisher: Publisher | None = None
+        self.interval = float(os.environ.get("GPUORCH_FENCE_INTERVAL", "0.5"))
+        self.orphan_grace = float(os.environ.get("GPUORCH_ORPHAN_GRACE", "30"))
+
+    # --- compare-and-set on the fence record ------------------------------------------------
+    async def cas(self, workload_id: str, decide: Callable[[FenceRecord | None], core.Decision]) -> core.Decision:
+        while True:
+            try:
+                entry = await self.kv.get(workload_id)
+                rec, rev = decode_fence(entry.value), entry.revision
+            except KeyNotFoundError:
+                rec, rev = None, 0
+            d = decide(rec)
+            if d.record is None:
+                return d
+            try:
+                if rev == 0:
+                    await self.kv.create(workload_id, encode(d.record))
+                else:
+                    await self.kv.update(workload_id, encode(d.record), last=rev)
+                return d
+            except (KeyWrongLastSequenceError, Exception) as exc:
+                if isinstance(exc, KeyWrongLastSequenceError) or "wrong last sequence" in str(exc).lower() or "key exists" in str(exc).lower():
+                    log.info("fence.cas_conflict", workload=workload_id)
+                    continue
+                raise
+
+    async def record(self, workload_id: str) -> FenceRecord | None:
+        try:
+            return decode_fence((await self.kv.get(workload_id)).value)
+        except KeyNotFoundError:
+            return None
+
+    def pursue(self, e: ev.AttemptEvent, lease_expires_at: float, orphan_reason: str | None = None) -> None:
+        view = self.follower.projection.get(e.workload_id)
+        a = view.attempts.get(e.attempt_id) if view else None
+        job = a.job_name if a and a.job_name else e.attempt_id
+        ns = a.namespace if a else "gpuorch"
+        if e.attempt_id not in self.pursuits:
+            self.pursuits[e.attempt_id] = Pursuit(e.workload_id, e.attempt_id, e.epoch, e.cluster, ns, job, lease_expires_at, orphan_reason)
+
+    # --- handler --------------------------------------------------------------------------------
+    async def on_event(self, msg: Incoming) -> Sequence[ev.Base]:
+        e = msg.event
+        self.follower.projection.apply(e, msg.stream_seq)
+        self.follower.remember(e.workload_id, msg.headers)
+        now = time.time()
+        if isinstance(e, ev.AttemptCreated):
+            d = await self.cas(e.workload_id, lambda r: core.on_attempt_created(r, e, now))
+            if d.delete_job:
+                self.pursue(e, now)
+            return d.events
+        if isinstance(e, ev.FenceRequested):
+            d = await self.cas(e.workload_id, lambda r: core.on_fence_requested(r, e, now))
+            if d.delete_job:
+                self.pursue(e, e.lease_expires_at)
+            log.info("fence.bumped", workload=e.workload_id, attempt=e.attempt_id, events=len(d.events))
+            return d.events
+        if isinstance(e, ev.PromoteRequested):
+            result = core.result_path_for(e.output_path)
+            d = await self.cas(e.workload_id, lambda r: core.on_promote_requested(r, e, now, result))
+            if d.promote is not None:
+                await asyncio.to_thread(publish_dir, *d.promote)
+                log.info("promotion.done", workload=e.workload_id, attempt=e.attempt_id, result=d.promote[1])
+            if d.delete_job:
+                self.pursue(e, now, orphan_reason="promotion rejected: " + "; ".join(getattr(x, "reason", "") for x in d.events))
+            return d.events
+        return []
+
+    # --- cancellation pursuit and orphan collection --------------------------------------------
+    def _delete_and_check(self, cc: ClusterClient, p: Pursuit) -> str | None:
+        """Delete the Job; return how it is confirmed gone, or None while pods remain."""
+        existed = True
+        try:
+            cc.batch.delete_namespaced_job(p.job_name, p.namespace, propagation_policy="Foreground", grace_period_seconds=5, _request_timeout=TIMEOUT)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            existed = False
+        pods = cc.core.list_namespaced_pod(p.namespace, label_selector=f"{LABEL_ATTEMPT}={p.attempt_id}", _request_timeout=TIMEOUT)
+        if pods.items:
+            for pod in pods.items:  # a pod left behind by an orphan-propagation delete
+                try:
+                    cc.core.delete_namespaced_pod(pod.metadata.name, p.namespace, grace_period_seconds=5, _request_timeout=TIMEOUT)
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise
+            return None
+        try:
+            cc.batch.read_namespaced_job(p.job_name, p.namespace, _request_timeout=TIMEOUT)
+            return None
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        return "deleted" if existed else "already-gone"
+
+    async def pursue_loop(self, stop: asyncio.Event) -> None:
+        assert self.publisher is not None
+        while not stop.is_set():
+            for key, p in list(self.pursuits.items()):
+                cc = self.clients.get(p.cluster)
+                now = time.time()
+                how: str | None = None
+                try:
+                    if cc is None:
+                        how = "already-gone"
+                    else:
+                        how = await asyncio.to_thread(self._delete_and_check, cc, p)
+                except Exception as exc:
+                    if not unreachable(exc):
+                        log.warning("pursuit.error", attempt=p.attempt_id, error=str(exc))
+                    view = self.follower.projection.get(p.workload_id)
+                    a = view.attempts.get(p.attempt_id) if view else None
+                    if p.orphan_reason is None and core.cancellation_due(p.lease_expires_at, now) and a is not None and a.cancel_confirmed is None:
+                        evt = core.cancel_confirmed(_attempt_event(p), now, "lease-expired")
+                        await self.publisher.publish([evt], context=self.follower.context(p.workload_id))
+                        # keep pursuing: the orphan collector deletes it once the cluster answers
+                        p.orphan_reason = "lease expired while unreachable"
+                    continue
+                if how is None:
+                    continue
+                del self.pursuits[key]
+                if p.orphan_reason:
+                    evt2: ev.Base = core.orphan_deleted(p.workload_id, p.attempt_id, p.epoch, p.cluster, p.job_name, p.orphan_reason, now)
+                else:
+                    evt2 = core.cancel_confirmed(_attempt_event(p), now, how)
+                log.info("pursuit.confirmed", attempt=p.attempt_id, how=how, orphan=bool(p.orphan_reason))
+                await self.publisher.publish([evt2], context=self.follower.context(p.workload_id))
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=self.interval)
+            except TimeoutError:
+                pass
+
+    async def collect_orphans(self, stop: asyncio.Event) -> None:
+        """When a cluster answers, every Job of a stale epoch or an unknown attempt is deleted."""
+        while not stop.is_set():
+            for cluster, cc in self.clients.items():
+                try:
+                    jobs = await asyncio.to_thread(cc.batch.list_namespaced_job, "gpuorch", label_selector=f"{LABEL_MANAGED}=true", _request_timeout=TIMEOUT)
+                except Exception:
+                    continue
+                now = time.time()
+                for j in jobs.items:
+                    labels = j.metadata.labels or {}
+                    aid, wid = labels.get(LABEL_ATTEMPT, ""), labels.get(LABEL_WORKLOAD, "")
+                    if not aid or aid in self.pursuits:
+                        continue
+                    epoch = int(labels.get(LABEL_EPOCH, "0") or 0)
+                    view = self.follower.projection.get(wid)
+                    known = view is not None and aid in view.attempts
+                    created = j.metadata.creation_timestamp.timestamp() if j.metadata.creation_timestamp else now
+                    if not known and now - created < self.orphan_grace:
+                        continue  # its attempt-created event may still be on its way
+                    reason = core.is_orphan(await self.record(wid), aid, epoch, known)
+                    if reason is None:
+                        continue
+                    log.info("orphan.found", cluster=cluster, job=j.metadata.name, reason=reason)
+                    self.pursuits[aid] = Pursuit(wid, aid, epoch, cluster, j.metadata.namespace, j.metadata.name, now, reason)
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=max(2.0, self.interval * 4))
+            except TimeoutError:
+                pass
+
+    def resume_pursuits(self) -> None:
+        """After a restart: every fenced attempt not yet confirmed gone is pursued again."""
+        for view in self.follower.projection.workloads.values():
+            for a in view.attempts.values():
+                if a.gone:
+                    continue
+                if a.promotion_rejected:
+                    self.pursuits.setdefault(a.attempt_id, Pursuit(view.workload_id, a.attempt_id, a.epoch, a.cluster, a.namespace, a.job_name, 0.0, "promotion rejected"))
+                elif a.fenced:
+                    lease = a.times.get("fence-requested", 0.0)
+                    self.pursuits.setdefault(a.attempt_id, Pursuit(view.workload_id, a.attempt_id, a.epoch, a.cluster, a.namespace, a.job_name, lease))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        nc = await bus.connect(self.settings.nats_url, "gpuorch-fencer")
+        try:
+            js = nc.jetstream()
+            await bus.ensure_topology(js, self.names)
+            self.kv = await js.key_value(self.names.kv_fence)
+            self.publisher = Publisher(js, self.names)
+            n = await self.follower.catch_up(js, self.names.stream_evt, self.names.evt_all)
+            self.resume_pursuits()
+            log.info("fencer.caught_up", events=n, pursuits=len(self.pursuits))
+            tasks = [
+                asyncio.create_task(consume(js, stream=self.names.stream_evt, durable=self.names.durable("fencer", "events"), filter_subject=self.names.evt_all, handler=self.on_event, publisher=self.publisher, names=self.names, stop=stop)),
+                asyncio.create_task(self.pursue_loop(stop)),
+                asyncio.create_task(self.collect_orphans(stop)),
+            ]
+            log.info("fencer.ready", clusters=sorted(self.clients))
+            await stop.wait()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            await nc.close()
+
+
+def _attempt_event(p: Pursuit) -> ev.AttemptEvent:
+    return ev.Admitted(workload_id=p.workload_id, at=0.0, attempt_id=p.attempt_id, epoch=p.epoch, cluster=p.cluster)
+
+
+def main() -> None:
+    run_service("fencer", Fencer(Settings.from_env()).run)

@@ -1,0 +1,731 @@
+"""Snapshot building: the pure core of the inventory service (DESIGN §4).
+
+Everything here is computation on plain data. The inputs are the dicts that the official
+Kubernetes client produces with ``ApiClient().sanitize_for_serialization`` (camelCase keys,
+quantities as strings, timestamps as ISO-8601 strings), the cluster's registry entry, the
+datasets gpuorch staged there, and the times; the output is a ``ClusterSnapshot``. No I/O, no
+clock, no logging: the shell (``service.py``) lists, calls in, and publishes.
+
+Where each fact comes from and the queue-wait model are described in ``docs/inventory.md``;
+the docstrings below are the precise rules.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import msgspec
+from gpuorch_proto import ClusterRegistryEntry, ClusterSnapshot, NodeInfo, QueueInfo, Taint
+from gpuorch_proto.units import UnitError, parse_quantity
+
+__all__ = [
+    "ANN_EXPECTED_DURATION",
+    "DEFAULT_QUEUE",
+    "GPU",
+    "LABEL_GPU_MEMORY",
+    "LABEL_GPU_PRODUCT",
+    "LABEL_KUEUE_QUEUE",
+    "LABEL_POOL",
+    "LABEL_QUEUE",
+    "Demand",
+    "Hold",
+    "QueueHistory",
+    "WaitEstimate",
+    "build_snapshot",
+    "earliest_start",
+    "estimate_queue_waits",
+    "measure_queue_delays",
+    "observe",
+    "parse_staged_key",
+    "snapshot_changed",
+    "staged_key",
+    "staged_refs",
+    "unreachable_snapshot",
+]
+
+GPU = "nvidia.com/gpu"
+LABEL_POOL = "gpuorch.io/pool"
+LABEL_QUEUE = "gpuorch.io/queue"  # set by the dispatcher on every pod it creates
+LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"  # fallback: Kueue's local-queue label
+ANN_EXPECTED_DURATION = "gpuorch.io/expected-duration-seconds"  # simulated seconds
+LABEL_GPU_PRODUCT = "nvidia.com/gpu.product"  # GPU Feature Discovery
+LABEL_GPU_MEMORY = "nvidia.com/gpu.memory"  # GFD, MiB per GPU
+LABEL_MIG_STRATEGY = "nvidia.com/mig.strategy"  # GFD: "single" | "mixed" when MIG is configured
+LABEL_SHARING_STRATEGY = "nvidia.com/gpu.sharing-strategy"  # GFD: "time-slicing" | "mps" | "none"
+TAINT_UNSCHEDULABLE = "node.kubernetes.io/unschedulable"
+DEFAULT_QUEUE = "default"
+
+# Defaults of the queue-wait model (see estimate_queue_waits).
+REFERENCE_GPUS = 1
+UNKNOWN_WAIT_S = 3600.0
+HISTORY_ALPHA = 0.3
+WAIT_TOLERANCE = 0.25
+MAX_AHEAD = 500
+
+WaitSource = Literal["free", "runtime", "history", "default"]
+
+
+# --------------------------------------------------------------------------- parsing helpers
+
+
+def _get(obj: Any, *path: str) -> Any:
+    for key in path:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def _str_map(value: Any) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        return {}
+    return {str(k): str(v) for k, v in value.items() if v is not None}
+
+
+def _qty(value: Any) -> float:
+    """A Kubernetes quantity as a float; malformed or missing values count as 0."""
+    if value is None or isinstance(value, bool):
+        return 0.0
+    try:
+        return parse_quantity(value if isinstance(value, (int, float)) else str(value))
+    except (UnitError, ValueError):
+        return 0.0
+
+
+def parse_time(value: Any) -> float | None:
+    """Unix seconds from an RFC 3339 / ISO-8601 timestamp (``...Z`` or ``...+00:00``); naive = UTC."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        dt = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.timestamp()
+
+
+def _positive_float(value: Any) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) and out >= 0 else None
+
+
+# --------------------------------------------------------------------------- pods
+
+
+@dataclass(frozen=True)
+class _Pod:
+    key: str  # uid, or namespace/name
+    name: str
+    node: str | None  # spec.nodeName: bound
+    phase: str
+    deleting: bool
+    gpus: int
+    cpu: float  # cores
+    memory: float  # bytes
+    queue: str | None  # raw label value; mapped onto known queues later
+    job: str  # pods of one Job count as one pending job
+    priority: int
+    created: float | None
+    started: float | None
+    expected: float | None  # simulated seconds
+    node_selector: dict[str, str]
+    tolerations: list[dict[str, Any]]
+
+    @property
+    def terminated(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+    @property
+    def holds(self) -> bool:
+        """Bound and not finished: it holds its node's resources (a deleting pod still does)."""
+        return self.node is not None and not self.terminated
+
+    @property
+    def pending(self) -> bool:
+        """Waiting for a node: not bound, not finished, not being deleted."""
+        return self.node is None and self.phase in ("Pending", "") and not self.deleting
+
+
+def _container_resources(c: Any) -> tuple[float, float, float]:
+    limits = _get(c, "resources", "limits") or {}
+    requests = _get(c, "resources", "requests") or {}
+    # Extended resources: requests equal limits when both are set; either may be given.
+    gpus = _qty(limits.get(GPU, requests.get(GPU)))
+    # CPU/memory: requests, defaulting to limits as the API server does.
+    cpu = _qty(requests.get("cpu", limits.get("cpu")))
+    memory = _qty(requests.get("memory", limits.get("memory")))
+    return gpus, cpu, memory
+
+
+def _pod_resources(spec: Any) -> tuple[int, float, float]:
+    """Effective pod resources as the scheduler counts them: max(sum of containers, largest init) + overhead."""
+    total = [0.0, 0.0, 0.0]
+    for c in _get(spec, "containers") or []:
+        for i, v in enumerate(_container_resources(c)):
+            total[i] += v
+    for c in _get(spec, "initContainers") or []:
+        for i, v in enumerate(_container_resources(c)):
+            total[i] = max(total[i], v)
+    overhead = _get(spec, "overhead") or {}
+    total[1] += _qty(overhead.get("cpu"))
+    total[2] += _qty(overhead.get("memory"))
+    return round(total[0]), total[1], total[2]
+
+
+def _job_key(meta: Any, labels: Mapping[str, str], fallback: str) -> str:
+    for ref in _get(meta, "ownerReferences") or []:
+        if isinstance(ref, Mapping) and ref.get("controller") and ref.get("uid"):
+            return f"{ref.get('kind', '')}/{ref['uid']}"
+    for label in ("batch.kubernetes.io/job-name", "job-name"):
+        if labels.get(label):
+            return f"Job/{_get(meta, 'namespace') or ''}/{labels[label]}"
+    return fallback
+
+
+def _parse_pod(obj: Mapping[str, Any]) -> _Pod:
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    labels = _str_map(meta.get("labels"))
+    annotations = _str_map(meta.get("annotations"))
+    name = str(meta.get("name") or "")
+    key = str(meta.get("uid") or f"{meta.get('namespace') or ''}/{name}")
+    gpus, cpu, memory = _pod_resources(spec)
+    priority = spec.get("priority")
+    tolerations = [t for t in spec.get("tolerations") or [] if isinstance(t, Mapping)]
+    return _Pod(
+        key=key,
+        name=name,
+        node=str(spec["nodeName"]) if spec.get("nodeName") else None,
+        phase=str(status.get("phase") or ""),
+        deleting=bool(meta.get("deletionTimestamp")),
+        gpus=gpus,
+        cpu=cpu,
+        memory=memory,
+        queue=labels.get(LABEL_QUEUE) or labels.get(LABEL_KUEUE_QUEUE),
+        job=_job_key(meta, labels, key),
+        priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
+        created=parse_time(meta.get("creationTimestamp")),
+        started=parse_time(status.get("startTime")),
+        expected=_positive_float(annotations.get(ANN_EXPECTED_DURATION)),
+        node_selector=_str_map(spec.get("nodeSelector")),
+        tolerations=[dict(t) for t in tolerations],
+    )
+
+
+def _queue_of(pod: _Pod, known: Iterable[str]) -> str:
+    """The registry queue a pod belongs to; unlabelled or unknown queues fold into "default"."""
+    return pod.queue if pod.queue is not None and pod.queue in set(known) else DEFAULT_QUEUE
+
+
+# --------------------------------------------------------------------------- nodes
+
+
+@dataclass(frozen=True)
+class _Node:
+    info: NodeInfo
+    schedulable: bool  # Ready and not cordoned: new pods may land here
+    gpus: int  # allocatable
+    cpu: float
+    memory: float
+
+
+def _ready(status: Any) -> bool:
+    for cond in _get(status, "conditions") or []:
+        if isinstance(cond, Mapping) and cond.get("type") == "Ready":
+            return cond.get("status") == "True"
+    return False
+
+
+def _sharing(labels: Mapping[str, str]) -> list[str]:
+    out: set[str] = set()
+    if labels.get(LABEL_MIG_STRATEGY, "none") not in ("", "none"):
+        out.add("mig")
+    strategy = labels.get(LABEL_SHARING_STRATEGY, "")
+    if strategy in ("time-slicing", "mps"):
+        out.add(strategy)
+    return sorted(out)
+
+
+def _int_label(value: str | None) -> int:
+    try:
+        return int(value) if value is not None else 0
+    except ValueError:
+        return 0
+
+
+def _parse_node(obj: Mapping[str, Any]) -> _Node:
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    labels = _str_map(meta.get("labels"))
+    allocatable = status.get("allocatable") or {}
+    taints = [
+        Taint(key=str(t.get("key") or ""), value=t.get("value") or None, effect=str(t.get("effect") or "NoSchedule"))
+        for t in spec.get("taints") or []
+        if isinstance(t, Mapping)
+    ]
+    cordoned = bool(spec.get("unschedulable"))
+    if cordoned and not any(t.key == TAINT_UNSCHEDULABLE for t in taints):
+        taints.append(Taint(key=TAINT_UNSCHEDULABLE, effect="NoSchedule"))
+    ready = _ready(status)
+    info = NodeInfo(
+        name=str(meta.get("name") or ""),
+        ready=ready,
+        pool=labels.get(LABEL_POOL),
+        gpu_product=labels.get(LABEL_GPU_PRODUCT),
+        gpu_memory_mib=_int_label(labels.get(LABEL_GPU_MEMORY)),
+        gpus_allocatable=round(_qty(allocatable.get(GPU))),
+        labels=labels,
+        taints=taints,
+        sharing=_sharing(labels),
+    )
+    return _Node(
+        info=info,
+        schedulable=ready and not cordoned,
+        gpus=info.gpus_allocatable,
+        cpu=_qty(allocatable.get("cpu")),
+        memory=_qty(allocatable.get("memory")),
+    )
+
+
+def _tolerates(tolerations: Sequence[Mapping[str, Any]], taint: Taint) -> bool:
+    for t in tolerations:
+        effect = t.get("effect") or ""
+        if effect and effect != taint.effect:
+            continue
+        op = t.get("operator") or "Equal"
+        key = t.get("key") or ""
+        if op == "Exists" and (not key or key == taint.key):
+            return True
+        if op == "Equal" and key == taint.key and (t.get("value") or None) == taint.value:
+            return True
+    return False
+
+
+def _fits_node(pod: _Pod, node: _Node) -> bool:
+    """nodeSelector and NoSchedule/NoExecute taints; node affinity is not modelled."""
+    labels = node.info.labels
+    if any(labels.get(k) != v for k, v in pod.node_selector.items()):
+        return False
+    return all(
+        t.effect not in ("NoSchedule", "NoExecute") or _tolerates(pod.tolerations, t) for t in node.info.taints
+    )
+
+
+# --------------------------------------------------------------------------- queue-wait model
+
+
+def _node_earliest(
+    capacity: int, intervals: Sequence[tuple[float, float, int]], gpus: int, duration: float
+) -> tuple[float, int] | None:
+    """Earliest t (0 or when something ends) with `gpus` free on this node over [t, t+duration),
+    and how many GPUs are left free at t after taking them."""
+    points = sorted({0.0, *(s for s, _, _ in intervals), *(e for _, e, _ in intervals if math.isfinite(e))})
+    used = [sum(g for s, e, g in intervals if s <= p < e) for p in points]
+    ends = {0.0, *(e for _, e, _ in intervals if math.isfinite(e))}
+    for i, t in enumerate(points):
+        if t not in ends:
+            continue
+        peak = 0
+        for j in range(i, len(points)):
+            if points[j] >= t + duration:
+                break
+            peak = max(peak, used[j])
+        if capacity - peak >= gpus:
+            return t, capacity - used[i] - gpus
+    return None
+
+
+@dataclass(frozen=True)
+class Hold:
+    """GPUs a running pod holds on a node for `remaining` simulated seconds (None = unknown)."""
+
+    node: str
+    gpus: int
+    remaining: float | None
+
+
+@dataclass(frozen=True)
+class Demand:
+    """A pending pod ahead in line: `gpus` on one node among `nodes` (None = any) for `duration`."""
+
+    gpus: int
+    duration: float | None
+    nodes: frozenset[str] | None = None
+
+
+@dataclass(frozen=True)
+class WaitEstimate:
+    seconds: float  # simulated
+    source: WaitSource
+
+
+def earliest_start(
+    capacity: Mapping[str, int],
+    holds: Sequence[Hold],
+    ahead: Sequence[Demand],
+    request_gpus: int = REFERENCE_GPUS,
+    *,
+    max_ahead: int = MAX_AHEAD,
+) -> float | None:
+    """When (simulated seconds from now) `request_gpus` GPUs on one node are free for good.
+
+    A small event simulation with conservative backfilling: running pods release their GPUs
+    when their remaining time ends; each demand ahead, in order, reserves GPUs on the node and
+    at the earliest time where they stay free for its whole duration (best fit among nodes);
+    then the request takes the earliest time from which `request_gpus` stay free on some node.
+    Unknown durations hold forever. Demands that can never fit (too big, no eligible node)
+    are skipped, as a scheduler skips unschedulable pods; only the first `max_ahead` demands
+    are simulated (bounded cost; beyond it the estimate is optimistic). Returns None when the request cannot
+    be placed within what is known (unknown durations, or no node with that many GPUs).
+    """
+    usage: dict[str, list[tuple[float, float, int]]] = {n: [] for n in capacity}
+    for h in holds:
+        if h.node in usage and h.gpus > 0:
+            end = math.inf if h.remaining is None else max(0.0, h.remaining)
+            if end > 0:
+                usage[h.node].append((0.0, end, h.gpus))
+
+    def place(gpus: int, duration: float, nodes: Iterable[str]) -> tuple[float, str] | None:
+        best: tuple[float, int, str] | None = None
+        for n in nodes:
+            if n not in capacity or capacity[n] < gpus:
+                continue
+            found = _node_earliest(capacity[n], usage[n], gpus, duration)
+            if found is not None and (best is None or (found[0], found[1], n) < best):
+                best = (found[0], found[1], n)  # earliest, then best fit (fewest GPUs left), then name
+        return None if best is None else (best[0], best[2])
+
+    for d in ahead[:max_ahead]:
+        if d.gpus <= 0:
+            continue
+        duration = math.inf if d.duration is None else max(0.0, d.duration)
+        spot = place(d.gpus, duration, sorted(capacity) if d.nodes is None else sorted(d.nodes))
+        if spot is not None and duration > 0:
+            usage[spot[1]].append((spot[0], spot[0] + duration, d.gpus))
+    spot = place(max(1, request_gpus), math.inf, sorted(capacity))
+    return None if spot is None else spot[0]
+
+
+@dataclass(frozen=True)
+class QueueHistory:
+    """Measured queue delays (simulated seconds) per (cluster, queue): an EWMA and a count."""
+
+    alpha: float = HISTORY_ALPHA
+    delays: Mapping[tuple[str, str], tuple[float, int]] = field(default_factory=dict)
+
+    def ewma(self, cluster: str, queue: str) -> float | None:
+        entry = self.delays.get((cluster, queue))
+        return None if entry is None else entry[0]
+
+    def count(self, cluster: str, queue: str) -> int:
+        entry = self.delays.get((cluster, queue))
+        return 0 if entry is None else entry[1]
+
+
+def observe(history: QueueHistory, cluster: str, queue: str, delay_s: float) -> QueueHistory:
+    """A new history with one more measured delay; the first measurement seeds the EWMA."""
+    delay = max(0.0, float(delay_s))
+    old = history.delays.get((cluster, queue))
+    value = delay if old is None else history.alpha * delay + (1.0 - history.alpha) * old[0]
+    delays = dict(history.delays)
+    delays[(cluster, queue)] = (value, 1 if old is None else old[1] + 1)
+    return QueueHistory(alpha=history.alpha, delays=delays)
+
+
+def measure_queue_delays(
+    pods: Iterable[Mapping[str, Any]],
+    registry: ClusterRegistryEntry,
+    *,
+    time_scale: float,
+    seen: frozenset[str] = frozenset(),
+) -> tuple[list[tuple[str, float]], frozenset[str]]:
+    """Queue delays of GPU pods that started since the last call.
+
+    delay = (status.startTime - metadata.creationTimestamp) x time_scale, simulated seconds,
+    per queue. `seen` holds the keys already measured; the returned set keeps only those still
+    listed (a pod that is gone never comes back), so it does not grow without bound.
+    """
+    known = _queue_names(registry)
+    out: list[tuple[str, float]] = []
+    now_seen: set[str] = set()
+    for obj in pods:
+        pod = _parse_pod(obj)
+        if pod.gpus <= 0 or pod.started is None or pod.created is None:
+            continue
+        now_seen.add(pod.key)
+        if pod.key in seen:
+            continue
+        out.append((_queue_of(pod, known), max(0.0, pod.started - pod.created) * time_scale))
+    return out, frozenset(now_seen)
+
+
+def _queue_names(registry: ClusterRegistryEntry) -> list[str]:
+    names = [q.name for q in registry.queues]
+    return names if DEFAULT_QUEUE in names else [*names, DEFAULT_QUEUE]
+
+
+def _remaining(pod: _Pod, now: float, time_scale: float) -> float | None:
+    if pod.expected is None:
+        return None
+    elapsed = 0.0 if pod.started is None else max(0.0, now - pod.started) * time_scale
+    return max(0.0, pod.expected - elapsed)
+
+
+def estimate_queue_waits(
+    cluster: str,
+    nodes: Sequence[Mapping[str, Any]],
+    pods: Sequence[Mapping[str, Any]],
+    registry: ClusterRegistryEntry,
+    *,
+    now: float,
+    time_scale: float,
+    history: QueueHistory | None = None,
+    reference_gpus: int = REFERENCE_GPUS,
+    unknown_wait_s: float = UNKNOWN_WAIT_S,
+) -> dict[str, WaitEstimate]:
+    """Estimated wait (simulated seconds) of a new `reference_gpus`-GPU request in each queue.
+
+    1. Runtime model (``earliest_start``): capacity = allocatable GPUs of schedulable nodes;
+       running pods hold theirs for expected duration (annotation, simulated s) minus elapsed
+       (real seconds since status.startTime x time_scale), at least 0; ahead of the request are
+       the pending pods (priority, then age) of the whole cluster when it has no admission
+       system, or of the same queue when it has one (Kueue/KAI/Volcano give queues their own
+       quota). 0 = "free": it fits now behind the demand ahead.
+    2. If the model cannot tell (a relevant pod has no expected duration), the EWMA of measured
+       delays for (cluster, queue): "history".
+    3. Otherwise `unknown_wait_s`: "default".
+    """
+    parsed_nodes = [_parse_node(n) for n in nodes]
+    schedulable = [n for n in parsed_nodes if n.schedulable and n.gpus > 0]
+    capacity = {n.info.name: n.gpus for n in schedulable}
+    parsed = [_parse_pod(p) for p in pods]
+    holds = [Hold(p.node, p.gpus, _remaining(p, now, time_scale)) for p in parsed if p.holds and p.node]
+    known = _queue_names(registry)
+    pending = sorted(
+        (p for p in parsed if p.pending and p.gpus > 0),
+        key=lambda p: (-p.priority, p.created if p.created is not None else math.inf, p.name),
+    )
+
+    def demand(p: _Pod) -> Demand:
+        eligible = frozenset(n.info.name for n in schedulable if _fits_node(p, n))
+        return Demand(gpus=p.gpus, duration=p.expected, nodes=eligible)
+
+    out: dict[str, WaitEstimate] = {}
+    starts: dict[tuple[str, ...], float | None] = {}  # queues with the same demand ahead share a result
+    for queue in known:
+        ahead = pending if registry.admission == "none" else [p for p in pending if _queue_of(p, known) == queue]
+        line = tuple(p.key for p in ahead)
+        if line not in starts:
+            starts[line] = earliest_start(capacity, holds, [demand(p) for p in ahead], reference_gpus)
+        start = starts[line]
+        if start is not None:
+            out[queue] = WaitEstimate(start, "free" if start == 0 else "runtime")
+            continue
+        measured = None if history is None else history.ewma(cluster, queue)
+        if measured is not None:
+            out[queue] = WaitEstimate(measured, "history")
+        else:
+            out[queue] = WaitEstimate(unknown_wait_s, "default")
+    return out
+
+
+# --------------------------------------------------------------------------- snapshots
+
+
+def staged_key(cluster: str, ref: str) -> str:
+    """KV key in `kv_staged` for dataset `ref` ("name@version") staged on `cluster`."""
+    return f"{cluster}.{ref}"
+
+
+def parse_staged_key(key: str) -> tuple[str, str] | None:
+    """(cluster, "name@version") from ``<cluster>.<name>@<version>``.
+
+    NATS clients validate KV keys against ``[-/_=.a-zA-Z0-9]+`` by default, which excludes
+    ``@``; a writer that keeps validation on may use ``=`` instead (``<cluster>.<name>=<version>``).
+    Both spellings are accepted; anything else is ignored (None).
+    """
+    cluster, dot, rest = key.partition(".")
+    if not dot or not cluster or not rest:
+        return None
+    sep = "@" if "@" in rest else "="
+    name, at, version = rest.rpartition(sep)
+    if not at or not name or not version:
+        return None
+    return cluster, f"{name}@{version}"
+
+
+def staged_refs(keys: Iterable[str], cluster: str) -> set[str]:
+    """Datasets staged on `cluster`, from all keys of the `kv_staged` bucket."""
+    out: set[str] = set()
+    for key in keys:
+        parsed = parse_staged_key(key)
+        if parsed is not None and parsed[0] == cluster:
+            out.add(parsed[1])
+    return out
+
+
+def _with_cache(registry: ClusterRegistryEntry, staged: Iterable[str]) -> ClusterRegistryEntry:
+    merged = list(dict.fromkeys([*registry.datasets_cached, *sorted(set(staged))]))
+    if merged == registry.datasets_cached:
+        return registry
+    return msgspec.structs.replace(registry, datasets_cached=merged)
+
+
+def build_snapshot(
+    cluster: str,
+    nodes: list[dict[str, Any]],
+    pods: list[dict[str, Any]],
+    registry: ClusterRegistryEntry,
+    *,
+    now: float,
+    observed_at: float,
+    time_scale: float,
+    staged: Iterable[str] = (),
+    history: QueueHistory | None = None,
+    reference_gpus: int = REFERENCE_GPUS,
+    unknown_wait_s: float = UNKNOWN_WAIT_S,
+) -> ClusterSnapshot:
+    """One cluster's snapshot from listed nodes and pods (see the module and docs/inventory.md).
+
+    Free GPUs/CPU/memory of a node = allocatable minus what its bound, non-terminated pods
+    hold (GPU limits, CPU/memory requests); a node that is not Ready or is cordoned has none
+    free. Pending = not bound, not finished, not deleting.
+    """
+    parsed_nodes = [_parse_node(n) for n in nodes]
+    parsed_pods = [_parse_pod(p) for p in pods]
+    used: dict[str, list[float]] = {}
+    for p in parsed_pods:
+        if p.holds and p.node is not None:
+            u = used.setdefault(p.node, [0.0, 0.0, 0.0])
+            u[0] += p.gpus
+            u[1] += p.cpu
+            u[2] += p.memory
+    infos: list[NodeInfo] = []
+    for n in sorted(parsed_nodes, key=lambda n: n.info.name):
+        u = used.get(n.info.name, [0.0, 0.0, 0.0])
+        free = n.schedulable
+        infos.append(
+            msgspec.structs.replace(
+                n.info,
+                gpus_free=max(0, n.gpus - round(u[0])) if free else 0,
+                cpu_free=max(0.0, n.cpu - u[1]) if free else 0.0,
+                memory_free=max(0.0, n.memory - u[2]) if free else 0.0,
+            )
+        )
+    known = _queue_names(registry)
+    owners = {q.name: list(q.owners) for q in registry.queues}
+    waits = estimate_queue_waits(
+        cluster,
+        nodes,
+        pods,
+        registry,
+        now=now,
+        time_scale=time_scale,
+        history=history,
+        reference_gpus=reference_gpus,
+        unknown_wait_s=unknown_wait_s,
+    )
+    pending = [p for p in parsed_pods if p.pending]
+    queues: list[QueueInfo] = []
+    for q in known:
+        mine = [p for p in pending if _queue_of(p, known) == q]
+        queues.append(
+            QueueInfo(
+                name=q,
+                owners=owners.get(q, ["*"]),
+                pending_jobs=len({p.job for p in mine}),
+                pending_gpus=sum(p.gpus for p in mine),
+                estimated_wait_seconds=waits[q].seconds,
+            )
+        )
+    return ClusterSnapshot(
+        cluster=cluster,
+        reachable=True,
+        observed_at=observed_at,
+        published_at=now,
+        nodes=infos,
+        queues=queues,
+        running_gpus=sum(p.gpus for p in parsed_pods if p.holds),
+        pending_gpus=sum(p.gpus for p in pending),
+        registry=_with_cache(registry, staged),
+        time_scale=time_scale,
+    )
+
+
+def unreachable_snapshot(
+    previous: ClusterSnapshot | None,
+    cluster: str,
+    registry: ClusterRegistryEntry,
+    now: float,
+    error: str,
+    *,
+    time_scale: float | None = None,
+) -> ClusterSnapshot:
+    """The cluster did not answer: reachable=False, `error` says why.
+
+    observed_at stays at the last successful observation (0.0 = never observed), so the
+    snapshot's age grows; nodes and queues are the last ones seen, labelled by that age.
+    Datasets known to be staged there are kept.
+    """
+    scale = time_scale if time_scale is not None else (previous.time_scale if previous else 1.0)
+    if previous is None:
+        return ClusterSnapshot(
+            cluster=cluster,
+            reachable=False,
+            observed_at=0.0,
+            published_at=now,
+            error=error,
+            registry=registry,
+            time_scale=scale,
+        )
+    return msgspec.structs.replace(
+        previous,
+        reachable=False,
+        published_at=now,
+        error=error,
+        registry=_with_cache(registry, previous.registry.datasets_cached),
+        time_scale=scale,
+    )
+
+
+def _wait_moved(old: float, new: float, tolerance: float) -> bool:
+    if (old == 0.0) != (new == 0.0):
+        return True
+    return abs(old - new) > tolerance * max(old, new)
+
+
+def snapshot_changed(old: ClusterSnapshot | None, new: ClusterSnapshot, *, wait_tolerance: float = WAIT_TOLERANCE) -> bool:
+    """Whether `new` says something `old` did not, ignoring timestamps and the error text.
+
+    Estimated waits shrink as time passes without anything happening; they count as changed
+    only when one starts or stops being 0, or moves by more than `wait_tolerance` (relative).
+    The heartbeat republishes the drift anyway.
+    """
+    if old is None:
+        return True
+
+    def norm(s: ClusterSnapshot) -> ClusterSnapshot:
+        return msgspec.structs.replace(
+            s,
+            observed_at=0.0,
+            published_at=0.0,
+            error=None,
+            queues=[msgspec.structs.replace(q, estimated_wait_seconds=0.0) for q in s.queues],
+        )
+
+    if norm(old) != norm(new):
+        return True
+    return any(
+        _wait_moved(a.estimated_wait_seconds, b.estimated_wait_seconds, wait_tolerance)
+        for a, b in zip(old.queues, new.queues, strict=True)
+    )

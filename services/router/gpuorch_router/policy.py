@@ -1,0 +1,1188 @@
+"""The router's pure routing policy (DESIGN §5): eligibility with reasons, then time to result.
+
+Functional core: no I/O, no clock, no logging. ``route`` takes the workload, the latest snapshot of
+every cluster and ``now`` and returns a :class:`~gpuorch_proto.routing.RoutingDecision` that records
+every cluster's verdict, every check with a message that names its numbers, and every estimate term.
+The same inputs always give the same decision (ties are broken by cluster name).
+
+Three steps, documented in full in ``docs/routing.md``:
+
+1. **Hard eligibility.** Every cluster, every check. A failed check is either *permanent* (the
+   cluster's nature or configuration: no node of that model or memory, no such store, connection,
+   credential or data path, queue not open to the owner, no sharing mechanism, shape larger than
+   any node, gang larger than the cluster) or *capacity-only* (it may pass later without anyone
+   changing the workload: the cluster is unreachable or its snapshot stale, suitable nodes exist
+   but are not Ready, the caller excluded it for now). Busy GPUs never make a cluster ineligible:
+   work queues at the destination and that shows in the queue-wait estimate.
+2. **Estimate** per eligible cluster (simulated seconds, the snapshot's clock): queue wait, image
+   and data staging (partly hidden behind the queue wait by a measured overlap fraction), startup,
+   run time scaled by GPU model, output transfer; then cost, and a score weighted by the
+   workload's preferences.
+3. **Outcome.** ``routed`` to the lowest score; else ``waiting`` when some cluster fails only
+   capacity-only checks; else ``rejected`` with every cluster's permanent reasons. A pinned target
+   (``spec.queue = "<cluster>/<queue>"``) is the only candidate: never a silent fallback.
+
+Performance: a :class:`SnapshotIndex` groups a snapshot's nodes into *classes* of identical nodes
+(pool, model, memory, allocatable GPUs, labels, taints, sharing) with counts and a histogram of free
+GPUs, so checks cost O(classes), not O(nodes). Indexes are memoised by snapshot identity, and each
+index memoises its evaluation per workload *signature* (the fields that matter to routing), so a
+stream of similar workloads (a sweep's trials) costs a dictionary lookup per cluster. Memoisation
+does not change results: it is keyed on everything the evaluation reads.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Final
+
+from gpuorch_proto.inventory import ClusterSnapshot, NodeInfo, QueueInfo, Taint
+from gpuorch_proto.routing import Check, ClusterVerdict, Estimate, ReasonCode, RoutingDecision
+from gpuorch_proto.units import format_duration, parse_duration, parse_quantity
+from gpuorch_proto.workload import DatasetInput, Sharing, Toleration, Workload
+
+from .history import MeasuredTimeline, RoutingHistory, update_history
+
+__all__ = [
+    "DEFAULT_IMAGE_PULL_SECONDS",
+    "DEFAULT_OUTPUT_TRANSFER_SECONDS",
+    "DEFAULT_RUN_SECONDS",
+    "GPU_MEMORY_TOLERANCE",
+    "MEAN_JOB_SECONDS",
+    "PREFERRED_CLUSTER_FACTOR",
+    "PREFERRED_POOL_FACTOR",
+    "RELATIVE_SPEED",
+    "MeasuredTimeline",
+    "NodeClass",
+    "RoutingHistory",
+    "SnapshotIndex",
+    "build_index",
+    "relative_speed",
+    "route",
+    "update_history",
+]
+
+# ---- documented constants (docs/routing.md) ---------------------------------------------------
+
+#: Throughput relative to an A100 (= 1.0), by GPU family token in the GFD product name. Coarse
+#: figures for mixed-precision training; a workload class's measured history overrides them.
+RELATIVE_SPEED: Final[Mapping[str, float]] = {
+    "B200": 4.0,
+    "GH200": 2.4,
+    "H200": 2.4,
+    "H100": 2.0,
+    "H800": 2.0,
+    "MI300X": 2.0,
+    "A100": 1.0,
+    "A800": 1.0,
+    "MI250X": 0.9,
+    "L40S": 0.9,
+    "L40": 0.7,
+    "A40": 0.6,
+    "A6000": 0.6,
+    "V100": 0.5,
+    "A10G": 0.45,
+    "A10": 0.45,
+    "L4": 0.35,
+    "T4": 0.15,
+}
+#: Run time assumed when neither the workload nor history says (seconds on a speed-1.0 GPU).
+DEFAULT_RUN_SECONDS: Final = 3600.0
+#: Image pull when the image digest is not in the cluster's ``images_cached``.
+DEFAULT_IMAGE_PULL_SECONDS: Final = 120.0
+#: Output transfer (finished → promoted) when history has no measurement for the cluster.
+DEFAULT_OUTPUT_TRANSFER_SECONDS: Final = 60.0
+#: Mean GPU job length used to turn a GPU backlog into a wait when the queue has no measured estimate.
+MEAN_JOB_SECONDS: Final = 3600.0
+#: A node passes a GPU-memory minimum within this fraction: "80 GB" cards report 79.6-80 GiB.
+GPU_MEMORY_TOLERANCE: Final = 0.02
+#: Score multipliers for soft preferences (lower score wins): a small nudge, never a hard rule.
+PREFERRED_CLUSTER_FACTOR: Final = 0.95
+PREFERRED_POOL_FACTOR: Final = 0.98
+#: Labels unique per node: left out of node classes (else every node is its own class).
+VOLATILE_LABELS: Final = frozenset({"kubernetes.io/hostname"})
+_SCHEDULING_EFFECTS: Final = frozenset({"NoSchedule", "NoExecute"})
+_INDEX_CACHE_SIZE: Final = 512
+_MEMO_SIZE: Final = 4096
+
+
+# ---- small pure helpers -------------------------------------------------------------------------
+
+
+def _tokens(text: str) -> tuple[str, ...]:
+    return tuple(t for t in text.upper().replace("_", "-").replace(" ", "-").split("-") if t)
+
+
+@lru_cache(maxsize=1024)
+def relative_speed(product: str | None) -> float:
+    """Throughput of `product` relative to an A100; unknown models (and CPU) are 1.0."""
+    if not product:
+        return 1.0
+    for token in _tokens(product):
+        speed = RELATIVE_SPEED.get(token)
+        if speed is not None:
+            return speed
+    return 1.0
+
+
+@lru_cache(maxsize=4096)
+def accelerator_matches(wanted: str, product: str | None) -> bool:
+    """`wanted` names `product` exactly (case-insensitive) or as a run of its '-' tokens ("A100")."""
+    if not product:
+        return False
+    if wanted.lower() == product.lower():
+        return True
+    w, p = _tokens(wanted), _tokens(product)
+    return bool(w) and any(p[i : i + len(w)] == w for i in range(len(p) - len(w) + 1))
+
+
+def tolerates(tolerations: Iterable[Toleration], taint: Taint) -> bool:
+    """Kubernetes toleration semantics for one taint."""
+    for tol in tolerations:
+        if tol.effect and tol.effect != taint.effect:
+            continue
+        if not tol.key:
+            if tol.operator == "Exists":
+                return True
+            continue
+        if tol.key != taint.key:
+            continue
+        if tol.operator == "Exists" or (tol.value or "") == (taint.value or ""):
+            return True
+    return False
+
+
+def _gib(n_bytes: float) -> str:
+    return f"{n_bytes / 2**30:.3g} GiB"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _listing(items: Iterable[str], empty: str = "none") -> str:
+    out = ", ".join(items)
+    return out or empty
+
+
+def _dur(seconds: float) -> str:
+    return format_duration(seconds) if seconds > 0 else "0s"
+
+
+# ---- the snapshot index -------------------------------------------------------------------------
+
+
+@dataclass(slots=True, eq=False)
+class NodeClass:
+    """Identical nodes of one snapshot, with counts and a histogram of free GPUs on Ready nodes."""
+
+    pool: str | None
+    product: str | None
+    memory_mib: int
+    allocatable: int  # GPUs per node
+    labels: Mapping[str, str]
+    taints: tuple[Taint, ...]  # NoSchedule / NoExecute only
+    sharing: frozenset[str]
+    nodes: int = 0
+    ready: int = 0
+    free_hist: tuple[tuple[int, int], ...] = ()  # (free GPUs, Ready nodes with that many free)
+    cpu_max: float = 0.0  # most CPU cores free on one Ready node
+    memory_max: float = 0.0  # most memory bytes free on one Ready node
+    has_idle: bool = False  # a Ready node with every GPU free: its free CPU/memory is its capacity
+    members: tuple[NodeInfo, ...] = ()
+
+    def describe(self) -> str:
+        gpu = f"{self.allocatable}x {self.product}" if self.allocatable else "no GPU"
+        return f"{gpu} in pool {self.pool or '-'} ({_plural(self.nodes, 'node')}, {self.ready} Ready)"
+
+
+def _class_key(node: NodeInfo) -> tuple[object, ...]:
+    labels = node.labels
+    items = tuple(sorted((k, v) for k, v in labels.items() if k not in VOLATILE_LABELS)) if labels else ()
+    taints = (
+        tuple(sorted((t.key, t.value or "", t.effect) for t in node.taints if t.effect in _SCHEDULING_EFFECTS))
+        if node.taints
+        else ()
+    )
+    return (
+        node.pool,
+        node.gpu_product,
+        node.gpu_memory_mib,
+        node.gpus_allocatable,
+        items,
+        taints,
+        tuple(sorted(node.sharing)),
+    )
+
+
+def _classes(nodes: Iterable[NodeInfo]) -> tuple[NodeClass, ...]:
+    groups: dict[tuple[object, ...], tuple[NodeClass, dict[int, int], list[NodeInfo]]] = {}
+    for node in nodes:
+        key = _class_key(node)
+        entry = groups.get(key)
+        if entry is None:
+            cls = NodeClass(
+                pool=node.pool,
+                product=node.gpu_product,
+                memory_mib=node.gpu_memory_mib,
+                allocatable=node.gpus_allocatable,
+                labels={k: v for k, v in node.labels.items() if k not in VOLATILE_LABELS},
+                taints=tuple(t for t in node.taints if t.effect in _SCHEDULING_EFFECTS),
+                sharing=frozenset(node.sharing),
+            )
+            entry = (cls, {}, [])
+            groups[key] = entry
+        cls, hist, members = entry
+        cls.nodes += 1
+        members.append(node)
+        if node.ready:
+            cls.ready += 1
+            free = max(0, min(node.gpus_free, node.gpus_allocatable))
+            hist[free] = hist.get(free, 0) + 1
+            cls.cpu_max = max(cls.cpu_max, node.cpu_free)
+            cls.memory_max = max(cls.memory_max, node.memory_free)
+            if free >= node.gpus_allocatable:
+                cls.has_idle = True
+    out = []
+    for cls, hist, members in groups.values():
+        cls.free_hist = tuple(sorted(hist.items(), reverse=True))
+        cls.members = tuple(members)
+        out.append(cls)
+    out.sort(key=lambda c: (c.pool or "", c.product or "", c.memory_mib, c.allocatable, c.nodes))
+    return tuple(out)
+
+
+class SnapshotIndex:
+    """A snapshot prepared for routing: node classes, registry facts as sets, queues by name.
+
+    Built once per snapshot (:func:`build_index`); ``route`` accepts it in place of the snapshot.
+    ``memo`` caches per-workload-signature evaluations and belongs to this snapshot only.
+    """
+
+    __slots__ = (
+        "artifact_stores",
+        "bandwidth",
+        "checkpoint_stores",
+        "classes",
+        "cluster",
+        "connections",
+        "cpu_reported",
+        "credentials",
+        "data_locations",
+        "datasets_by_name",
+        "datasets_cached",
+        "error",
+        "fresh_cache",
+        "images_cached",
+        "memo",
+        "node_count",
+        "observed_at",
+        "pending_gpus",
+        "price",
+        "published_at",
+        "queue_info",
+        "queue_owners",
+        "reachable",
+        "snapshot",
+        "startup",
+    )
+
+    def __init__(self, snapshot: ClusterSnapshot) -> None:
+        reg = snapshot.registry
+        self.snapshot = snapshot
+        self.cluster = snapshot.cluster
+        self.reachable = snapshot.reachable
+        self.observed_at = snapshot.observed_at
+        self.published_at = snapshot.published_at
+        self.error = snapshot.error
+        self.classes = _classes(snapshot.nodes)
+        self.node_count = len(snapshot.nodes)
+        # Inventory that does not report free CPU/memory leaves every node at 0/0: then not checked.
+        self.cpu_reported = any(n.cpu_free > 0 or n.memory_free > 0 for n in snapshot.nodes)
+        self.artifact_stores = frozenset(reg.artifact_stores)
+        self.checkpoint_stores = frozenset(reg.checkpoint_stores) | self.artifact_stores
+        self.connections = frozenset(reg.connections)
+        self.credentials = frozenset(reg.credentials)
+        self.datasets_cached = frozenset(reg.datasets_cached)
+        by_name: dict[str, list[str]] = {}
+        for ref in sorted(reg.datasets_cached):
+            by_name.setdefault(ref.split("@", 1)[0], []).append(ref)
+        self.datasets_by_name = by_name
+        self.images_cached = frozenset(reg.images_cached)
+        self.bandwidth = dict(reg.bandwidth_mbps)
+        self.data_locations = frozenset(reg.data_locations)
+        self.startup = max(0.0, reg.startup_seconds)
+        self.price = max(0.0, reg.price_per_gpu_hour)
+        # The registry is the authority on which queues exist and who may use them; a snapshot's
+        # observed queues stand in only when the registry names none.
+        owners: dict[str, tuple[str, ...]] = {}
+        if reg.queues:
+            for q in reg.queues:
+                owners[q.name] = tuple(q.owners)
+        else:
+            for qi in snapshot.queues:
+                owners[qi.name] = tuple(qi.owners)
+        self.queue_owners = owners
+        self.queue_info: dict[str, QueueInfo] = {q.name: q for q in snapshot.queues}
+        self.pending_gpus = snapshot.pending_gpus
+        self.memo: dict[int, _Eval] = {}
+        self.fresh_cache: tuple[object, Check] | None = None
+
+
+_INDEXES: dict[int, tuple[ClusterSnapshot, SnapshotIndex]] = {}
+
+
+def build_index(snapshot: ClusterSnapshot) -> SnapshotIndex:
+    """The index of `snapshot`, memoised by identity (a new snapshot object gets a new index)."""
+    entry = _INDEXES.get(id(snapshot))
+    if entry is not None and entry[0] is snapshot:
+        return entry[1]
+    index = SnapshotIndex(snapshot)
+    if len(_INDEXES) >= _INDEX_CACHE_SIZE:
+        del _INDEXES[next(iter(_INDEXES))]
+    _INDEXES[id(snapshot)] = (snapshot, index)
+    return index
+
+
+# ---- the workload's demand, parsed once per decision --------------------------------------------
+
+
+@dataclass(slots=True, eq=False)
+class _Demand:
+    gpus: float
+    workers: int
+    same_node: bool
+    fractional: bool
+    per_worker: int  # whole devices per worker (a shared slice occupies one device)
+    per_node: int  # devices one node must offer: per_worker, or the whole gang when same_node
+    units: int  # placements needed: workers, or 1 when same_node
+    cpu_node: float
+    memory_node: float
+    gpu_memory_mib: float | None
+    accelerators: tuple[str, ...]
+    sharing: Sharing | None
+    pools: frozenset[str]
+    selector: tuple[tuple[str, str], ...]
+    tolerations: tuple[Toleration, ...]
+    connections: tuple[str, ...]
+    credentials: tuple[str, ...]
+    allowed: frozenset[str]
+    output_store: str
+    checkpoint_store: str | None
+    checkpoint_location: str | None
+    inputs: tuple[DatasetInput, ...]
+    image: str
+    declared_run: float | None
+    reference: str | None
+    key: str
+    owner: str
+    pin: tuple[str, str] | None
+    prefer_clusters: frozenset[str]
+    prefer_pools: frozenset[str]
+    time_weight: float
+    cost_weight: float
+    history: RoutingHistory | None
+    sig: int = 0
+
+
+_SIGS: dict[tuple[object, ...], int] = {}
+_SIG_IDS = itertools.count(1)
+_DEMANDS: dict[int, tuple[Workload, RoutingHistory | None, str | None, _Demand]] = {}
+
+
+def _demand(wl: Workload, history: RoutingHistory | None, checkpoint_location: str | None) -> _Demand:
+    cached = _DEMANDS.get(id(wl))
+    if cached is not None and cached[0] is wl and cached[1] is history and cached[2] == checkpoint_location:
+        return cached[3]
+    spec = wl.spec
+    res, req, prefs = spec.resources, spec.requirements, spec.preferences
+    gpus = float(res.gpus)
+    workers = max(1, res.workers)
+    fractional = gpus != int(gpus)
+    per_worker = math.ceil(gpus) if gpus > 0 else 0
+    cpu = parse_quantity(res.cpu)
+    memory = parse_quantity(res.memory)
+    pin: tuple[str, str] | None = None
+    if spec.queue:
+        agent, _, queue = spec.queue.partition("/")
+        pin = (agent, queue)
+    ckpt_store = spec.checkpoint.store if (spec.checkpoint.store and spec.checkpoint.path) else None
+    d = _Demand(
+        gpus=gpus,
+        workers=workers,
+        same_node=res.same_node,
+        fractional=fractional,
+        per_worker=per_worker,
+        per_node=per_worker * workers if res.same_node else per_worker,
+        units=1 if res.same_node else workers,
+        cpu_node=cpu * workers if res.same_node else cpu,
+        memory_node=memory * workers if res.same_node else memory,
+        gpu_memory_mib=res.gpu_memory_gib * 1024 if res.gpu_memory_gib else None,
+        accelerators=tuple(res.accelerators),
+        sharing=res.sharing,
+        pools=frozenset(req.pools),
+        selector=tuple(sorted(req.node_selector.items())),
+        tolerations=tuple(req.tolerations),
+        connections=tuple(sorted(set(req.connections))),
+        credentials=tuple(sorted(set(req.credentials))),
+        allowed=frozenset(req.clusters),
+        output_store=spec.output.store,
+        checkpoint_store=ckpt_store,
+        checkpoint_location=checkpoint_location,
+        inputs=tuple(spec.inputs),
+        image=spec.image,
+        declared_run=parse_duration(spec.expected_runtime) if spec.expected_runtime else None,
+        reference=spec.reference_accelerator,
+        key=wl.metadata.workload_class or wl.metadata.name,
+        owner=wl.metadata.owner,
+        pin=pin,
+        prefer_clusters=frozenset(prefs.clusters),
+        prefer_pools=frozenset(prefs.pools),
+        time_weight=prefs.time_weight,
+        cost_weight=prefs.cost_weight,
+        history=history,
+    )
+    sig = (
+        gpus,
+        workers,
+        res.same_node,
+        cpu,
+        memory,
+        d.gpu_memory_mib,
+        d.accelerators,
+        (res.sharing.mechanism, res.sharing.profile) if res.sharing else None,
+        tuple(sorted(d.pools)),
+        d.selector,
+        tuple((t.key, t.operator, t.value, t.effect) for t in d.tolerations),
+        d.connections,
+        d.credentials,
+        tuple(sorted(d.allowed)),
+        d.output_store,
+        ckpt_store,
+        checkpoint_location,
+        tuple((i.ref, i.size_gb, tuple(i.locations)) for i in d.inputs),
+        d.image,
+        d.declared_run,
+        d.reference,
+        d.key,
+        d.owner,
+        pin,
+        tuple(sorted(d.prefer_clusters)),
+        tuple(sorted(d.prefer_pools)),
+        d.time_weight,
+        d.cost_weight,
+        history,  # identity: a new history is a new signature
+    )
+    sig_id = _SIGS.get(sig)
+    if sig_id is None:
+        if len(_SIGS) >= 65536:
+            _SIGS.clear()  # ids keep counting, so an old id is never reused for another signature
+        sig_id = next(_SIG_IDS)
+        _SIGS[sig] = sig_id
+    d.sig = sig_id
+    if len(_DEMANDS) >= 1024:
+        del _DEMANDS[next(iter(_DEMANDS))]
+    _DEMANDS[id(wl)] = (wl, history, checkpoint_location, d)
+    return d
+
+
+# ---- per-cluster evaluation (memoised per index and signature) ----------------------------------
+
+
+@dataclass(slots=True, eq=False)
+class _Eval:
+    checks: list[Check]
+    ok: bool
+    estimate: Estimate | None = None
+    queue: str | None = None
+    terms: str = ""  # short description of the estimate for the summary
+    allowed_at: int = 0  # position of the CLUSTER_NOT_ALLOWED check in `checks`
+    verdict_cache: dict[tuple[object, ...], ClusterVerdict] = field(default_factory=dict)
+
+
+def _ok(code: ReasonCode, message: str) -> Check:
+    return Check(code=code, ok=True, message=message)
+
+
+def _fail(code: ReasonCode, message: str, capacity_only: bool = False) -> Check:
+    return Check(code=code, ok=False, message=message, capacity_only=capacity_only)
+
+
+_CONST: dict[tuple[ReasonCode, str], Check] = {}
+
+
+def _const(code: ReasonCode, message: str) -> Check:
+    """A shared passing check (frozen structs are safe to share between decisions)."""
+    check = _CONST.get((code, message))
+    if check is None:
+        check = _CONST[(code, message)] = _ok(code, message)
+    return check
+
+
+def _nodes(classes: Iterable[NodeClass]) -> int:
+    return sum(c.nodes for c in classes)
+
+
+def _slots(cls: NodeClass, per_node: int, units: int, *, ready: bool) -> int:
+    count = cls.ready if ready else cls.nodes
+    if per_node <= 0:
+        return count * units  # no GPU: GPUs do not limit placements
+    return count * (cls.allocatable // per_node)
+
+
+def _free_slots(cls: NodeClass, per_node: int, units: int) -> int:
+    if per_node <= 0:
+        return cls.ready * units
+    return sum(n * (free // per_node) for free, n in cls.free_hist)
+
+
+class _Chain:
+    """Node checks as a filter chain over classes, in `condor_q -better-analyze` style.
+
+    Each check sees the classes that passed the earlier checks; once a check fails (nothing left),
+    later checks are judged against every class so each still reports something meaningful.
+    """
+
+    def __init__(self, classes: Sequence[NodeClass]) -> None:
+        self.all = classes
+        self.left: list[NodeClass] = list(classes)
+        self.checks: list[Check] = []
+
+    def step(
+        self,
+        code: ReasonCode,
+        pred: Callable[[NodeClass], bool],
+        ok_msg: Callable[[list[NodeClass], Sequence[NodeClass]], str],
+        fail_msg: Callable[[Sequence[NodeClass]], str],
+    ) -> list[NodeClass]:
+        base: Sequence[NodeClass] = self.left if self.left else self.all
+        passing = [c for c in base if pred(c)]
+        if passing:
+            self.checks.append(_ok(code, ok_msg(passing, base)))
+        else:
+            self.checks.append(_fail(code, fail_msg(base)))
+        if self.left:
+            self.left = passing
+        return passing
+
+
+def _summary_of(classes: Sequence[NodeClass], attr: Callable[[NodeClass], str]) -> str:
+    counts: dict[str, int] = {}
+    for c in classes:
+        counts[attr(c)] = counts.get(attr(c), 0) + c.nodes
+    return _listing(f"{k} ({_plural(v, 'node')})" for k, v in sorted(counts.items()))
+
+
+def _node_checks(idx: SnapshotIndex, d: _Demand) -> tuple[list[Check], list[NodeClass]]:
+    """Node-level checks; returns the checks and the suitable classes."""
+    classes: Sequence[NodeClass] = idx.classes
+    if d.selector and any(k in VOLATILE_LABELS for k, _ in d.selector):
+        wanted = {k: v for k, v in d.selector if k in VOLATILE_LABELS}
+        classes = _classes(
+            n
+            for c in idx.classes
+            for n in c.members
+            if all(n.labels.get(k) == v for k, v in wanted.items())
+        )
+    if not idx.classes:
+        if not idx.reachable:
+            return [
+                _fail(
+                    "GPU_CAPACITY",
+                    f"no node facts: {idx.cluster} has not been observed (it may come back)",
+                    capacity_only=True,
+                )
+            ], []
+        return [_fail("GPU_CAPACITY", f"{idx.cluster} reports no nodes at all")], []
+    total = idx.node_count
+    chain = _Chain(classes)
+    if d.pools:
+        pools = sorted(d.pools)
+        chain.step(
+            "POOL",
+            lambda c: c.pool in d.pools,
+            lambda p, b: f"{_nodes(p)} of {_nodes(b)} nodes in pools {_listing(pools)}",
+            lambda b: f"no node in pools {_listing(pools)}; pools here: "
+            + _summary_of(b, lambda c: c.pool or "-"),
+        )
+    else:
+        chain.checks.append(_const("POOL", "any pool allowed"))
+    if d.selector:
+        sel = ", ".join(f"{k}={v}" for k, v in d.selector)
+        chain.step(
+            "NODE_SELECTOR",
+            lambda c: all(c.labels.get(k) == v for k, v in d.selector if k not in VOLATILE_LABELS),
+            lambda p, b: f"{_nodes(p)} of {_nodes(b)} nodes match {sel}",
+            lambda b: f"none of {_plural(_nodes(b), 'node')} has labels {sel}",
+        )
+    else:
+        chain.checks.append(_const("NODE_SELECTOR", "no node selector"))
+
+    def untolerated(c: NodeClass) -> list[Taint]:
+        return [t for t in c.taints if not tolerates(d.tolerations, t)]
+
+    chain.step(
+        "TAINTS",
+        lambda c: not untolerated(c),
+        lambda p, b: f"{_nodes(p)} of {_nodes(b)} nodes have no untolerated NoSchedule/NoExecute taint",
+        lambda b: "every node has an untolerated taint: "
+        + _summary_of(
+            b,
+            lambda c: ", ".join(f"{t.key}={t.value or ''}:{t.effect}" for t in untolerated(c)),
+        ),
+    )
+    if d.per_worker == 0:
+        chain.checks.append(_const("GPU_MODEL", "no GPU requested"))
+        chain.checks.append(_const("GPU_MEMORY", "no GPU requested"))
+    else:
+        if d.accelerators:
+            acc = _listing(d.accelerators)
+            chain.step(
+                "GPU_MODEL",
+                lambda c: c.allocatable > 0 and any(accelerator_matches(a, c.product) for a in d.accelerators),
+                lambda p, b: f"{_nodes(p)} of {_nodes(b)} nodes have a GPU model in [{acc}]",
+                lambda b: f"no node has a GPU model in [{acc}]; models here: "
+                + _summary_of(b, lambda c: c.product or "no GPU"),
+            )
+        else:
+            chain.checks.append(_const("GPU_MODEL", "any GPU model"))
+        if d.gpu_memory_mib:
+            need = d.gpu_memory_mib
+            floor_mib = need * (1 - GPU_MEMORY_TOLERANCE)
+
+            def largest(b: Sequence[NodeClass]) -> str:
+                best = max(b, key=lambda c: (c.memory_mib, c.product or ""))
+                return f"{best.memory_mib / 1024:.3g} GiB ({best.product or 'no GPU'}, {_plural(best.nodes, 'node')})"
+
+            chain.step(
+                "GPU_MEMORY",
+                lambda c: c.allocatable > 0 and c.memory_mib >= floor_mib,
+                lambda p, b: f"{_nodes(p)} of {_nodes(b)} nodes have >= {need / 1024:.3g} GiB per GPU",
+                lambda b: f"needs >= {need / 1024:.3g} GiB per GPU; largest here {largest(b)}",
+            )
+        else:
+            chain.checks.append(_const("GPU_MEMORY", "no minimum GPU memory"))
+    if d.sharing is not None:
+        mech = d.sharing.mechanism
+        profile = d.sharing.profile
+        names = {mech} | ({f"{mech}:{profile}"} if profile else set())
+        what = f"{mech} ({profile})" if profile else mech
+
+        def offers(c: NodeClass) -> bool:
+            if not (c.sharing & names):
+                return False
+            # a node that lists profiles for this mechanism must list the wanted one
+            specific = [s for s in c.sharing if s.startswith(mech + ":")]
+            return not (profile and specific and f"{mech}:{profile}" not in c.sharing)
+
+        chain.step(
+            "SHARING",
+            offers,
+            lambda p, b: f"{_nodes(p)} of {_nodes(b)} nodes offer {what} for {d.gpus:g} GPU per worker",
+            lambda b: f"{d.gpus:g} GPU per worker needs {what}; offered here: "
+            + _summary_of(b, lambda c: "/".join(sorted(c.sharing)) or "no sharing"),
+        )
+    elif d.fractional:
+        chain.checks.append(
+            _fail("SHARING", f"{d.gpus:g} GPUs per worker is not whole and names no sharing mechanism")
+        )
+    else:
+        chain.checks.append(_const("SHARING", "whole GPUs: no sharing needed"))
+    if idx.cpu_reported:
+        cpu, mem = d.cpu_node, d.memory_node
+        what = f"{cpu:g} cores / {_gib(mem)}" + (" per node (whole gang)" if d.same_node else " per worker")
+        chain.step(
+            "CPU_MEMORY",
+            # a class fits if some Ready node has it free now, or if no node of it is idle (busy
+            # nodes free CPU when their pods end: that is queueing, not ineligibility)
+            lambda c: (c.cpu_max >= cpu and c.memory_max >= mem) or not c.has_idle,
+            lambda p, b: f"{_nodes(p)} of {_nodes(b)} nodes can host {what}",
+            lambda b: f"needs {what}; the most an idle suitable node has free is "
+            f"{max(c.cpu_max for c in b):g} cores / {_gib(max(c.memory_max for c in b))}",
+        )
+    else:
+        chain.checks.append(_const("CPU_MEMORY", "free CPU/memory not reported by inventory: not checked"))
+    if d.per_worker == 0:
+        chain.checks.append(_const("GPU_SHAPE", "no GPU requested"))
+    else:
+        per_node = d.per_node
+        shape = (
+            f"{per_node} GPUs ({d.workers} workers x {d.per_worker}) on one node"
+            if d.same_node and d.workers > 1
+            else f"{_plural(per_node, 'GPU')} on one node"
+        )
+
+        def biggest(b: Sequence[NodeClass]) -> str:
+            best = max(b, key=lambda c: (c.allocatable, c.nodes))
+            return f"{best.allocatable} ({_plural(best.nodes, 'node')} x {_plural(best.allocatable, 'GPU')})"
+
+        chain.step(
+            "GPU_SHAPE",
+            lambda c: c.allocatable >= per_node,
+            lambda p, b: f"{_nodes(p)} of {_nodes(b)} nodes can hold {shape}",
+            lambda b: f"needs {shape}; the largest suitable node has {biggest(b)}"
+            + (f", {sum(c.allocatable * c.nodes for c in b)} GPUs in total" if len(b) > 0 else ""),
+        )
+    suitable = chain.left
+    if d.units > 1:
+        base = suitable if suitable else [c for c in classes if c.allocatable >= d.per_node]
+        slots = sum(_slots(c, d.per_node, d.units, ready=False) for c in base)
+        gang = f"gang of {d.workers} workers x {_plural(d.per_worker, 'GPU')}"
+        if slots >= d.units:
+            chain.checks.append(_ok("GANG_SPLIT", f"{gang} fits in this cluster ({slots} worker slots)"))
+        else:
+            chain.checks.append(
+                _fail(
+                    "GANG_SPLIT",
+                    f"{gang} needs {d.units} worker slots; this cluster has {slots} in total "
+                    "(a gang never spans clusters)",
+                )
+            )
+            suitable = []
+    else:
+        chain.checks.append(_const("GANG_SPLIT", "one placement: no gang to split"))
+    if suitable:
+        ready_slots = sum(_slots(c, d.per_node, d.units, ready=True) for c in suitable)
+        nodes = _nodes(suitable)
+        ready = sum(c.ready for c in suitable)
+        if ready_slots >= d.units:
+            chain.checks.append(
+                _ok(
+                    "GPU_CAPACITY",
+                    f"{ready} of {_plural(nodes, 'suitable node')} Ready "
+                    f"({ready_slots} slots for {d.units} needed) of {total} nodes",
+                )
+            )
+        else:
+            chain.checks.append(
+                _fail(
+                    "GPU_CAPACITY",
+                    f"only {ready} of {_plural(nodes, 'suitable node')} are Ready: "
+                    f"{ready_slots} of {d.units} slots needed (the rest are lost or NotReady)",
+                    capacity_only=True,
+                )
+            )
+            suitable = []
+    else:
+        chain.checks.append(_fail("GPU_CAPACITY", f"no suitable node among {total}"))
+    return chain.checks, suitable
+
+
+@dataclass(slots=True)
+class _Staging:
+    seconds: float
+    notes: list[str]
+    failures: list[str]
+
+
+def _data(idx: SnapshotIndex, d: _Demand) -> _Staging:
+    seconds, notes, failures = 0.0, [], []
+    for inp in d.inputs:
+        if inp.ref in idx.datasets_cached:
+            notes.append(f"{inp.ref} cached")
+            continue
+        other = [r for r in idx.datasets_by_name.get(inp.ref.split("@", 1)[0], ()) if r != inp.ref]
+        mismatch = f" (cached {_listing(other)} is another version)" if other else ""
+        local = sorted(set(inp.locations) & idx.data_locations)
+        if local:
+            notes.append(f"{inp.ref} local at {local[0]}{mismatch}")
+            continue
+        links = sorted(
+            ((idx.bandwidth[loc], loc) for loc in inp.locations if idx.bandwidth.get(loc, 0) > 0),
+            key=lambda x: (-x[0], x[1]),
+        )
+        if not links:
+            failures.append(
+                f"{inp.ref}: no replica reachable (replicas at {_listing(sorted(inp.locations))}; "
+                f"this cluster has local {_listing(sorted(idx.data_locations))} and links from "
+                f"{_listing(sorted(idx.bandwidth))}){mismatch}"
+            )
+            continue
+        mbps, loc = links[0]
+        t = inp.size_gb * 1000.0 / mbps
+        seconds += t
+        notes.append(f"{inp.ref} copy {inp.size_gb:g} GB from {loc} at {mbps:g} MB/s = {_dur(t)}{mismatch}")
+    return _Staging(seconds, notes, failures)
+
+
+def _registry_checks(idx: SnapshotIndex, d: _Demand, staging: _Staging) -> tuple[list[Check], list[str]]:
+    checks: list[Check] = []
+    for code, wanted, have, what in (
+        ("CONNECTIONS", d.connections, idx.connections, "connections"),
+        ("CREDENTIALS", d.credentials, idx.credentials, "credentials"),
+    ):
+        if not wanted:
+            checks.append(_const(code, f"no {what} required"))  # type: ignore[arg-type]
+            continue
+        missing = [w for w in wanted if w not in have]
+        if missing:
+            checks.append(
+                _fail(
+                    code,  # type: ignore[arg-type]
+                    f"missing {what} {_listing(missing)} (this cluster has {_listing(sorted(have))})",
+                )
+            )
+        else:
+            checks.append(_ok(code, f"has {what} {_listing(wanted)}"))  # type: ignore[arg-type]
+    if d.output_store in idx.artifact_stores:
+        checks.append(_ok("ARTIFACT_STORE", f"reaches output store {d.output_store!r}"))
+    else:
+        checks.append(
+            _fail(
+                "ARTIFACT_STORE",
+                f"cannot reach output store {d.output_store!r} "
+                f"(reaches {_listing(sorted(idx.artifact_stores))})",
+            )
+        )
+    if not d.inputs:
+        checks.append(_const("INPUT_DATA", "no inputs"))
+    elif staging.failures:
+        checks.append(_fail("INPUT_DATA", "; ".join(staging.failures)))
+    else:
+        checks.append(_ok("INPUT_DATA", "; ".join(staging.notes)))
+    ck_fail: list[str] = []
+    ck_ok: list[str] = []
+    stores = idx.checkpoint_stores
+    if d.checkpoint_store:
+        if d.checkpoint_store in idx.artifact_stores:
+            ck_ok.append(f"writes checkpoints to {d.checkpoint_store!r}")
+        else:
+            ck_fail.append(f"cannot write checkpoints to store {d.checkpoint_store!r}")
+    if d.checkpoint_location:
+        loc = d.checkpoint_location
+        readable = sorted(s for s in stores if loc == s or loc.startswith(s.rstrip("/") + "/"))
+        if readable:
+            ck_ok.append(f"reads the resume checkpoint {loc!r} via {readable[0]!r}")
+        else:
+            ck_fail.append(f"cannot read the resume checkpoint {loc!r} (reads {_listing(sorted(stores))})")
+    if ck_fail:
+        checks.append(_fail("CHECKPOINT", "; ".join(ck_fail)))
+    elif ck_ok:
+        checks.append(_ok("CHECKPOINT", "; ".join(ck_ok)))
+    else:
+        checks.append(_const("CHECKPOINT", "no checkpoint to write or resume"))
+    queues, q_check = _queue_access(idx, d)
+    checks.append(q_check)
+    return checks, queues
+
+
+def _may_use(owners: Sequence[str], owner: str) -> bool:
+    return "*" in owners or owner in owners
+
+
+def _queue_access(idx: SnapshotIndex, d: _Demand) -> tuple[list[str], Check]:
+    """The queues this owner may use here ([""] = none needed) and the QUEUE_ACCESS check."""
+    owners = idx.queue_owners
+    known = _listing(f"{q} [{','.join(o)}]" for q, o in sorted(owners.items()))
+    if d.pin is not None:
+        queue = d.pin[1]
+        if queue not in owners:
+            return [], _fail("QUEUE_ACCESS", f"pinned queue {queue!r} does not exist here (queues: {known})")
+        if not _may_use(owners[queue], d.owner):
+            return [], _fail(
+                "QUEUE_ACCESS", f"queue {queue!r} is not open to owner {d.owner!r} (owners: {','.join(owners[queue])})"
+            )
+        return [queue], _ok("QUEUE_ACCESS", f"pinned queue {queue!r} is open to {d.owner!r}")
+    if not owners:
+        return [""], _const("QUEUE_ACCESS", "no admission queues: submitted directly")
+    allowed = sorted(q for q, o in owners.items() if _may_use(o, d.owner))
+    if not allowed:
+        return [], _fail("QUEUE_ACCESS", f"no queue here is open to owner {d.owner!r} (queues: {known})")
+    return allowed, _ok("QUEUE_ACCESS", f"owner {d.owner!r} may use {_listing(allowed)}")
+
+
+def _queue_wait(idx: SnapshotIndex, d: _Demand, suitable: Sequence[NodeClass], queue: str) -> tuple[float, str]:
+    """(seconds, why) until the gang could start here, for one queue."""
+    free_slots = sum(_free_slots(c, d.per_node, d.units) for c in suitable)
+    fits_now = free_slots >= d.units
+    info = idx.queue_info.get(queue) if queue else None
+    ahead = info.pending_gpus if info is not None else idx.pending_gpus
+    if fits_now and ahead <= 0:
+        return 0.0, "fits now"
+    if info is not None and info.estimated_wait_seconds > 0:
+        return info.estimated_wait_seconds, f"queue {queue} estimate"
+    if d.per_node <= 0:
+        return 0.0, "no GPU"
+    capacity = sum(c.ready * c.allocatable for c in suitable)
+    free = sum(f * n for c in suitable for f, n in c.free_hist)
+    need = d.per_worker * d.workers
+    backlog = float(ahead + need - free)
+    if not fits_now:
+        backlog = max(backlog, float(d.per_node))  # fragmented: a node must drain first
+    if backlog <= 0 or capacity <= 0:
+        return 0.0, "fits now"
+    return MEAN_JOB_SECONDS * backlog / capacity, f"{backlog:g} GPUs backlog on {capacity} suitable GPUs"
+
+
+def _run_seconds(d: _Demand, product: str | None) -> tuple[float, str]:
+    target = relative_speed(product)
+    if d.history is not None:
+        per_model = d.history.run_seconds.get(d.key)
+        if per_model:
+            if product is not None and product in per_model:
+                return per_model[product], f"measured on {product}"
+            src = sorted(per_model)[0]
+            return per_model[src] * relative_speed(src) / target, f"measured on {src or 'unknown GPU'}, scaled"
+    if d.declared_run is not None:
+        ref = relative_speed(d.reference)
+        return d.declared_run * ref / target, "declared"
+    return DEFAULT_RUN_SECONDS / target, "default"
+
+
+def _estimate(
+    idx: SnapshotIndex, d: _Demand, suitable: Sequence[NodeClass], queues: Sequence[str], staging: _Staging
+) -> tuple[Estimate, str, str]:
+    waits = sorted((*_queue_wait(idx, d, suitable, q), q) for q in queues)
+    queue_wait, _, queue = min(((w, q, why) for w, why, q in waits), key=lambda x: (x[0], x[1]))[:3]
+    image = 0.0 if d.image in idx.images_cached else DEFAULT_IMAGE_PULL_SECONDS
+    data = staging.seconds
+    overlap, _ = d.history.overlap_for(idx.cluster) if d.history is not None else (0.0, False)
+    hidden = min(queue_wait, max(0.0, min(1.0, overlap)) * (image + data))
+    # the destination places the gang: assume the slowest suitable model (routing is not placement)
+    products = sorted({c.product for c in suitable if c.allocatable > 0 and c.product}, key=relative_speed)
+    product = products[0] if (products and d.per_worker > 0) else None
+    run, _ = _run_seconds(d, product)
+    output = DEFAULT_OUTPUT_TRANSFER_SECONDS
+    if d.history is not None:
+        output = d.history.output_seconds.get(idx.cluster, output)
+    startup = idx.startup
+    total = queue_wait + image + data - hidden + startup + run + output
+    cost = d.gpus * d.workers * (startup + run) / 3600.0 * idx.price
+    score = d.time_weight * total / 3600.0 + d.cost_weight * cost
+    if idx.cluster in d.prefer_clusters:
+        score *= PREFERRED_CLUSTER_FACTOR
+    if d.prefer_pools and any(c.pool in d.prefer_pools for c in suitable):
+        score *= PREFERRED_POOL_FACTOR
+    est = Estimate(
+        queue_wait=queue_wait,
+        image_staging=image,
+        data_staging=data,
+        staging_overlap=hidden,
+        startup=startup,
+        run=run,
+        output_transfer=output,
+        total=total,
+        cost=cost,
+        score=score,
+    )
+    terms = [f"queue {_dur(queue_wait)}" if queue_wait > 0 else "starts now"]
+    if d.inputs:
+        terms.append(f"copy {_dur(data)}" if data > 0 else "data cached/local")
+    if image > 0:
+        terms.append(f"image pull {_dur(image)}")
+    if hidden > 0:
+        terms.append(f"{_dur(hidden)} staging hidden in queue")
+    terms.append(f"run {_dur(run)}" + (f" on {product}" if product else ""))
+    return est, queue, ", ".join(terms)
+
+
+def _evaluate(idx: SnapshotIndex, d: _Demand) -> _Eval:
+    checks: list[Check] = []
+    if d.allowed and idx.cluster not in d.allowed:
+        checks.append(
+            _fail("CLUSTER_NOT_ALLOWED", f"not in requirements.clusters ({_listing(sorted(d.allowed))})")
+        )
+    elif d.allowed:
+        checks.append(_ok("CLUSTER_NOT_ALLOWED", "in requirements.clusters"))
+    else:
+        checks.append(_const("CLUSTER_NOT_ALLOWED", "any cluster allowed"))
+    node_checks, suitable = _node_checks(idx, d)
+    checks.extend(node_checks)
+    staging = _data(idx, d)
+    reg_checks, queues = _registry_checks(idx, d, staging)
+    checks.extend(reg_checks)
+    ok = all(c.ok for c in checks)
+    ev = _Eval(checks=checks, ok=ok)
+    if ok:
+        ev.estimate, queue, ev.terms = _estimate(idx, d, suitable, queues, staging)
+        ev.queue = queue or None
+    return ev
+
+
+def _lookup(idx: SnapshotIndex, d: _Demand) -> _Eval:
+    ev = idx.memo.get(d.sig)
+    if ev is None:
+        ev = _evaluate(idx, d)
+        if len(idx.memo) >= _MEMO_SIZE:
+            idx.memo.clear()
+        idx.memo[d.sig] = ev
+    return ev
+
+
+# ---- route ------------------------------------------------------------------------------------
+
+
+def _fresh_check(idx: SnapshotIndex, age: float, max_age: float) -> Check:
+    key = (idx.reachable, round(age), max_age)
+    cached = idx.fresh_cache
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    if not idx.reachable:
+        why = f": {idx.error}" if idx.error else ""
+        check = _fail(
+            "CLUSTER_UNREACHABLE",
+            f"unreachable{why} (last observed {age:.0f}s ago)",
+            capacity_only=True,
+        )
+    elif age > max_age:
+        check = _fail(
+            "CLUSTER_UNREACHABLE",
+            f"snapshot is stale: observed {age:.0f}s ago (max {max_age:.0f}s)",
+            capacity_only=True,
+        )
+    else:
+        check = _ok("CLUSTER_UNREACHABLE", f"reachable, observed {age:.0f}s ago (max {max_age:.0f}s)")
+    idx.fresh_cache = (key, check)
+    return check
+
+
+def _blockers(v: ClusterVerdict) -> str:
+    return ", ".join(f"{c.code}: {c.message}" for c in v.checks if not c.ok)
+
+
+def route(
+    workload: Workload,
+    workload_id: str,
+    snapshots: Mapping[str, ClusterSnapshot | SnapshotIndex],
+    now: float,
+    *,
+    history: RoutingHistory | None = None,
+    exclude: Collection[str] = (),
+    max_snapshot_age: float = 120.0,
+    checkpoint_location: str | None = None,
+) -> RoutingDecision:
+    """Decide where `workload` runs, from each cluster's latest snapshot (or its index), at `now`.
+
+    `exclude` names clusters the caller rules out for now (e.g. where an attempt was just lost);
+    that is capacity-only. `checkpoint_location` (``"<store>"`` or ``"<store>/<path>"``) is the
+    checkpoint a resume must read. Expects a workload that passed ``validate_workload``.
+    """
+    d = _demand(workload, history, checkpoint_location)
+    pinned = d.pin[0] if d.pin is not None else None
+    pin_check = (
+        _fail("PINNED_ELSEWHERE", f"spec.queue pins {d.pin[0]}/{d.pin[1]}") if d.pin is not None else None
+    )
+    verdicts: list[ClusterVerdict] = []
+    eligible: list[tuple[float, str, _Eval]] = []
+    names = sorted(snapshots)
+    if pinned is not None and pinned not in snapshots:
+        names = sorted([*names, pinned])
+    for name in names:
+        if pin_check is not None and name != pinned:
+            verdicts.append(ClusterVerdict(cluster=name, eligible=False, checks=[pin_check]))
+            continue
+        item = snapshots.get(name)
+        if item is None:  # a pinned cluster inventory has never published
+            known = _listing(sorted(snapshots))
+            verdicts.append(
+                ClusterVerdict(
+                    cluster=name,
+                    eligible=False,
+                    checks=[
+                        _fail(
+                            "CLUSTER_UNREACHABLE",
+                            f"no snapshot of pinned cluster {name!r} (clusters known: {known})",
+                            capacity_only=True,
+                        )
+                    ],
+                )
+            )
+            continue
+        idx = item if isinstance(item, SnapshotIndex) else build_index(item)
+        ev = _lookup(idx, d)
+        age = max(0.0, now - idx.observed_at)
+        fresh = _fresh_check(idx, age, max_snapshot_age)
+        excluded = name in exclude
+        key = (fresh, excluded, age)
+        verdict = ev.verdict_cache.get(key)
+        if verdict is None:
+            checks = [fresh, *ev.checks]
+            if excluded:
+                checks[1 + ev.allowed_at] = _fail(
+                    "CLUSTER_NOT_ALLOWED", "excluded by the caller for now (e.g. an attempt was lost there)", True
+                )
+            ok = fresh.ok and not excluded and ev.ok
+            verdict = ClusterVerdict(
+                cluster=name,
+                eligible=ok,
+                checks=checks,
+                estimate=ev.estimate if ok else None,
+                snapshot_age=age,
+            )
+            if len(ev.verdict_cache) >= 8:
+                ev.verdict_cache.clear()
+            ev.verdict_cache[key] = verdict
+        verdicts.append(verdict)
+        if verdict.eligible and ev.estimate is not None:
+            eligible.append((ev.estimate.score, name, ev))
+    return _decide(d, workload_id, now, verdicts, eligible)
+
+
+def _decide(
+    d: _Demand,
+    workload_id: str,
+    now: float,
+    verdicts: list[ClusterVerdict],
+    eligible: list[tuple[float, str, _Eval]],
+) -> RoutingDecision:
+    if eligible:
+        eligible.sort(key=lambda e: (e[0], e[1]))
+        _, best, ev = eligible[0]
+        assert ev.estimate is not None
+        summary = f"{best}: {_dur(ev.estimate.total)} to result ({ev.terms})"
+        if d.pin is not None:
+            summary = f"pinned to {d.pin[0]}/{d.pin[1]}; {summary}"
+        if len(eligible) > 1:
+            _, second, ev2 = eligible[1]
+            assert ev2.estimate is not None
+            summary += f" vs {second} {_dur(ev2.estimate.total)} ({ev2.terms})"
+            if len(eligible) > 2:
+                summary += f" and {len(eligible) - 2} more"
+        ineligible = sum(1 for v in verdicts if not v.eligible)
+        if ineligible:
+            summary += f"; {ineligible} ineligible"
+        return RoutingDecision(
+            workload_id=workload_id,
+            decided_at=now,
+            outcome="routed",
+            cluster=best,
+            queue=ev.queue,
+            summary=summary,
+            verdicts=verdicts,
+        )
+    candidates = [v for v in verdicts if not any(c.code == "PINNED_ELSEWHERE" for c in v.checks)]
+    waiting = [v for v in candidates if all(c.ok or c.capacity_only for c in v.checks)]
+    if waiting:
+        permanent = len(candidates) - len(waiting)
+        summary = "waiting: " + "; ".join(f"{v.cluster}: {_blockers(v)}" for v in waiting)
+        if permanent:
+            summary += f"; {permanent} more permanently ineligible"
+        return RoutingDecision(
+            workload_id=workload_id,
+            decided_at=now,
+            outcome="waiting",
+            queue=d.pin[1] if d.pin else None,
+            cluster=d.pin[0] if d.pin else None,
+            summary=summary,
+            verdicts=verdicts,
+        )
+
+    def permanent_reasons(v: ClusterVerdict) -> str:
+        return ", ".join(f"{c.code}: {c.message}" for c in v.checks if not c.ok and not c.capacity_only)
+
+    if d.pin is not None:
+        head = f"rejected: pinned target {d.pin[0]}/{d.pin[1]} is ineligible: "
+    elif candidates:
+        head = "rejected: no cluster can run this: "
+    else:
+        head = "rejected: no clusters known"
+    return RoutingDecision(
+        workload_id=workload_id,
+        decided_at=now,
+        outcome="rejected",
+        summary=head + "; ".join(f"{v.cluster}: {permanent_reasons(v)}" for v in candidates),
+        verdicts=verdicts,
+    )

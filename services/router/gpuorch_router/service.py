@@ -1,0 +1,166 @@
+"""The router's shell: submits and route requests in, decisions out (DESIGN §5).
+
+It validates the workload contract (decoding does that), derives the workload id
+from the idempotency key, asks the pure policy for a decision and publishes it.
+Waiting work is re-evaluated whenever inventory changes. It never talks to a cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import structlog
+from nats.js.api import DeliverPolicy
+
+from gpuorch.config import Settings
+from gpuorch.follow import Follower
+from gpuorch.runtime import bus
+from gpuorch.runtime.shell import Incoming, Publisher, Retry, consume, run_service
+from gpuorch_proto import (
+    ClusterSnapshot,
+    RoutingDecision,
+    Workload,
+    decode_snapshot,
+    event_id,
+    workload_id_for,
+)
+from gpuorch_proto import events as ev
+
+from .policy import route
+
+log = structlog.get_logger("gpuorch.router")
+
+
+def decision_events(
+    wid: str, decision: RoutingDecision, attempt_number: int, now: float
+) -> list[ev.Base]:
+    if decision.outcome == "routed":
+        return [ev.Routed(event_id=event_id(wid, "routed", attempt_number), workload_id=wid, at=now, decision=decision, attempt_number=attempt_number)]
+    if decision.outcome == "waiting":
+        return [ev.Unroutable(event_id=event_id(wid, "unroutable", attempt_number), workload_id=wid, at=now, decision=decision, attempt_number=attempt_number)]
+    return [ev.Rejected(event_id=event_id(wid, "rejected", f"route{attempt_number}"), workload_id=wid, at=now, reason=f"no cluster can ever run this workload: {decision.summary}", decision=decision)]
+
+
+class Router:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.names = settings.names
+        self.follower = Follower()
+        self.snapshots: dict[str, ClusterSnapshot] = {}
+        self.exclude: dict[str, list[str]] = {}
+        self.inventory_changed = asyncio.Event()
+        self.publisher: Publisher | None = None
+
+    # --- pure-ish helpers -------------------------------------------------------------
+    def decide(self, wl: Workload, wid: str, attempt_number: int, now: float) -> RoutingDecision:
+        return route(wl, wid, dict(self.snapshots), now, exclude=self.exclude.get(wid, ()))
+
+    def pending_attempt(self, wid: str) -> int | None:
+        """The attempt number this workload waits a decision for (None = none)."""
+        v = self.follower.projection.get(wid)
+        if v is None or v.workload is None or v.terminal or v.cancel_requested:
+            return None
+        wanted = max(v.route_requested | {1})
+        if wanted in v.routed_attempts:
+            return None
+        if wanted == 1:
+            return 1 if v.status == "waiting" else None
+        return wanted
+
+    # --- handlers -----------------------------------------------------------------------
+    async def on_command(self, msg: Incoming) -> Sequence[ev.Base]:
+        e = msg.event
+        if not isinstance(e, ev.Submit):
+            return []
+        key = msg.msg_id or e.idempotency_key or f"{msg.stream}-{msg.stream_seq}"
+        wid = e.workload_id or workload_id_for(key, e.workload.metadata.name)
+        view = self.follower.projection.get(wid)
+        if view is not None and view.workload is not None:
+            log.info("submit.duplicate", workload=wid, idempotency_key=key)
+            return []
+        now = time.time()
+        self.follower.remember(wid, msg.headers)
+        submitted = ev.Submitted(event_id=event_id(wid, "submitted"), workload_id=wid, at=now, workload=e.workload, idempotency_key=key, source_sequence=msg.stream_seq)
+        decision = self.decide(e.workload, wid, 1, now)
+        log.info("workload.decided", workload=wid, outcome=decision.outcome, cluster=decision.cluster)
+        return [submitted, *decision_events(wid, decision, 1, now)]
+
+    async def on_event(self, msg: Incoming) -> Sequence[ev.Base]:
+        e = msg.event
+        self.follower.projection.apply(e, msg.stream_seq)
+        self.follower.remember(e.workload_id, msg.headers)
+        if not isinstance(e, ev.RouteRequested):
+            return []
+        view = self.follower.projection.get(e.workload_id)
+        if view is None or view.workload is None:
+            raise Retry(0.5)  # the submitted event has not reached us yet
+        if view.terminal or view.cancel_requested or e.attempt_number in view.routed_attempts:
+            return []
+        self.exclude[e.workload_id] = list(e.exclude)
+        now = time.time()
+        decision = self.decide(view.workload, e.workload_id, e.attempt_number, now)
+        return decision_events(e.workload_id, decision, e.attempt_number, now)
+
+    async def reevaluate(self, stop: asyncio.Event) -> None:
+        """Waiting work is re-evaluated when inventory changes (and at least every few seconds)."""
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(self.inventory_changed.wait(), timeout=2.0)
+            except TimeoutError:
+                pass
+            self.inventory_changed.clear()
+            assert self.publisher is not None
+            for wid, view in list(self.follower.projection.workloads.items()):
+                n = self.pending_attempt(wid)
+                if n is None or view.workload is None:
+                    continue
+                now = time.time()
+                decision = self.decide(view.workload, wid, n, now)
+                if decision.outcome == "routed":
+                    log.info("workload.rerouted", workload=wid, cluster=decision.cluster, attempt=n)
+                    await self.publisher.publish(decision_events(wid, decision, n, now), context=self.follower.context(wid))
+
+    async def on_snapshot(self, msg: Any) -> None:
+        try:
+            snap = decode_snapshot(msg.data)
+        except Exception as exc:  # a bad snapshot must not stop routing
+            log.warning("snapshot.undecodable", subject=msg.subject, error=str(exc))
+            return
+        old = self.snapshots.get(snap.cluster)
+        self.snapshots[snap.cluster] = snap
+        if old is None or old.reachable != snap.reachable or old.observed_at != snap.observed_at:
+            self.inventory_changed.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        nc = await bus.connect(self.settings.nats_url, "gpuorch-router")
+        try:
+            js = nc.jetstream()
+            await bus.ensure_topology(js, self.names)
+            self.publisher = Publisher(js, self.names)
+            n = await self.follower.catch_up(js, self.names.stream_evt, self.names.evt_all)
+            log.info("router.caught_up", events=n)
+            sub = await js.subscribe(
+                self.names.inventory_all, cb=self.on_snapshot, ordered_consumer=True,
+                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+            )
+            tasks = [
+                asyncio.create_task(consume(js, stream=self.names.stream_cmd, durable=self.names.durable("router", "submit"), filter_subject=self.names.cmd_submit, handler=self.on_command, publisher=self.publisher, names=self.names, stop=stop)),
+                asyncio.create_task(consume(js, stream=self.names.stream_evt, durable=self.names.durable("router", "events"), filter_subject=self.names.evt_all, handler=self.on_event, publisher=self.publisher, names=self.names, stop=stop)),
+                asyncio.create_task(self.reevaluate(stop)),
+            ]
+            log.info("router.ready")
+            await stop.wait()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await sub.unsubscribe()
+        finally:
+            await nc.close()
+
+
+def main() -> None:
+    settings = Settings.from_env()
+    run_service("router", Router(settings).run)
