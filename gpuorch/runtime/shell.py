@@ -719,6 +719,5 @@ async def serve(
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
-        provider.force_flush()
-        provider.shutdown()
+        telemetry.shutdown_tracing(provider)
         log.info("service.stopped")

@@ -125,6 +125,15 @@ def setup_tracing(service_name: str, exporter: SpanExporter | None = None) -> Tr
     return provider
 
 
+def shutdown_tracing(provider: TracerProvider) -> None:
+    """Flush and shut down `provider`; this module's helpers stop using it."""
+    global _provider
+    provider.force_flush()
+    provider.shutdown()
+    if _provider is provider:
+        _provider = None
+
+
 def tracer() -> Tracer:
     """The tracer for runtime spans (the provider from the latest `setup_tracing`)."""
     if _provider is not None:

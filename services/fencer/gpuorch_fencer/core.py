@@ -11,7 +11,9 @@ promoted; an attempt whose epoch is not the current one never is.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+
+from msgspec.structs import replace
 
 from gpuorch_proto import FenceRecord, event_id
 from gpuorch_proto import events as ev

@@ -477,7 +477,7 @@ def _queue_names(registry: ClusterRegistryEntry) -> list[str]:
 def _remaining(pod: _Pod, now: float, time_scale: float) -> float | None:
     if pod.expected is None:
         return None
-    elapsed = 0.0 if pod.started is None else max(0.0, now - pod.started) * time_scale
+    elapsed = 0.0 if pod.started is None else max(0.0, now - pod.started)
     return max(0.0, pod.expected - elapsed)
 
 

@@ -203,7 +203,9 @@ def _class_key(node: NodeInfo) -> tuple[object, ...]:
     labels = node.labels
     items = tuple(sorted((k, v) for k, v in labels.items() if k not in VOLATILE_LABELS)) if labels else ()
     taints = (
-        tuple(sorted((t.key, t.value or "", t.effect) for t in node.taints if t.effect in _SCHEDULING_EFFECTS))
+        tuple(
+            sorted((t.key, t.value or "", t.effect) for t in node.taints if t.effect in _SCHEDULING_EFFECTS)
+        )
         if node.taints
         else ()
     )
@@ -582,11 +584,11 @@ def _node_checks(idx: SnapshotIndex, d: _Demand) -> tuple[list[Check], list[Node
     if d.selector and any(k in VOLATILE_LABELS for k, _ in d.selector):
         wanted = {k: v for k, v in d.selector if k in VOLATILE_LABELS}
         classes = _classes(
-            n
-            for c in idx.classes
-            for n in c.members
-            if all(n.labels.get(k) == v for k, v in wanted.items())
+            n for c in idx.classes for n in c.members if all(n.labels.get(k) == v for k, v in wanted.items())
         )
+    if idx.classes and not classes:
+        sel = ", ".join(f"{k}={v}" for k, v in d.selector)
+        return [_fail("NODE_SELECTOR", f"none of {_plural(idx.node_count, 'node')} has labels {sel}")], []
     if not idx.classes:
         if not idx.reachable:
             return [
@@ -605,8 +607,9 @@ def _node_checks(idx: SnapshotIndex, d: _Demand) -> tuple[list[Check], list[Node
             "POOL",
             lambda c: c.pool in d.pools,
             lambda p, b: f"{_nodes(p)} of {_nodes(b)} nodes in pools {_listing(pools)}",
-            lambda b: f"no node in pools {_listing(pools)}; pools here: "
-            + _summary_of(b, lambda c: c.pool or "-"),
+            lambda b: (
+                f"no node in pools {_listing(pools)}; pools here: " + _summary_of(b, lambda c: c.pool or "-")
+            ),
         )
     else:
         chain.checks.append(_const("POOL", "any pool allowed"))
@@ -628,10 +631,12 @@ def _node_checks(idx: SnapshotIndex, d: _Demand) -> tuple[list[Check], list[Node
         "TAINTS",
         lambda c: not untolerated(c),
         lambda p, b: f"{_nodes(p)} of {_nodes(b)} nodes have no untolerated NoSchedule/NoExecute taint",
-        lambda b: "every node has an untolerated taint: "
-        + _summary_of(
-            b,
-            lambda c: ", ".join(f"{t.key}={t.value or ''}:{t.effect}" for t in untolerated(c)),
+        lambda b: (
+            "every node has an untolerated taint: "
+            + _summary_of(
+                b,
+                lambda c: ", ".join(f"{t.key}={t.value or ''}:{t.effect}" for t in untolerated(c)),
+            )
         ),
     )
     if d.per_worker == 0:
@@ -642,10 +647,14 @@ def _node_checks(idx: SnapshotIndex, d: _Demand) -> tuple[list[Check], list[Node
             acc = _listing(d.accelerators)
             chain.step(
                 "GPU_MODEL",
-                lambda c: c.allocatable > 0 and any(accelerator_matches(a, c.product) for a in d.accelerators),
+                lambda c: (
+                    c.allocatable > 0 and any(accelerator_matches(a, c.product) for a in d.accelerators)
+                ),
                 lambda p, b: f"{_nodes(p)} of {_nodes(b)} nodes have a GPU model in [{acc}]",
-                lambda b: f"no node has a GPU model in [{acc}]; models here: "
-                + _summary_of(b, lambda c: c.product or "no GPU"),
+                lambda b: (
+                    f"no node has a GPU model in [{acc}]; models here: "
+                    + _summary_of(b, lambda c: c.product or "no GPU")
+                ),
             )
         else:
             chain.checks.append(_const("GPU_MODEL", "any GPU model"))
@@ -682,8 +691,10 @@ def _node_checks(idx: SnapshotIndex, d: _Demand) -> tuple[list[Check], list[Node
             "SHARING",
             offers,
             lambda p, b: f"{_nodes(p)} of {_nodes(b)} nodes offer {what} for {d.gpus:g} GPU per worker",
-            lambda b: f"{d.gpus:g} GPU per worker needs {what}; offered here: "
-            + _summary_of(b, lambda c: "/".join(sorted(c.sharing)) or "no sharing"),
+            lambda b: (
+                f"{d.gpus:g} GPU per worker needs {what}; offered here: "
+                + _summary_of(b, lambda c: "/".join(sorted(c.sharing)) or "no sharing")
+            ),
         )
     elif d.fractional:
         chain.checks.append(
@@ -700,8 +711,10 @@ def _node_checks(idx: SnapshotIndex, d: _Demand) -> tuple[list[Check], list[Node
             # nodes free CPU when their pods end: that is queueing, not ineligibility)
             lambda c: (c.cpu_max >= cpu and c.memory_max >= mem) or not c.has_idle,
             lambda p, b: f"{_nodes(p)} of {_nodes(b)} nodes can host {what}",
-            lambda b: f"needs {what}; the most an idle suitable node has free is "
-            f"{max(c.cpu_max for c in b):g} cores / {_gib(max(c.memory_max for c in b))}",
+            lambda b: (
+                f"needs {what}; the most an idle suitable node has free is "
+                f"{max(c.cpu_max for c in b):g} cores / {_gib(max(c.memory_max for c in b))}"
+            ),
         )
     else:
         chain.checks.append(_const("CPU_MEMORY", "free CPU/memory not reported by inventory: not checked"))
@@ -723,8 +736,10 @@ def _node_checks(idx: SnapshotIndex, d: _Demand) -> tuple[list[Check], list[Node
             "GPU_SHAPE",
             lambda c: c.allocatable >= per_node,
             lambda p, b: f"{_nodes(p)} of {_nodes(b)} nodes can hold {shape}",
-            lambda b: f"needs {shape}; the largest suitable node has {biggest(b)}"
-            + (f", {sum(c.allocatable * c.nodes for c in b)} GPUs in total" if len(b) > 0 else ""),
+            lambda b: (
+                f"needs {shape}; the largest suitable node has {biggest(b)}"
+                + (f", {sum(c.allocatable * c.nodes for c in b)} GPUs in total" if len(b) > 0 else "")
+            ),
         )
     suitable = chain.left
     if d.units > 1:
@@ -752,8 +767,8 @@ def _node_checks(idx: SnapshotIndex, d: _Demand) -> tuple[list[Check], list[Node
             chain.checks.append(
                 _ok(
                     "GPU_CAPACITY",
-                    f"{ready} of {_plural(nodes, 'suitable node')} Ready "
-                    f"({ready_slots} slots for {d.units} needed) of {total} nodes",
+                    f"{ready} of {_plural(nodes, 'suitable node')} Ready: "
+                    f"{ready_slots} placement slots for {d.units} needed",
                 )
             )
         else:
@@ -767,7 +782,9 @@ def _node_checks(idx: SnapshotIndex, d: _Demand) -> tuple[list[Check], list[Node
             )
             suitable = []
     else:
-        chain.checks.append(_fail("GPU_CAPACITY", f"no suitable node among {total}"))
+        chain.checks.append(
+            _fail("GPU_CAPACITY", f"no suitable node among {total}: see the failed node checks")
+        )
     return chain.checks, suitable
 
 
@@ -810,23 +827,21 @@ def _data(idx: SnapshotIndex, d: _Demand) -> _Staging:
 
 def _registry_checks(idx: SnapshotIndex, d: _Demand, staging: _Staging) -> tuple[list[Check], list[str]]:
     checks: list[Check] = []
-    for code, wanted, have, what in (
+    needs: tuple[tuple[ReasonCode, tuple[str, ...], frozenset[str], str], ...] = (
         ("CONNECTIONS", d.connections, idx.connections, "connections"),
         ("CREDENTIALS", d.credentials, idx.credentials, "credentials"),
-    ):
+    )
+    for code, wanted, have, what in needs:
         if not wanted:
-            checks.append(_const(code, f"no {what} required"))  # type: ignore[arg-type]
+            checks.append(_const(code, f"no {what} required"))
             continue
         missing = [w for w in wanted if w not in have]
         if missing:
             checks.append(
-                _fail(
-                    code,  # type: ignore[arg-type]
-                    f"missing {what} {_listing(missing)} (this cluster has {_listing(sorted(have))})",
-                )
+                _fail(code, f"missing {what} {_listing(missing)} (this cluster has {_listing(sorted(have))})")
             )
         else:
-            checks.append(_ok(code, f"has {what} {_listing(wanted)}"))  # type: ignore[arg-type]
+            checks.append(_ok(code, f"has {what} {_listing(wanted)}"))
     if d.output_store in idx.artifact_stores:
         checks.append(_ok("ARTIFACT_STORE", f"reaches output store {d.output_store!r}"))
     else:
@@ -883,7 +898,8 @@ def _queue_access(idx: SnapshotIndex, d: _Demand) -> tuple[list[str], Check]:
             return [], _fail("QUEUE_ACCESS", f"pinned queue {queue!r} does not exist here (queues: {known})")
         if not _may_use(owners[queue], d.owner):
             return [], _fail(
-                "QUEUE_ACCESS", f"queue {queue!r} is not open to owner {d.owner!r} (owners: {','.join(owners[queue])})"
+                "QUEUE_ACCESS",
+                f"queue {queue!r} is not open to owner {d.owner!r} (owners: {','.join(owners[queue])})",
             )
         return [queue], _ok("QUEUE_ACCESS", f"pinned queue {queue!r} is open to {d.owner!r}")
     if not owners:
@@ -894,7 +910,9 @@ def _queue_access(idx: SnapshotIndex, d: _Demand) -> tuple[list[str], Check]:
     return allowed, _ok("QUEUE_ACCESS", f"owner {d.owner!r} may use {_listing(allowed)}")
 
 
-def _queue_wait(idx: SnapshotIndex, d: _Demand, suitable: Sequence[NodeClass], queue: str) -> tuple[float, str]:
+def _queue_wait(
+    idx: SnapshotIndex, d: _Demand, suitable: Sequence[NodeClass], queue: str
+) -> tuple[float, str]:
     """(seconds, why) until the gang could start here, for one queue."""
     free_slots = sum(_free_slots(c, d.per_node, d.units) for c in suitable)
     fits_now = free_slots >= d.units
@@ -925,7 +943,9 @@ def _run_seconds(d: _Demand, product: str | None) -> tuple[float, str]:
             if product is not None and product in per_model:
                 return per_model[product], f"measured on {product}"
             src = sorted(per_model)[0]
-            return per_model[src] * relative_speed(src) / target, f"measured on {src or 'unknown GPU'}, scaled"
+            return per_model[src] * relative_speed(
+                src
+            ) / target, f"measured on {src or 'unknown GPU'}, scaled"
     if d.declared_run is not None:
         ref = relative_speed(d.reference)
         return d.declared_run * ref / target, "declared"
@@ -935,8 +955,11 @@ def _run_seconds(d: _Demand, product: str | None) -> tuple[float, str]:
 def _estimate(
     idx: SnapshotIndex, d: _Demand, suitable: Sequence[NodeClass], queues: Sequence[str], staging: _Staging
 ) -> tuple[Estimate, str, str]:
-    waits = sorted((*_queue_wait(idx, d, suitable, q), q) for q in queues)
-    queue_wait, _, queue = min(((w, q, why) for w, why, q in waits), key=lambda x: (x[0], x[1]))[:3]
+    queue_wait, queue = math.inf, ""
+    for q in queues:
+        wait, _ = _queue_wait(idx, d, suitable, q)
+        if (wait, q) < (queue_wait, queue):
+            queue_wait, queue = wait, q
     image = 0.0 if d.image in idx.images_cached else DEFAULT_IMAGE_PULL_SECONDS
     data = staging.seconds
     overlap, _ = d.history.overlap_for(idx.cluster) if d.history is not None else (0.0, False)
@@ -970,7 +993,10 @@ def _estimate(
     )
     terms = [f"queue {_dur(queue_wait)}" if queue_wait > 0 else "starts now"]
     if d.inputs:
-        terms.append(f"copy {_dur(data)}" if data > 0 else "data cached/local")
+        cached = all(n.endswith(" cached") for n in staging.notes)
+        local = all(" local at " in n for n in staging.notes)
+        idle = "data cached" if cached else "data local" if local else "data cached/local"
+        terms.append(f"copy {_dur(data)}" if data > 0 else idle)
     if image > 0:
         terms.append(f"image pull {_dur(image)}")
     if hidden > 0:
@@ -1096,13 +1122,15 @@ def route(
         age = max(0.0, now - idx.observed_at)
         fresh = _fresh_check(idx, age, max_snapshot_age)
         excluded = name in exclude
-        key = (fresh, excluded, age)
+        key = (excluded, age, max_snapshot_age)
         verdict = ev.verdict_cache.get(key)
         if verdict is None:
             checks = [fresh, *ev.checks]
             if excluded:
                 checks[1 + ev.allowed_at] = _fail(
-                    "CLUSTER_NOT_ALLOWED", "excluded by the caller for now (e.g. an attempt was lost there)", True
+                    "CLUSTER_NOT_ALLOWED",
+                    "excluded by the caller for now (e.g. an attempt was lost there)",
+                    True,
                 )
             ok = fresh.ok and not excluded and ev.ok
             verdict = ClusterVerdict(
@@ -1164,8 +1192,6 @@ def _decide(
             workload_id=workload_id,
             decided_at=now,
             outcome="waiting",
-            queue=d.pin[1] if d.pin else None,
-            cluster=d.pin[0] if d.pin else None,
             summary=summary,
             verdicts=verdicts,
         )

@@ -1,0 +1,366 @@
+"""The Job controller, the garbage collector and the pod GC of a local cluster."""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .objects import get_condition, set_condition
+from .scheduler import GANG_ANNOTATION, TERMINAL
+from .util import random_suffix, rfc3339
+
+if TYPE_CHECKING:
+    from .core import ClusterCore
+
+__all__ = ["JobController", "PodGC", "desired_active"]
+
+INDEX_KEY = "batch.kubernetes.io/job-completion-index"
+
+
+def desired_active(job: dict[str, Any]) -> int:
+    """How many pods the Job wants running at once now."""
+    spec, st = job.get("spec") or {}, job.get("status") or {}
+    if spec.get("suspend"):
+        return 0
+    par = int(spec.get("parallelism", 1) or 0)
+    comp = spec.get("completions")
+    succ = int(st.get("succeeded") or 0)
+    if comp is None:
+        return par if succ == 0 else 0
+    return max(0, min(par, int(comp) - succ))
+
+
+def _finished(job: dict[str, Any]) -> str | None:
+    for ctype in ("Complete", "Failed"):
+        c = get_condition(job, ctype)
+        if c and c.get("status") == "True":
+            return ctype
+    return None
+
+
+def _controller_uid(pod: dict[str, Any]) -> str | None:
+    for ref in pod["metadata"].get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == "Job":
+            return str(ref.get("uid"))
+    return None
+
+
+def _index(pod: dict[str, Any]) -> int | None:
+    v = (pod["metadata"].get("annotations") or {}).get(INDEX_KEY)
+    return int(v) if v is not None and v.isdigit() else None
+
+
+def _compress(indexes: set[int]) -> str:
+    """`0-2,5`: the completedIndexes format."""
+    spans: list[list[int]] = []
+    for i in sorted(indexes):
+        if spans and spans[-1][1] == i - 1:
+            spans[-1][1] = i
+        else:
+            spans.append([i, i])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+@dataclass
+class JobTrack:
+    counted: set[str] = field(default_factory=set)
+    expected_deletions: set[str] = field(default_factory=set)
+    known: set[str] = field(default_factory=set)
+    succeeded_indexes: set[int] = field(default_factory=set)
+    start_mono: float | None = None
+    finish_mono: float | None = None
+
+
+class JobController:
+    def __init__(self, core: ClusterCore):
+        self.core = core
+        self.track: dict[str, JobTrack] = {}
+
+    def sync(self) -> None:
+        store = self.core.store
+        pods_by_owner: dict[str, list[dict[str, Any]]] = {}
+        for p in store.values("pods"):
+            owner = _controller_uid(p)
+            if owner:
+                pods_by_owner.setdefault(owner, []).append(p)
+        jobs = store.values("jobs")
+        for job in jobs:
+            self._sync_job(job, pods_by_owner.get(job["metadata"]["uid"], []))
+        live = {j["metadata"]["uid"] for j in jobs}
+        for uid in list(self.track):
+            if uid not in live:
+                del self.track[uid]
+
+    def _delete_pod(self, tr: JobTrack, pod: dict[str, Any]) -> None:
+        tr.expected_deletions.add(pod["metadata"]["uid"])
+        if not pod["metadata"].get("deletionTimestamp"):
+            self.core.delete_pod_internal(pod["metadata"]["namespace"], pod["metadata"]["name"])
+
+    def _sync_job(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> None:
+        core = self.core
+        meta, spec = job["metadata"], job["spec"]
+        uid, ns, name = meta["uid"], meta["namespace"], meta["name"]
+        tr = self.track.setdefault(uid, JobTrack())
+        now = time.monotonic()
+        if meta.get("deletionTimestamp"):  # foreground deletion: dependents first
+            for p in pods:
+                self._delete_pod(tr, p)
+            if not pods:
+                core.store.delete("jobs", ns, name)
+            return
+        st = job.get("status") or {}
+        indexed = spec.get("completionMode") == "Indexed"
+        new_succ = new_fail = 0
+        current = {p["metadata"]["uid"] for p in pods}
+        for p in pods:
+            puid = p["metadata"]["uid"]
+            phase = (p.get("status") or {}).get("phase", "Pending")
+            if phase in TERMINAL:
+                if puid in tr.counted:
+                    continue
+                tr.counted.add(puid)
+                if phase == "Succeeded":
+                    idx = _index(p)
+                    if indexed and idx is not None:
+                        tr.succeeded_indexes.add(idx)
+                    new_succ += 1
+                elif puid not in tr.expected_deletions:
+                    new_fail += 1
+            else:
+                tr.known.add(puid)
+        for puid in tr.known - current - tr.counted:  # vanished before it was seen terminal
+            tr.counted.add(puid)
+            if puid not in tr.expected_deletions:
+                new_fail += 1
+        tr.known &= current
+        succeeded = len(tr.succeeded_indexes) if indexed else int(st.get("succeeded") or 0) + new_succ
+        failed = int(st.get("failed") or 0) + new_fail
+        active = [p for p in pods if (p.get("status") or {}).get("phase", "Pending") not in TERMINAL and not p["metadata"].get("deletionTimestamp")]
+        finished = _finished(job)
+        conds: list[tuple[str, str, str, str]] = []
+        start_time: str | None | bool = False  # False: leave as is
+        completion_time: str | None = None
+        created = deleted = 0
+        if finished:
+            if finished == "Failed":
+                for p in active:
+                    self._delete_pod(tr, p)
+                    deleted += 1
+            if tr.finish_mono is None:
+                tr.finish_mono = now
+            ttl = spec.get("ttlSecondsAfterFinished")
+            if ttl is not None and now - tr.finish_mono >= core.config.job_clock_seconds(int(ttl)):
+                core.delete_job_internal(ns, name, "Background")
+                return
+        elif spec.get("suspend"):
+            for p in active:
+                self._delete_pod(tr, p)
+                deleted += 1
+            conds.append(("Suspended", "True", "JobSuspended", "Job suspended"))
+            start_time = None
+            tr.start_mono = None
+        else:
+            susp = get_condition(job, "Suspended")
+            if susp and susp.get("status") == "True":
+                conds.append(("Suspended", "False", "JobResumed", "Job resumed"))
+                start_time = rfc3339()
+                tr.start_mono = now
+            elif not st.get("startTime"):
+                start_time = rfc3339()
+                tr.start_mono = now
+            elif tr.start_mono is None:
+                tr.start_mono = now
+            fail: tuple[str, str] | None = None
+            ads = spec.get("activeDeadlineSeconds")
+            backoff = int(spec.get("backoffLimit", 6))
+            restarts = 0
+            if (spec["template"].get("spec") or {}).get("restartPolicy") == "OnFailure":
+                for p in active:
+                    pst = p.get("status") or {}
+                    for cs in (pst.get("containerStatuses") or []) + (pst.get("initContainerStatuses") or []):
+                        restarts += int(cs.get("restartCount") or 0)
+            if ads is not None and tr.start_mono is not None and now - tr.start_mono >= core.config.job_clock_seconds(int(ads)):
+                fail = ("DeadlineExceeded", "Job was active longer than specified deadline")
+            elif failed > backoff or (restarts > 0 and restarts >= max(backoff, 1)):
+                fail = ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
+            if fail:
+                conds.append(("Failed", "True", fail[0], fail[1]))
+                tr.finish_mono = now
+                for p in active:
+                    self._delete_pod(tr, p)
+                    deleted += 1
+            else:
+                comp = spec.get("completions")
+                par = int(spec.get("parallelism", 1) or 0)
+                if indexed:
+                    done = len(tr.succeeded_indexes) >= int(comp or 0)
+                elif comp is None:
+                    done = succeeded >= 1 and not active
+                else:
+                    done = succeeded >= int(comp)
+                if done:
+                    for p in active:
+                        self._delete_pod(tr, p)
+                        deleted += 1
+                    if not active:
+                        conds.append(("Complete", "True", "CompletionsReached", "Reached expected number of succeeded pods"))
+                        completion_time = rfc3339()
+                        tr.finish_mono = now
+                elif indexed:
+                    have = {_index(p) for p in active}
+                    missing = [i for i in range(int(comp or 0)) if i not in tr.succeeded_indexes and i not in have]
+                    slots = par - len(active)
+                    for i in missing[: max(0, slots)]:
+                        self._create_pod(job, i)
+                        created += 1
+                    if slots < 0:
+                        deleted += self._scale_down(tr, active, -slots)
+                else:
+                    want = par if comp is None else min(par, int(comp) - succeeded)
+                    if comp is None and succeeded > 0:
+                        want = len(active)
+                    diff = want - len(active)
+                    for _ in range(max(0, diff)):
+                        self._create_pod(job, None)
+                        created += 1
+                    if diff < 0:
+                        deleted += self._scale_down(tr, active, -diff)
+        n_active = len(active) + created - deleted
+        ready = sum(
+            1
+            for p in active
+            if any(c.get("type") == "Ready" and c.get("status") == "True" for c in (p.get("status") or {}).get("conditions") or [])
+        )
+        terminating = sum(
+            1 for p in pods if p["metadata"].get("deletionTimestamp") and (p.get("status") or {}).get("phase") not in TERMINAL
+        ) + deleted
+
+        def mutate(j: dict[str, Any]) -> None:
+            s = j.setdefault("status", {})
+            for key, value in (("active", n_active), ("succeeded", succeeded), ("failed", failed)):
+                if value:
+                    s[key] = value
+                else:
+                    s.pop(key, None)
+            s["ready"] = min(ready, n_active)
+            s["terminating"] = terminating
+            s["uncountedTerminatedPods"] = {}
+            if indexed:
+                if tr.succeeded_indexes:
+                    s["completedIndexes"] = _compress(tr.succeeded_indexes)
+                else:
+                    s.pop("completedIndexes", None)
+            if start_time is None:
+                s.pop("startTime", None)
+            elif start_time:
+                s["startTime"] = start_time
+            if completion_time:
+                s["completionTime"] = completion_time
+            for ctype, value, reason, message in conds:
+                set_condition(s, ctype, value, reason, message)
+
+        core.store.update("jobs", ns, name, mutate)
+
+    def _scale_down(self, tr: JobTrack, active: list[dict[str, Any]], n: int) -> int:
+        victims = sorted(active, key=lambda p: (bool(p["spec"].get("nodeName")), -self.core.store.creation_seq(p)))[:n]
+        for p in victims:
+            self._delete_pod(tr, p)
+        return len(victims)
+
+    def _create_pod(self, job: dict[str, Any], index: int | None) -> None:
+        jmeta, spec = job["metadata"], job["spec"]
+        tmpl = copy.deepcopy(spec["template"])
+        tmeta = tmpl.get("metadata") or {}
+        labels = dict(tmeta.get("labels") or {})
+        ann = dict(tmeta.get("annotations") or {})
+        for k, v in (jmeta.get("annotations") or {}).items():
+            if k.startswith(GANG_ANNOTATION):
+                ann[k] = v
+        pspec = tmpl.get("spec") or {}
+        base = jmeta["name"][:57]
+        if index is not None:
+            ann[INDEX_KEY] = str(index)
+            labels[INDEX_KEY] = str(index)
+            pspec.setdefault("hostname", f"{base}-{index}")
+            for c in (pspec.get("containers") or []) + (pspec.get("initContainers") or []):
+                env = c.setdefault("env", [])
+                if not any(e.get("name") == "JOB_COMPLETION_INDEX" for e in env):
+                    env.insert(0, {
+                        "name": "JOB_COMPLETION_INDEX",
+                        "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": f"metadata.annotations['{INDEX_KEY}']"}},
+                    })
+            base = f"{base}-{index}"
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{base}-{random_suffix()}",
+                "generateName": f"{base}-",
+                "namespace": jmeta["namespace"],
+                "labels": labels,
+                "annotations": ann,
+                "ownerReferences": [
+                    {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "name": jmeta["name"],
+                        "uid": jmeta["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": pspec,
+        }
+        if not ann:
+            del body["metadata"]["annotations"]
+        self.core.create_pod_internal(jmeta["namespace"], body)
+
+
+class PodGC:
+    """Garbage collector for pods: owner Job gone (Background deletion) or node gone (NodeLost)."""
+
+    def __init__(self, core: ClusterCore):
+        self.core = core
+
+    def sync(self) -> None:
+        store = self.core.store
+        jobs = {j["metadata"]["uid"] for j in store.values("jobs")}
+        nodes = {n["metadata"]["name"] for n in store.values("nodes")}
+        for p in store.values("pods"):
+            meta = p["metadata"]
+            ns, name = meta["namespace"], meta["name"]
+            owner = _controller_uid(p)
+            node = p["spec"].get("nodeName")
+            if node and node not in nodes:
+                if (p.get("status") or {}).get("phase") in TERMINAL:
+                    store.delete("pods", ns, name)
+                else:
+                    self.core.kubelet.kill_node(node)
+                    store.update("pods", ns, name, lambda obj, node=node: _mark_node_lost(obj, node))
+                continue
+            if owner and owner not in jobs and not meta.get("deletionTimestamp"):
+                self.core.delete_pod_internal(ns, name)
+
+
+def _mark_node_lost(pod: dict[str, Any], node: str) -> None:
+    st = pod.setdefault("status", {})
+    now = rfc3339()
+    st["phase"] = "Failed"
+    st["reason"] = "NodeLost"
+    st["message"] = f"Node {node} which was running pod {pod['metadata']['name']} is unresponsive"
+    set_condition(st, "DisruptionTarget", "True", "DeletionByPodGC", "PodGC: node no longer exists", probe=False)
+    for ctype in ("Ready", "ContainersReady"):
+        set_condition(st, ctype, "False", "PodFailed", None, probe=False)
+    for key in ("containerStatuses", "initContainerStatuses"):
+        for cs in st.get(key) or []:
+            state = cs.get("state") or {}
+            if "running" in state or "waiting" in state:
+                started = (state.get("running") or {}).get("startedAt") or now
+                cs["state"] = {"terminated": {"exitCode": 137, "reason": "NodeLost", "startedAt": started, "finishedAt": now}}
+                cs["ready"] = False
+                cs["started"] = False
+    ann = pod["metadata"].get("annotations") or {}
+    ann.pop("gpuorch.io/pid", None)

@@ -1,0 +1,199 @@
+"""The dispatcher's pure decisions: the Job it emits, attempts, retry vs resume, cancellation."""
+
+from __future__ import annotations
+
+import kubernetes_validate
+import pytest
+
+from gpuorch.projection import Projection
+from gpuorch_dispatcher import core
+from gpuorch_proto import ClusterRegistryEntry, RoutingDecision, Workload, workload_from_obj
+from gpuorch_proto import events as ev
+from gpuorch_proto.inventory import QueueRegistry
+
+DIGEST = "example.org/train@sha256:" + "ab" * 32
+W = "train-0123456789"
+
+
+def wl(**spec: object) -> Workload:
+    base: dict[str, object] = {"image": DIGEST, "command": ["python", "-m", "gpuorch.workloads.train"], "resources": {"gpus": 8, "gpu_memory_gib": 80}}
+    base.update(spec)
+    return workload_from_obj({"metadata": {"name": "train", "owner": "alice"}, "spec": base})
+
+
+def env(**registry: ClusterRegistryEntry) -> core.Environment:
+    reg = registry or {"primary": ClusterRegistryEntry(artifact_stores=["prod", "scratch"], data_locations=["primary-nfs"])}
+    return core.Environment(
+        registry=reg, store_roots={"prod": "/stores/prod", "scratch": "/stores/scratch"},
+        data_roots={"primary-nfs": "/data/primary-nfs"}, cache_roots={c: f"/cache/{c}" for c in reg}, time_scale=600,
+    )
+
+
+def job(w: Workload, cluster: str = "primary", e: core.Environment | None = None, queue: str | None = None) -> dict:
+    return core.build_job(w, W, f"{W}-a1", 1, cluster, queue, e or env(), output_path="/o", checkpoint_path="/c", resume_from=None)
+
+
+def validate(manifest: dict) -> None:
+    kubernetes_validate.validate(manifest, "1.33.0", strict=True)
+
+
+def test_job_labels_whole_gpu_limits_and_env() -> None:
+    m = job(wl(output={"store": "prod"}))
+    validate(m)
+    labels = m["metadata"]["labels"]
+    assert labels["gpuorch.io/workload"] == W and labels["gpuorch.io/attempt"] == f"{W}-a1" and labels["gpuorch.io/epoch"] == "1"
+    c = m["spec"]["template"]["spec"]["containers"][0]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert c["resources"]["limits"] == c["resources"]["requests"]
+    envs = {e["name"]: e["value"] for e in c["env"]}
+    assert envs["GPUORCH_ATTEMPT_ID"] == f"{W}-a1" and envs["GPUORCH_EPOCH"] == "1"
+    assert envs["GPUORCH_OUTPUT_DIR"] == "/o" and envs["GPUORCH_CHECKPOINT_DIR"] == "/c"
+    assert m["spec"]["backoffLimit"] == 0
+    assert "schedulerName" not in m["spec"]["template"]["spec"]
+    assert "kueue.x-k8s.io/queue-name" not in labels
+
+
+def test_multi_worker_gang_is_indexed_and_marked() -> None:
+    m = job(wl(resources={"gpus": 4, "workers": 3}))
+    validate(m)
+    assert m["spec"]["completionMode"] == "Indexed"
+    assert m["spec"]["parallelism"] == m["spec"]["completions"] == 3
+    assert m["spec"]["template"]["metadata"]["annotations"]["gpuorch.io/gang"] == "true"
+
+
+def test_one_node_gang_is_one_pod_with_all_gpus() -> None:
+    m = job(wl(resources={"gpus": 4, "workers": 2, "same_node": True}))
+    validate(m)
+    assert m["spec"]["parallelism"] == 1
+    assert m["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
+
+
+def test_selectors_tolerations_and_memory_affinity() -> None:
+    m = job(wl(requirements={"pools": ["train"], "node_selector": {"zone": "a"}, "tolerations": [{"key": "gpuorch.io/short-only", "operator": "Exists", "effect": "NoSchedule"}]}))
+    validate(m)
+    pod = m["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"zone": "a", "gpuorch.io/pool": "train"}
+    assert pod["tolerations"] == [{"key": "gpuorch.io/short-only", "operator": "Exists", "effect": "NoSchedule"}]
+    expr = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"]
+    assert {"key": "nvidia.com/gpu.memory", "operator": "Gt", "values": ["81919"]} in expr
+
+
+@pytest.mark.parametrize(
+    ("admission", "scheduler", "kueue_label", "suspended"),
+    [
+        pytest.param("none", None, False, False, id="plain-cluster"),
+        pytest.param("kueue", None, True, True, id="kueue-gets-queue-label-and-suspend"),
+        pytest.param("kai", "kai-scheduler", False, False, id="kai-gets-schedulerName"),
+        pytest.param("volcano", "volcano", False, False, id="volcano-gets-schedulerName"),
+    ],
+)
+def test_admission_integration_only_where_the_cluster_has_it(admission: str, scheduler: str | None, kueue_label: bool, suspended: bool) -> None:
+    e = env(c=ClusterRegistryEntry(admission=admission, queues=[QueueRegistry(name="training")]))  # type: ignore[arg-type]
+    m = job(wl(), cluster="c", e=e, queue="training")
+    validate(m)
+    assert m["spec"]["template"]["spec"].get("schedulerName") == scheduler
+    assert ("kueue.x-k8s.io/queue-name" in m["metadata"]["labels"]) == kueue_label
+    assert m["spec"].get("suspend", False) == suspended
+
+
+def test_input_staged_where_not_cached_and_read_in_place_where_local() -> None:
+    w = wl(inputs=[{"ref": "imagenet@v3", "size_gb": 1350, "locations": ["primary-nfs"]}])
+    e = env(primary=ClusterRegistryEntry(data_locations=["primary-nfs"]), spare=ClusterRegistryEntry(bandwidth_mbps={"primary-nfs": 125}))
+    local = job(w, "primary", e)
+    assert "initContainers" not in local["spec"]["template"]["spec"]
+    assert {"name": "GPUORCH_INPUT_IMAGENET", "value": "/data/primary-nfs/imagenet@v3"} in local["spec"]["template"]["spec"]["containers"][0]["env"]
+    remote = job(w, "spare", e)
+    validate(remote)
+    init = remote["spec"]["template"]["spec"]["initContainers"][0]
+    assert init["command"][-1] == "gpuorch.stage" and "imagenet@v3" in init["args"] and "125" in init["args"]
+
+
+def routed(n: int, cluster: str = "primary") -> ev.Routed:
+    d = RoutingDecision(workload_id=W, decided_at=1.0, outcome="routed", cluster=cluster, summary="because")
+    return ev.Routed(workload_id=W, at=1.0, decision=d, attempt_number=n, event_id=f"{W}.routed.{n}")
+
+
+def history(*events: ev.Base) -> Projection:
+    p = Projection()
+    p.apply(ev.Submitted(workload_id=W, at=0.0, workload=wl(checkpoint={"path": "ckpt", "portable": True}, output={"store": "prod"})), 1)
+    for i, e in enumerate(events, start=2):
+        p.apply(e, i)  # type: ignore[arg-type]
+    return p
+
+
+def test_routed_creates_exactly_one_attempt() -> None:
+    p = history()
+    acts = core.on_routed(p.workloads[W], routed(1), 2.0, env())
+    assert len(acts) == 1 and isinstance(acts[0], core.CreateJob)
+    created = acts[0].created
+    assert created.attempt_id == f"{W}-a1" and created.epoch == 1 and created.mode == "fresh"
+    assert created.output_path == f"/stores/prod/{W}/attempts/{W}-a1"
+    p.apply(created, 3)
+    assert core.on_routed(p.workloads[W], routed(1), 3.0, env()) == []  # redelivered decision: no second attempt
+
+
+def _created(n: int, epoch: int, cluster: str = "primary") -> ev.AttemptCreated:
+    return ev.AttemptCreated(workload_id=W, at=1.0, attempt_id=f"{W}-a{n}", epoch=epoch, cluster=cluster, attempt_number=n, job_name=f"{W}-a{n}", output_path="/o", checkpoint_path=f"/c{n}")
+
+
+def test_lost_attempt_is_fenced_and_strict_waits_for_confirmation() -> None:
+    a1 = f"{W}-a1"
+    p = history(routed(1), _created(1, 1), ev.Lost(workload_id=W, at=2.0, attempt_id=a1, epoch=1, cluster="primary", reason="partition"))
+    v = p.workloads[W]
+    acts = core.on_event(v, ev.Lost(workload_id=W, at=2.0, attempt_id=a1, epoch=1, cluster="primary", reason="x"), 2.0, env())
+    assert [type(a.event) for a in acts if isinstance(a, core.Emit)] == [ev.FenceRequested]
+    fenced = ev.Fenced(workload_id=W, at=3.0, attempt_id=a1, epoch=1, cluster="primary", new_epoch=2)
+    p.apply(fenced, 50)
+    assert core.on_event(v, fenced, 3.0, env()) == []  # strict: not yet
+    confirmed = ev.CancelConfirmed(workload_id=W, at=4.0, attempt_id=a1, epoch=1, cluster="primary", how="lease-expired")
+    p.apply(confirmed, 51)
+    acts = core.on_event(v, confirmed, 4.0, env())
+    assert len(acts) == 1 and isinstance(acts[0], core.Emit) and isinstance(acts[0].event, ev.RouteRequested)
+    assert acts[0].event.attempt_number == 2 and acts[0].event.exclude == ["primary"]
+
+
+def test_replacement_resumes_from_a_portable_checkpoint() -> None:
+    a1 = f"{W}-a1"
+    p = history(routed(1), _created(1, 1), ev.Lost(workload_id=W, at=2.0, attempt_id=a1, epoch=1, cluster="primary", reason="x"),
+                ev.Fenced(workload_id=W, at=3.0, attempt_id=a1, epoch=1, cluster="primary", new_epoch=2))
+    e = env(primary=ClusterRegistryEntry(artifact_stores=["prod"]), spare=ClusterRegistryEntry(artifact_stores=["prod"]))
+    e = core.Environment(**{**e.__dict__, "checkpoints": {a1: "/c1/ckpt.npz"}})
+    acts = core.on_routed(p.workloads[W], routed(2, "spare"), 5.0, e)
+    c = acts[0]
+    assert isinstance(c, core.CreateJob)
+    assert c.created.mode == "resume" and c.created.resume_from == "/c1/ckpt.npz" and c.created.epoch == 2
+    envs = {x["name"]: x["value"] for x in c.manifest["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert envs["GPUORCH_RESUME_FROM"] == "/c1/ckpt.npz" and envs["GPUORCH_EPOCH"] == "2"
+
+
+def test_no_resume_where_the_checkpoint_store_is_unreachable() -> None:
+    a1 = f"{W}-a1"
+    p = history(routed(1), _created(1, 1))
+    e = env(primary=ClusterRegistryEntry(artifact_stores=["prod"]), short=ClusterRegistryEntry(artifact_stores=["scratch"]))
+    e = core.Environment(**{**e.__dict__, "checkpoints": {a1: "/c1/ckpt.npz"}})
+    mode, path, why = core.choose_mode(p.workloads[W], "short", e)
+    assert (mode, path) == ("retry", None) and "cannot read checkpoint store 'prod'" in why
+
+
+def test_permanent_exit_code_fails_the_workload() -> None:
+    a1 = f"{W}-a1"
+    p = history(routed(1), _created(1, 1))
+    v = p.workloads[W]
+    obs = core.JobObservation(exists=True, scheduled=1, running=0, failed=True, exit_code=2, reason="Failed")
+    emitted = [a.event for a in core.on_observation(v, v.attempts[a1], obs, 3.0) if isinstance(a, core.Emit)]
+    assert [type(e) for e in emitted] == [ev.Admitted, ev.Failed]
+    failed = emitted[1]
+    assert isinstance(failed, ev.Failed) and not failed.retryable
+    p.apply(failed, 10)
+    kinds = [type(a.event) for a in core.on_event(v, failed, 3.0, env()) if isinstance(a, core.Emit)]
+    assert ev.WorkloadFailed in kinds and ev.FenceRequested in kinds
+
+
+def test_cancel_in_every_state() -> None:
+    waiting = history()
+    acts = core.on_cancel(waiting.workloads[W], W, "user", 1.0, env())
+    assert [type(a.event) for a in acts if isinstance(a, core.Emit)] == [ev.CancelRequested, ev.Cancelled]
+    running = history(routed(1), _created(1, 1))
+    acts = core.on_cancel(running.workloads[W], W, "user", 1.0, env())
+    assert [type(a.event) for a in acts if isinstance(a, core.Emit)] == [ev.CancelRequested, ev.FenceRequested]
+    assert isinstance(core.on_cancel(None, "nope-1", "user", 1.0, env())[0].event, ev.Rejected)  # type: ignore[union-attr]

@@ -1,0 +1,120 @@
+"""The fencer's pure rules: epochs only grow, exactly one promotion, never by a stale epoch."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuorch_fencer import core
+from gpuorch_proto import FenceRecord
+from gpuorch_proto import events as ev
+
+W = "train-0123456789"
+
+
+def created(n: int, epoch: int) -> ev.AttemptCreated:
+    return ev.AttemptCreated(
+        workload_id=W, at=1.0, attempt_id=f"{W}-a{n}", epoch=epoch, cluster="primary", attempt_number=n,
+        job_name=f"{W}-a{n}", output_path=f"/s/{W}/attempts/{W}-a{n}", checkpoint_path="/c",
+    )
+
+
+def fence(n: int, epoch: int) -> ev.FenceRequested:
+    return ev.FenceRequested(workload_id=W, at=1.0, attempt_id=f"{W}-a{n}", epoch=epoch, cluster="primary", reason="lost")
+
+
+def promote(n: int, epoch: int) -> ev.PromoteRequested:
+    return ev.PromoteRequested(workload_id=W, at=1.0, attempt_id=f"{W}-a{n}", epoch=epoch, cluster="primary", output_path=f"/s/{W}/attempts/{W}-a{n}")
+
+
+def test_first_attempt_creates_the_record_at_its_epoch() -> None:
+    d = core.on_attempt_created(None, created(1, 1), 2.0)
+    assert d.record == FenceRecord(epoch=1, current_attempt=f"{W}-a1")
+    assert d.events == []
+
+
+def test_fence_bumps_the_epoch_and_asks_for_deletion() -> None:
+    rec = FenceRecord(epoch=1, current_attempt=f"{W}-a1")
+    d = core.on_fence_requested(rec, fence(1, 1), 2.0)
+    assert d.record is not None and d.record.epoch == 2 and d.record.current_attempt is None
+    assert [type(e) for e in d.events] == [ev.Fenced]
+    assert d.events[0].new_epoch == 2  # type: ignore[attr-defined]
+    assert d.delete_job
+
+
+def test_fence_of_an_already_stale_attempt_does_not_bump_again() -> None:
+    rec = FenceRecord(epoch=3)
+    d = core.on_fence_requested(rec, fence(1, 1), 2.0)
+    assert d.record is None
+    assert d.events[0].new_epoch == 3  # type: ignore[attr-defined]
+
+
+def test_current_attempt_is_promoted_once_with_its_result_path() -> None:
+    rec = FenceRecord(epoch=1, current_attempt=f"{W}-a1")
+    d = core.on_promote_requested(rec, promote(1, 1), 2.0, "/s/result")
+    assert d.record is not None and d.record.promoted_attempt == f"{W}-a1"
+    assert d.promote == (f"/s/{W}/attempts/{W}-a1", "/s/result")
+    again = core.on_promote_requested(d.record, promote(1, 1), 3.0, "/s/result")
+    assert again.record is None and isinstance(again.events[0], ev.Promoted)  # idempotent re-emit
+
+
+@pytest.mark.parametrize(
+    ("record", "attempt", "epoch", "why"),
+    [
+        pytest.param(FenceRecord(epoch=2), 1, 1, "stale epoch 1", id="stale-epoch-after-fence"),
+        pytest.param(FenceRecord(epoch=2, promoted_attempt=f"{W}-a2", promoted_epoch=2), 1, 2, "already promoted", id="second-promotion"),
+        pytest.param(FenceRecord(epoch=2, current_attempt=f"{W}-a2"), 3, 2, "is current", id="not-the-current-attempt"),
+    ],
+)
+def test_promotion_rejected(record: FenceRecord, attempt: int, epoch: int, why: str) -> None:
+    d = core.on_promote_requested(record, promote(attempt, epoch), 2.0, "/s/result")
+    assert d.record is None and d.promote is None and d.delete_job
+    assert isinstance(d.events[0], ev.PromotionRejected)
+    assert why in d.events[0].reason
+
+
+def test_attempt_born_stale_is_fenced() -> None:
+    d = core.on_attempt_created(FenceRecord(epoch=3), created(2, 2), 2.0)
+    assert d.record is None and d.delete_job and isinstance(d.events[0], ev.Fenced)
+
+
+def test_orphan_rules() -> None:
+    rec = FenceRecord(epoch=2, current_attempt=f"{W}-a2")
+    assert core.is_orphan(rec, f"{W}-a1", 1, True) == "stale epoch 1 < 2"
+    assert core.is_orphan(rec, f"{W}-a2", 2, True) is None
+    assert core.is_orphan(None, "x-a1", 1, False) == "unknown attempt x-a1"
+
+
+def test_result_path() -> None:
+    assert core.result_path_for("/s/prod/w/attempts/w-a1") == "/s/prod/w/result"
+
+
+ops = st.lists(
+    st.tuples(st.sampled_from(["create", "fence", "promote"]), st.integers(1, 4), st.integers(1, 5)),
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops)
+def test_any_interleaving_promotes_at_most_one_attempt_and_never_a_stale_one(steps: list[tuple[str, int, int]]) -> None:
+    rec: FenceRecord | None = None
+    promoted: set[str] = set()
+    epochs = [0]
+    for op, n, epoch in steps:
+        if op == "create":
+            d = core.on_attempt_created(rec, created(n, epoch), 0.0)
+        elif op == "fence":
+            d = core.on_fence_requested(rec, fence(n, epoch), 0.0)
+        else:
+            before = rec
+            d = core.on_promote_requested(rec, promote(n, epoch), 0.0, "/r")
+            if d.promote is not None:
+                assert before is None or before.epoch == epoch or before.promoted_attempt == f"{W}-a{n}"
+                promoted.add(f"{W}-a{n}")
+        if d.record is not None:
+            rec = d.record
+            assert rec.epoch >= epochs[-1], "the epoch never goes back"
+            epochs.append(rec.epoch)
+    assert len(promoted) <= 1

@@ -1,0 +1,396 @@
+"""The shared shell against a real nats-server: ack after publish, retries, rejections, dead letters."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+
+import msgspec
+import pytest
+from gpuorch.runtime.bus import connect
+from gpuorch.runtime.shell import Incoming, Publisher, Retry, consume, rejection_event_id, replay
+from gpuorch_proto import Base, Names, event_id, workload_id_for
+from gpuorch_proto.events import Cancel, Rejected, Submit, Submitted
+from nats.js import JetStreamContext
+
+from tests.runtime.helpers import (
+    Recorder,
+    consumer_settled,
+    outputs_for_submit,
+    running_consumer,
+    submit_json,
+    workload_obj,
+)
+from tests.support.nats import count, publish_raw, read_all
+from tests.support.wait import assert_eventually
+
+
+async def rejected_events(js: JetStreamContext, names: Names) -> list[Rejected]:
+    return [r.event for r in await read_all(js, names.stream_evt, names.evt_kind("rejected")) if isinstance(r.event, Rejected)]
+
+
+# -- publishing -------------------------------------------------------------------------------
+
+
+async def test_duplicate_msg_id_is_dropped_by_jetstream(js: JetStreamContext, names: Names) -> None:
+    pub = Publisher(js, names)
+    evt = Submitted(
+        event_id=event_id("train-a-1", "submitted"),
+        workload_id="train-a-1",
+        at=1.0,
+        workload=msgspec.json.decode(submit_json(), type=Submit).workload,
+    )
+    first = await pub.publish([evt])
+    again = await pub.publish([evt])
+    raw = await pub.publish_raw(names.evt("train-a-1", "submitted"), b"{}", msg_id=evt.event_id)
+    assert [a.duplicate for a in first + again] == [False, True]
+    assert raw.duplicate is True
+    assert await count(js, names.stream_evt, names.evt_all) == 1
+    # a different id is a different message
+    other = msgspec.structs.replace(evt, event_id=event_id("train-a-1", "submitted", "x"))
+    await pub.publish([other])
+    assert await count(js, names.stream_evt, names.evt_all) == 2
+
+
+async def test_publish_keeps_order_and_routes_commands(js: JetStreamContext, names: Names) -> None:
+    pub = Publisher(js, names)
+    wl = msgspec.json.decode(submit_json(), type=Submit).workload
+    submit = Submit(workload=wl, idempotency_key="client-key-1")
+    cancel = Cancel(workload_id="w-1", event_id="cancel-1")
+    events: list[Base] = [
+        Submitted(event_id=event_id("w-1", "submitted", i), workload_id="w-1", at=float(i), workload=wl)
+        for i in range(20)
+    ]
+    acks = await pub.publish([submit, cancel, *events])
+    assert len(acks) == 22
+    got = await read_all(js, names.stream_evt, names.evt_all)
+    assert [r.event.at for r in got if r.event is not None] == [float(i) for i in range(20)]
+    cmds = await read_all(js, names.stream_cmd, names.cmd_all)
+    assert [(r.subject, r.headers.get("Nats-Msg-Id")) for r in cmds] == [
+        (names.cmd_submit, "client-key-1"),
+        (names.cmd_cancel, "cancel-1"),
+    ]
+    assert all(r.headers.get("traceparent") for r in cmds)
+
+
+# -- the happy path ------------------------------------------------------------------------------
+
+
+async def test_outputs_are_published_before_the_input_is_acked(js: JetStreamContext, names: Names) -> None:
+    seen_unacked: list[bool] = []
+
+    async def handler(inc: Incoming) -> Sequence[Base]:
+        info = await js.consumer_info(names.stream_cmd, names.durable("test", "test"))
+        seen_unacked.append(info.num_ack_pending == 1)
+        return outputs_for_submit(inc)
+
+    ack = await publish_raw(js, names.cmd_submit, submit_json(), msg_id="key-1")
+    async with running_consumer(js, names, Recorder(handler)):
+        wid = workload_id_for("key-1", "train-a")
+        await assert_eventually(lambda: consumer_settled(js, names.stream_cmd, names.durable("test", "test")))
+        got = await read_all(js, names.stream_evt, names.evt_workload(wid))
+    assert seen_unacked == [True]
+    assert [r.subject for r in got] == [names.evt(wid, "submitted"), names.evt(wid, "route-requested")]
+    first = got[0].event
+    assert isinstance(first, Submitted) and first.source_sequence == ack.seq
+    assert got[0].headers["Nats-Msg-Id"] == event_id(wid, "submitted")
+
+
+# -- retries and redelivery ----------------------------------------------------------------------
+
+
+async def test_raising_handler_is_redelivered_and_outputs_published_once(js: JetStreamContext, names: Names) -> None:
+    def flaky(inc: Incoming) -> Sequence[Base]:
+        if inc.delivered < 3:
+            raise ConnectionError("cluster API timed out")
+        return outputs_for_submit(inc)
+
+    rec = Recorder(flaky)
+    await publish_raw(js, names.cmd_submit, submit_json(), msg_id="key-flaky")
+    async with running_consumer(js, names, rec, max_deliver=5):
+        await assert_eventually(lambda: consumer_settled(js, names.stream_cmd, names.durable("test", "test")))
+    wid = workload_id_for("key-flaky", "train-a")
+    assert rec.deliveries() == [1, 2, 3]
+    assert await count(js, names.stream_evt, names.evt(wid, "submitted")) == 1
+    assert await count(js, names.stream_evt, names.evt_all) == 2
+    assert await rejected_events(js, names) == []
+
+
+async def test_consumer_killed_after_publishing_but_before_ack_republishes_nothing_new(
+    js: JetStreamContext, names: Names, nats_url: str
+) -> None:
+    """The process dies between publishing the outputs and acking the input: the input is
+    redelivered, the handler runs again, and the same deterministic ids are dropped."""
+    published = asyncio.Event()
+
+    class DiesAfterPublish(Publisher):
+        async def publish(self, events: Sequence[Base], **kw):  # type: ignore[no-untyped-def, override]
+            acks = await super().publish(events, **kw)
+            published.set()
+            await asyncio.Event().wait()  # never returns: the "process" is dead before its ack
+            return acks
+
+    rec = Recorder()
+    await publish_raw(js, names.cmd_submit, submit_json(name="crashy"), msg_id="key-crash")
+    doomed = await connect(nats_url, "doomed")
+    doomed_js = doomed.jetstream()
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        consume(
+            doomed_js,
+            stream=names.stream_cmd,
+            durable=names.durable("test", "test"),
+            filter_subject=names.cmd_submit,
+            handler=rec,
+            publisher=DiesAfterPublish(doomed_js, names),
+            names=names,
+            stop=stop,
+            ack_wait=1.0,
+            fetch_timeout=0.5,
+        )
+    )
+    await asyncio.wait_for(published.wait(), 10)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await doomed.close()
+
+    wid = workload_id_for("key-crash", "crashy")
+    assert await count(js, names.stream_evt, names.evt_workload(wid)) == 2
+    async with running_consumer(js, names, rec, ack_wait=1.0):
+        await assert_eventually(lambda: len(rec.calls) == 2, timeout=10)
+        await assert_eventually(lambda: consumer_settled(js, names.stream_cmd, names.durable("test", "test")))
+    assert rec.deliveries() == [1, 2]
+    assert await count(js, names.stream_evt, names.evt(wid, "submitted")) == 1
+    assert await count(js, names.stream_evt, names.evt(wid, "route-requested")) == 1
+
+
+async def test_retry_naks_with_the_requested_delay(js: JetStreamContext, names: Names) -> None:
+    stamps: list[float] = []
+
+    def later(inc: Incoming) -> Sequence[Base]:
+        stamps.append(time.monotonic())
+        if inc.delivered == 1:
+            raise Retry(0.6)
+        return outputs_for_submit(inc)
+
+    rec = Recorder(later)
+    await publish_raw(js, names.cmd_submit, submit_json(), msg_id="key-retry")
+    async with running_consumer(js, names, rec):
+        await assert_eventually(lambda: consumer_settled(js, names.stream_cmd, names.durable("test", "test")))
+    assert rec.deliveries() == [1, 2]
+    assert stamps[1] - stamps[0] >= 0.5
+
+
+async def test_a_handler_that_always_fails_is_dead_lettered_and_the_next_message_runs(
+    js: JetStreamContext, names: Names
+) -> None:
+    def picky(inc: Incoming) -> Sequence[Base]:
+        assert isinstance(inc.event, Submit)
+        if inc.event.workload.metadata.name == "doomed":
+            raise ValueError("boom")
+        return outputs_for_submit(inc)
+
+    rec = Recorder(picky)
+    bad = await publish_raw(js, names.cmd_submit, submit_json(name="doomed"), msg_id="key-doomed")
+    await publish_raw(js, names.cmd_submit, submit_json(name="fine"), msg_id="key-fine")
+    async with running_consumer(js, names, rec, max_deliver=3, handler_name="router.on_command"):
+        await assert_eventually(lambda: consumer_settled(js, names.stream_cmd, names.durable("test", "test")))
+    doomed_calls = [c.delivered for c in rec.calls if c.msg_id == "key-doomed"]
+    assert doomed_calls == [1, 2, 3]
+    [rej] = await rejected_events(js, names)
+    wid = workload_id_for("key-doomed", "doomed")
+    assert rej.workload_id == wid
+    assert rej.event_id == rejection_event_id(wid, names.stream_cmd, bad.seq)
+    assert "router.on_command" in rej.reason and "3 times" in rej.reason and "ValueError: boom" in rej.reason
+    assert rej.source_sequence == bad.seq and rej.idempotency_key == "key-doomed"
+    assert await count(js, names.stream_evt, names.evt(workload_id_for("key-fine", "fine"), "submitted")) == 1
+
+
+async def test_a_message_that_kills_its_consumer_every_time_is_dead_lettered_not_looped(
+    js: JetStreamContext, names: Names, nats_url: str
+) -> None:
+    """max_deliver=1: the consumer dies during the first delivery; the server's extra delivery
+    is dead-lettered without running the handler again."""
+    entered = asyncio.Event()
+
+    async def hangs(inc: Incoming) -> Sequence[Base]:
+        entered.set()
+        await asyncio.Event().wait()
+        return []
+
+    await publish_raw(js, names.cmd_submit, submit_json(name="killer"), msg_id="key-killer")
+    doomed = await connect(nats_url, "doomed")
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        consume(
+            doomed.jetstream(),
+            stream=names.stream_cmd,
+            durable=names.durable("test", "test"),
+            filter_subject=names.cmd_submit,
+            handler=hangs,
+            publisher=Publisher(doomed.jetstream(), names),
+            names=names,
+            stop=stop,
+            ack_wait=1.0,
+            max_deliver=1,
+            fetch_timeout=0.5,
+        )
+    )
+    await asyncio.wait_for(entered.wait(), 10)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await doomed.close()
+
+    rec = Recorder()
+    async with running_consumer(js, names, rec, ack_wait=1.0, max_deliver=1):
+        await assert_eventually(lambda: rejected_events(js, names), timeout=10)
+        await assert_eventually(lambda: consumer_settled(js, names.stream_cmd, names.durable("test", "test")))
+    assert rec.calls == []
+    [rej] = await rejected_events(js, names)
+    assert rej.workload_id == workload_id_for("key-killer", "killer")
+    assert "did not complete" in rej.reason
+
+
+# -- poison messages -------------------------------------------------------------------------------
+
+
+BAD_SUBMITS = [
+    pytest.param(b'{"type": "submit", "workload": {', "$", "malformed", id="bad-json"),
+    pytest.param(submit_json(gpus=0.5), "spec.resources.gpus", "0.5 is not a whole number", id="half-gpu-no-sharing"),
+    pytest.param(
+        json.dumps({"type": "submit", "workload": {**workload_obj(), "spec": {"command": ["x"]}}}).encode(),
+        "spec",
+        "missing required field `image`",
+        id="missing-image",
+    ),
+    pytest.param(submit_json(gpus="many"), "spec.resources.gpus", "Expected `float`, got `str`", id="gpus-not-a-number"),
+    pytest.param(
+        msgspec.msgpack.encode({"type": "submit", "workload": workload_obj(gpus=-2)}),
+        "spec.resources.gpus",
+        "-2 is negative",
+        id="msgpack-negative-gpus",
+    ),
+    pytest.param(b'{"type": "teleport", "workload_id": "w"}', "type", "Invalid value 'teleport'", id="unknown-tag"),
+]
+
+
+@pytest.mark.parametrize(("payload", "path", "message"), BAD_SUBMITS)
+async def test_malformed_submit_yields_rejected_naming_the_field(
+    js: JetStreamContext, names: Names, payload: bytes, path: str, message: str
+) -> None:
+    rec = Recorder()
+    ack = await publish_raw(js, names.cmd_submit, payload, msg_id="client-key-7")
+    async with running_consumer(js, names, rec):
+        [rej] = await assert_eventually(lambda: rejected_events(js, names))
+        await assert_eventually(lambda: consumer_settled(js, names.stream_cmd, names.durable("test", "test")))
+    assert rec.calls == []
+    assert [(e.path, message in e.message) for e in rej.errors] == [(path, True)], rej.errors
+    assert rej.source_subject == names.cmd_submit
+    assert rej.source_sequence == ack.seq
+    assert rej.idempotency_key == "client-key-7"
+    assert rej.workload_id.endswith(workload_id_for("client-key-7").split("-", 1)[1])
+    assert rej.event_id == rejection_event_id(rej.workload_id, names.stream_cmd, ack.seq)
+    info = await js.consumer_info(names.stream_cmd, names.durable("test", "test"))
+    assert info.num_redelivered == 0  # terminated, not retried
+
+
+async def test_rejection_uses_metadata_name_or_sequence_for_the_workload_id(js: JetStreamContext, names: Names) -> None:
+    with_key = await publish_raw(js, names.cmd_submit, submit_json(name="nice-name", gpus=0.5), msg_id="k-1")
+    no_key = await publish_raw(js, names.cmd_submit, b"not json at all")
+    async with running_consumer(js, names, Recorder()):
+        rejected = await assert_eventually(
+            lambda: _when(rejected_events(js, names), lambda r: len(r) == 2)
+        )
+    by_seq = {r.source_sequence: r for r in rejected}
+    assert by_seq[with_key.seq].workload_id == workload_id_for("k-1", "nice-name")
+    assert by_seq[no_key.seq].workload_id == f"invalid-{no_key.seq}"
+    assert by_seq[no_key.seq].idempotency_key is None
+
+
+async def _when(aw, cond):  # type: ignore[no-untyped-def]
+    value = await aw
+    return value if cond(value) else None
+
+
+async def test_poison_messages_never_stop_the_loop(js: JetStreamContext, names: Names) -> None:
+    rec = Recorder()
+    await publish_raw(js, names.cmd_submit, b"\xff\xfe\x00garbage", msg_id="p-1")
+    await publish_raw(js, names.cmd_submit, submit_json(gpus=0.5), msg_id="p-2")
+    await publish_raw(js, names.cmd_submit, b"", msg_id="p-3")
+    await publish_raw(js, names.cmd_submit, submit_json(name="good"), msg_id="good-1")
+    async with running_consumer(js, names, rec) as task:
+        wid = workload_id_for("good-1", "good")
+        await assert_eventually(lambda: count(js, names.stream_evt, names.evt(wid, "submitted")))
+        await assert_eventually(lambda: consumer_settled(js, names.stream_cmd, names.durable("test", "test")))
+        assert not task.done()
+    assert [c.msg_id for c in rec.calls] == ["good-1"]
+    assert sorted(r.idempotency_key or "" for r in await rejected_events(js, names)) == ["p-1", "p-2", "p-3"]
+
+
+async def test_redelivered_poison_republishes_the_same_rejection(js: JetStreamContext, names: Names) -> None:
+    """Rejection ids are deterministic: handling the same bad input twice records it once."""
+    ack = await publish_raw(js, names.cmd_submit, submit_json(gpus=0.5), msg_id="twice")
+    for durable in ("first", "second"):  # two independent consumers both see the message
+        async with running_consumer(js, names, Recorder(), durable=durable):
+            await assert_eventually(lambda d=durable: consumer_settled(js, names.stream_cmd, names.durable("test", d)))
+    [rej] = await rejected_events(js, names)
+    assert rej.source_sequence == ack.seq
+
+
+# -- shutdown ----------------------------------------------------------------------------------------
+
+
+async def test_consume_returns_promptly_when_stopped(js: JetStreamContext, names: Names) -> None:
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        consume(
+            js,
+            stream=names.stream_cmd,
+            durable=names.durable("test", "idle"),
+            filter_subject=names.cmd_submit,
+            handler=Recorder(),
+            publisher=Publisher(js, names),
+            names=names,
+            stop=stop,
+            fetch_timeout=1.0,
+        )
+    )
+    await assert_eventually(lambda: _consumer_exists(js, names.stream_cmd, names.durable("test", "idle")))
+    started = time.monotonic()
+    stop.set()
+    await asyncio.wait_for(task, timeout=5)
+    assert time.monotonic() - started < 2.0
+
+
+async def _consumer_exists(js: JetStreamContext, stream: str, durable: str) -> bool:
+    try:
+        await js.consumer_info(stream, durable)
+    except Exception:
+        return False
+    return True
+
+
+# -- replay --------------------------------------------------------------------------------------------
+
+
+async def test_replay_reads_up_to_the_last_sequence_and_skips_undecodable(js: JetStreamContext, names: Names) -> None:
+    pub = Publisher(js, names)
+    wl = msgspec.json.decode(submit_json(), type=Submit).workload
+    assert [r async for r in replay(js, names.stream_evt, names.evt_all)] == []
+    await pub.publish([Submitted(event_id=f"a{i}", workload_id="w-a", at=float(i), workload=wl) for i in range(3)])
+    await publish_raw(js, names.evt("w-a", "submitted"), b"garbage", msg_id="junk")
+    await pub.publish([Submitted(event_id="b0", workload_id="w-b", at=9.0, workload=wl)])
+
+    everything = [r async for r in replay(js, names.stream_evt, names.evt_all)]
+    assert [(r.event.workload_id, r.event.at) for r in everything if r.event] == [
+        ("w-a", 0.0), ("w-a", 1.0), ("w-a", 2.0), ("w-b", 9.0),
+    ]  # fmt: skip
+    assert [r.seq for r in everything] == [1, 2, 3, 5]
+    only_b = [r async for r in replay(js, names.stream_evt, names.evt_workload("w-b"))]
+    assert [r.seq for r in only_b] == [5]
+    with_junk = [r async for r in replay(js, names.stream_evt, None, include_undecodable=True)]
+    assert [r.event is None for r in with_junk] == [False, False, False, True, False]
+    nothing = [r async for r in replay(js, names.stream_evt, names.evt_workload("w-none"))]
+    assert nothing == []
