@@ -77,6 +77,9 @@ async def scenario(system: System, files: list[Path]) -> list[tuple[str, Workloa
                 # the CLI refuses it before it reaches the bus; show the same on the bus too
                 print(f"  {f.name}: refused locally: {exc}")
                 continue
+            for inp in wl.spec.inputs:  # the embedded data locations hold a small synthetic copy
+                for loc in inp.locations:
+                    system.ensure_dataset(loc, inp.ref)
             wid = await c.submit(wl, idempotency_key=f"demo-{f.stem}-{time.time_ns()}")
             print(f"  submitted {f.relative_to(ROOT)} as {wid}")
             ids.append((f.stem, wid))

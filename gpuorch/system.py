@@ -166,14 +166,23 @@ class System:
     def prepare_data(self) -> None:
         """Data locations and artifact stores of the embedded environment (idempotent)."""
         reg = load_registry(self.clusters_file)
-        from gpuorch.stage import ensure_dataset
-
         for entry in reg.clusters.values():
             for store in entry.artifact_stores + entry.checkpoint_stores:
                 (self.state_dir / "stores" / store).mkdir(parents=True, exist_ok=True)
+            for loc in entry.data_locations:
+                (self.state_dir / "data" / loc).mkdir(parents=True, exist_ok=True)
         doc = yaml.safe_load(self.clusters_file.read_text()) or {}
         for ds in doc.get("datasets") or []:
-            ensure_dataset(self.state_dir / "data" / ds["location"], ds["ref"], seed=int(ds.get("seed", 0)))
+            self.ensure_dataset(ds["location"], ds["ref"], seed=int(ds.get("seed", 0)))
+
+    def ensure_dataset(self, location: str, ref: str, seed: int = 0) -> Path:
+        """A small synthetic `ref` at a data location of the embedded environment."""
+        from gpuorch.workloads.dataset import make_dataset
+
+        out = self.state_dir / "data" / location / ref
+        if (out / "data.npz").exists():
+            return out
+        return make_dataset(self.state_dir / "data" / location, ref, seed=seed)
 
     def start(self) -> System:
         self.state_dir.mkdir(parents=True, exist_ok=True)

@@ -18,11 +18,12 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
 from gpuorch.runtime.bus import connect, delete_topology, ensure_topology
 from gpuorch.runtime.natsembed import nats_for_tests
 from gpuorch_proto import Names
-from nats.aio.client import Client
-from nats.js import JetStreamContext
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ApiError", "Resource", "JOBS", "NODES", "PODS", "NAMESPACES", "RESOURCES"]
+__all__ = ["JOBS", "NAMESPACES", "NODES", "PODS", "RESOURCES", "ApiError", "Resource"]
 
 
 @dataclass(frozen=True)

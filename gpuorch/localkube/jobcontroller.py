@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -140,7 +141,7 @@ class JobController:
         active = [p for p in pods if (p.get("status") or {}).get("phase", "Pending") not in TERMINAL and not p["metadata"].get("deletionTimestamp")]
         finished = _finished(job)
         conds: list[tuple[str, str, str, str]] = []
-        start_time: str | None | bool = False  # False: leave as is
+        start_time: str | bool | None = False  # False: leave as is
         completion_time: str | None = None
         created = deleted = 0
         if finished:
@@ -258,8 +259,8 @@ class JobController:
                 s["startTime"] = start_time
             if completion_time:
                 s["completionTime"] = completion_time
-            for ctype, value, reason, message in conds:
-                set_condition(s, ctype, value, reason, message)
+            for ctype, cstatus, reason, message in conds:
+                set_condition(s, ctype, cstatus, reason, message)
 
         core.store.update("jobs", ns, name, mutate)
 
@@ -292,7 +293,7 @@ class JobController:
                         "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": f"metadata.annotations['{INDEX_KEY}']"}},
                     })
             base = f"{base}-{index}"
-        body = {
+        body: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
@@ -339,7 +340,7 @@ class PodGC:
                     store.delete("pods", ns, name)
                 else:
                     self.core.kubelet.kill_node(node)
-                    store.update("pods", ns, name, lambda obj, node=node: _mark_node_lost(obj, node))
+                    store.update("pods", ns, name, functools.partial(_mark_node_lost, node=node))
                 continue
             if owner and owner not in jobs and not meta.get("deletionTimestamp"):
                 self.core.delete_pod_internal(ns, name)

@@ -358,7 +358,7 @@ class Kubelet:
             argv[0] = sys.executable
         elif argv[0] == "sleep" and self._sleep:
             argv[0] = self._sleep
-        logf = open(c.log_path, "ab")  # noqa: SIM115
+        logf = open(c.log_path, "ab")
         try:
             proc = subprocess.Popen(
                 argv,
@@ -397,7 +397,7 @@ class Kubelet:
             term["containerID"] = f"localkube://{c.proc.pid}"
         c.exit_code = code
         restart = run.term_started is None and (
-            run.restart_policy == "Always" and not c.init or (run.restart_policy in ("OnFailure", "Always") and code != 0)
+            (run.restart_policy == "Always" and not c.init) or (run.restart_policy in ("OnFailure", "Always") and code != 0)
         )
         if restart:
             delay = min(0.1 * 2**c.restart_count, 5.0)
@@ -571,5 +571,5 @@ class Kubelet:
 
 def log_path(core: ClusterCore, pod: dict[str, Any], container: str) -> Path:
     meta = pod["metadata"]
-    return core.state_dir / "pods" / meta["namespace"] / f"{meta['name']}-{meta['uid'][:8]}" / "logs" / f"{container}.log"
-
+    pod_dir = f"{meta['name']}-{str(meta['uid'])[:8]}"
+    return Path(core.state_dir, "pods", str(meta["namespace"]), pod_dir, "logs", f"{container}.log")

@@ -9,17 +9,25 @@ from typing import Any
 
 from .errors import JOBS, PODS, ApiError, Resource
 from .quantity import QuantityError, parse_quantity
-from .util import DNS1123_LABEL, DNS1123_SUBDOMAIN, LABEL_VALUE, QUALIFIED_NAME, new_uid, random_suffix, rfc3339
+from .util import (
+    DNS1123_LABEL,
+    DNS1123_SUBDOMAIN,
+    LABEL_VALUE,
+    QUALIFIED_NAME,
+    new_uid,
+    random_suffix,
+    rfc3339,
+)
 
 __all__ = [
     "GPU",
     "JOB_LABELS",
+    "check_type_meta",
+    "get_condition",
     "pod_requests",
     "prepare_job",
     "prepare_pod",
     "set_condition",
-    "get_condition",
-    "check_type_meta",
 ]
 
 GPU = "nvidia.com/gpu"

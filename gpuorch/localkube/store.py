@@ -7,6 +7,7 @@ share them without copying.
 
 from __future__ import annotations
 
+import builtins
 import copy
 import threading
 from collections import deque
@@ -152,14 +153,14 @@ class Store:
 
     # -- watching --------------------------------------------------------------------------------
 
-    def events_after(self, rv: int) -> list[Event]:
+    def events_after(self, rv: int) -> builtins.list[Event]:
         """Events with resourceVersion > rv; raises 410 if some of them were compacted away."""
         if rv < self._compacted:
             raise ApiError.gone(f"too old resource version: {rv} ({self._compacted + 1})")
         if not self._history or self._history[-1].rv <= rv:
             return []
         # history is ordered by rv: scan from the end
-        out: list[Event] = []
+        out: builtins.list[Event] = []
         for ev in reversed(self._history):
             if ev.rv <= rv:
                 break

@@ -14,11 +14,11 @@ __all__ = [
     "DNS1123_SUBDOMAIN",
     "LABEL_VALUE",
     "QUALIFIED_NAME",
+    "new_uid",
     "parse_duration",
+    "parse_rfc3339",
     "random_suffix",
     "rfc3339",
-    "parse_rfc3339",
-    "new_uid",
 ]
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

@@ -16,11 +16,12 @@ import nats
 import nats.errors
 import nats.js.errors
 import structlog
-from gpuorch_proto import Names, kv_buckets, streams
-from gpuorch_proto.subjects import StreamSpec
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, KeyValueConfig, RetentionPolicy, StorageType, StreamConfig
+
+from gpuorch_proto import Names, kv_buckets, streams
+from gpuorch_proto.subjects import StreamSpec
 
 log = structlog.get_logger("gpuorch.runtime.bus")
 
@@ -49,7 +50,8 @@ async def connect(
         bound.warning("nats.error", error=repr(exc))
 
     async def disconnected_cb() -> None:
-        bound.warning("nats.disconnected")
+        if not nc.is_closed:  # closing on purpose also "disconnects"
+            bound.warning("nats.disconnected")
 
     async def reconnected_cb() -> None:
         bound.info("nats.reconnected", url=str(nc.connected_url.netloc) if nc.connected_url else None)

@@ -79,7 +79,9 @@ class EmbeddedNats:
         extra_args: Sequence[str] = (),
     ) -> None:
         self._owns_dir = store_dir is None
-        self.store_dir = Path(store_dir) if store_dir is not None else Path(tempfile.mkdtemp(prefix="gpuorch-nats-"))
+        self.store_dir = (
+            Path(store_dir) if store_dir is not None else Path(tempfile.mkdtemp(prefix="gpuorch-nats-"))
+        )
         self.host = host
         self.server_name = server_name
         self.binary = binary
@@ -158,7 +160,9 @@ class EmbeddedNats:
         while True:
             code = self._proc.poll()
             if code is not None:
-                raise RuntimeError(f"nats-server exited with {code} before it was ready:\n{self._log_tail(log_offset)}")
+                raise RuntimeError(
+                    f"nats-server exited with {code} before it was ready:\n{self._log_tail(log_offset)}"
+                )
             text = self._log_since(log_offset)
             if READY_LINE in text:
                 port = _port_from_log(text) or _read_port(ports_file) or self._port
@@ -323,7 +327,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=None, help="fixed port (default: a free one)")
     ap.add_argument("--name", default=None, help="server name")
     ns = ap.parse_args(argv)
+    from .logs import configure_logging  # stdout carries only the URL
 
+    configure_logging("natsembed")
     stopping = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:

@@ -35,15 +35,16 @@ import msgspec
 import nats.errors
 import nats.js.errors
 import structlog
-from gpuorch_proto import Base, ContractError, Event, FieldError, Names, encode, type_tag, workload_id_for
-from gpuorch_proto.codec import decode_event, is_msgpack
-from gpuorch_proto.events import Cancel, Rejected, Submit
-from gpuorch_proto.subjects import valid_token
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, PubAck
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, Status, StatusCode
+
+from gpuorch_proto import Base, ContractError, Event, FieldError, Names, encode, type_tag, workload_id_for
+from gpuorch_proto.codec import decode_event, is_msgpack
+from gpuorch_proto.events import Cancel, Rejected, Submit
+from gpuorch_proto.subjects import valid_token
 
 from . import logs, telemetry
 
@@ -104,6 +105,10 @@ class Publisher:
             return self.names.cmd_submit
         if isinstance(event, Cancel):
             return self.names.cmd_cancel
+        if not valid_token(event.workload_id):
+            raise ValueError(
+                f"{type_tag(event)} event has workload_id {event.workload_id!r}, which is not a subject token"
+            )
         return self.names.evt(event.workload_id, type_tag(event))
 
     @staticmethod
@@ -131,7 +136,10 @@ class Publisher:
                 if msg_id is None:
                     log.warning("publish.no_msg_id", subject=subject, type=type_tag(event))
                 span = telemetry.start_publish_span(subject, msg_id, context)
-                headers = {CONTENT_TYPE: JSON_CONTENT_TYPE, **telemetry.inject(telemetry.span_context(span, context))}
+                headers = {
+                    CONTENT_TYPE: JSON_CONTENT_TYPE,
+                    **telemetry.inject(telemetry.span_context(span, context)),
+                }
                 if msg_id:
                     headers[MSG_ID] = msg_id
                 try:
@@ -260,7 +268,12 @@ async def consume(
         backoff=backoff,
     )
     sub = await bind_consumer(
-        js, stream=stream, durable=durable, filter_subject=filter_subject, ack_wait=ack_wait, max_deliver=max_deliver
+        js,
+        stream=stream,
+        durable=durable,
+        filter_subject=filter_subject,
+        ack_wait=ack_wait,
+        max_deliver=max_deliver,
     )
     log.info("consumer.started", stream=stream, durable=durable, filter=filter_subject)
     try:
@@ -491,7 +504,7 @@ class _Worker:
             return
         wid = _workload_id_for_event(event) or _workload_id_for_raw(msg.data, headers, msg_id, seq)
         rejected = Rejected(
-            event_id=rejection_event_id(wid, stream, seq),
+            event_id=dead_letter_event_id(wid, stream, seq, self.durable),
             workload_id=wid,
             at=time.time(),
             reason=reason,
@@ -510,8 +523,14 @@ class _Worker:
 
 
 def rejection_event_id(workload_id: str, stream: str, seq: int) -> str:
-    """Deterministic: a redelivered poison message republishes the same rejection."""
+    """Deterministic: a redelivered poison message republishes the same rejection (and every
+    service that reads the same bad message records it once)."""
     return f"{workload_id}.rejected.{stream}.{seq}"
+
+
+def dead_letter_event_id(workload_id: str, stream: str, seq: int, durable: str) -> str:
+    """Deterministic and per consumer: each handler that gave up on a message is on record."""
+    return f"{workload_id}.rejected.{stream}.{seq}.{durable}"
 
 
 async def _with_progress(msg: Msg, aw: Awaitable[T], ack_wait: float) -> T:

@@ -135,10 +135,16 @@ def shutdown_tracing(provider: TracerProvider) -> None:
 
 
 def tracer() -> Tracer:
-    """The tracer for runtime spans (the provider from the latest `setup_tracing`)."""
-    if _provider is not None:
-        return _provider.get_tracer(INSTRUMENTATION)
-    return trace.get_tracer(INSTRUMENTATION)
+    """The tracer for runtime spans: the provider from the latest `setup_tracing`, else the
+    global SDK provider, else a private SDK provider without exporters, so that trace ids are
+    always created and propagated (and bound to log lines) even where nobody set up tracing."""
+    global _provider
+    if _provider is None:
+        current = trace.get_tracer_provider()
+        if isinstance(current, TracerProvider):
+            return current.get_tracer(INSTRUMENTATION)
+        _provider = TracerProvider(resource=Resource.create({"service.name": "gpuorch"}))
+    return _provider.get_tracer(INSTRUMENTATION)
 
 
 def inject(ctx: Context | None = None) -> dict[str, str]:
@@ -180,7 +186,9 @@ def start_process_span(
     """A CONSUMER span "<subject> process" (child of the producer's `context`); the caller ends it."""
     attrs = _messaging_attributes(subject, msg_id, "process")
     attrs.update({k: v for k, v in attributes.items() if v is not None})
-    return tracer().start_span(f"{subject} process", context=context, kind=SpanKind.CONSUMER, attributes=attrs)
+    return tracer().start_span(
+        f"{subject} process", context=context, kind=SpanKind.CONSUMER, attributes=attrs
+    )
 
 
 def span_context(span: Span, parent: Context | None = None) -> Context:

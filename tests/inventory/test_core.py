@@ -14,10 +14,10 @@ from gpuorch_inventory.core import (
     estimate_queue_waits,
     measure_queue_delays,
     observe,
+    parse_staged_entry,
     parse_staged_key,
     parse_time,
     snapshot_changed,
-    staged_key,
     staged_refs,
     unreachable_snapshot,
 )
@@ -205,6 +205,48 @@ def test_pending_pod_that_cannot_tolerate_a_taint_does_not_take_that_node():
     assert queue_of(snap(nodes, [tolerant]), "training").estimated_wait_seconds == 600
 
 
+def gpu_memory_affinity(min_mib: int) -> dict:
+    """What the dispatcher puts on a pod that needs >= min_mib per GPU."""
+    expr = {"key": "nvidia.com/gpu.memory", "operator": "Gt", "values": [str(min_mib - 1)]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [expr]}]}}}
+
+
+def test_pending_pod_needing_80gb_waits_for_an_80gb_node_not_a_free_40gb_one():
+    nodes = [make_node("big-0", memory_mib=81920), make_node("small-0", product=A100_40, memory_mib=40960)]
+    busy = make_pod("busy", node="big-0", gpus=8, expected=1000, started=T0)
+    needs_80 = make_pod("needs-80", gpus=8, expected=500)
+    needs_80["spec"]["affinity"] = gpu_memory_affinity(81920)
+    # it waits for big-0 (1000..1500): small-0 stays free for an 8-GPU request now
+    s = snap(nodes, [busy, needs_80], reference_gpus=8)
+    assert queue_of(s, "training").estimated_wait_seconds == 0.0
+    # without the affinity it takes small-0 now (0..500), and the request waits for it
+    plain = make_pod("plain", gpus=8, expected=500)
+    assert queue_of(snap(nodes, [busy, plain], reference_gpus=8), "training").estimated_wait_seconds == 500
+
+
+@pytest.mark.parametrize(
+    ("expr", "fits"),
+    [
+        ({"key": "gpuorch.io/pool", "operator": "In", "values": ["train", "x"]}, True),
+        ({"key": "gpuorch.io/pool", "operator": "NotIn", "values": ["train"]}, False),
+        ({"key": "gpuorch.io/pool", "operator": "Exists"}, True),
+        ({"key": "nvidia.com/mig.strategy", "operator": "DoesNotExist"}, True),
+        ({"key": "nvidia.com/gpu.memory", "operator": "Gt", "values": ["81920"]}, False),
+        ({"key": "nvidia.com/gpu.memory", "operator": "Lt", "values": ["81921"]}, True),
+        ({"key": "gpuorch.io/pool", "operator": "Gt", "values": ["1"]}, False),
+    ],
+    ids=["in", "not-in", "exists", "does-not-exist", "gt", "lt", "gt-on-a-word"],
+)
+def test_node_affinity_operators(expr, fits):
+    from gpuorch_inventory.core import _fits_node, _parse_node, _parse_pod
+
+    pod = make_pod("p", gpus=1)
+    pod["spec"]["affinity"] = {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [expr]}]}}
+    }
+    assert _fits_node(_parse_pod(pod), _parse_node(make_node("n"))) is fits
+
+
 def test_oversized_pending_pod_is_skipped_like_an_unschedulable_pod():
     pods = [make_pod("huge", gpus=16, expected=600)]
     assert queue_of(snap([make_node("gpu-0")], pods), "training").estimated_wait_seconds == 0.0
@@ -213,11 +255,12 @@ def test_oversized_pending_pod_is_skipped_like_an_unschedulable_pod():
 def test_higher_priority_pending_pod_goes_first():
     nodes = [make_node("gpu-0")]
     busy = make_pod("busy", node="gpu-0", gpus=8, expected=100, started=T0)
-    old_low = make_pod("old-low", gpus=8, expected=1000, created=T0 - 900)
+    old_low = make_pod("old-low", gpus=4, expected=1000, created=T0 - 900)
     new_high = make_pod("new-high", gpus=8, expected=50, created=T0 - 10, priority=100)
-    # high (100..150) then low (150..1150) then the request
+    # high takes the node 100..150, then low holds 4 GPUs 150..1150: 4 stay free from 150.
+    # (Served by age instead, high would hold all 8 at 1100..1150 and the request would wait 1150.)
     s = snap(nodes, [busy, old_low, new_high])
-    assert queue_of(s, "training").estimated_wait_seconds == 1150
+    assert queue_of(s, "training").estimated_wait_seconds == 150
 
 
 def test_with_an_admission_system_only_the_same_queue_is_ahead():
@@ -271,8 +314,8 @@ def test_earliest_start_reservation_of_demand_ahead_blocks_the_node():
 
 def test_earliest_start_prefers_best_fit_so_whole_nodes_stay_free():
     cap = {"a": 8, "b": 8}
-    holds = [Hold("a", 6, 1000.0)]
-    # the 2-GPU demand goes to "a" (fills it), leaving "b" whole for an 8-GPU request now
+    holds = [Hold("b", 6, 1000.0)]
+    # the 2-GPU demand goes to "b" (fills it), leaving "a" whole for an 8-GPU request now
     assert earliest_start(cap, holds, [Demand(2, None)], request_gpus=8) == 0.0
 
 
@@ -331,9 +374,22 @@ def test_staged_keys(key, parsed):
     assert parse_staged_key(key) == parsed
 
 
+def test_staged_entries_as_the_dispatcher_writes_them_value_first():
+    value = b'{"cluster": "edge", "ref": "imagenet@v3", "at": 1.0}'
+    assert parse_staged_entry("edge.3f2a9c0d1e2b4a5c", value) == ("edge", "imagenet@v3")
+    assert parse_staged_entry("edge.coco@2017", b"") == ("edge", "coco@2017")
+    assert parse_staged_entry("edge.3f2a9c0d1e2b4a5c", b"not json") is None
+    assert parse_staged_entry("edge.3f2a9c0d1e2b4a5c", b'{"cluster": "edge", "ref": 3}') is None
+
+
 def test_staged_refs_pick_the_cluster():
-    keys = [staged_key("a", "x@1"), staged_key("b", "y@1"), "a.z=2", "garbage"]
-    assert staged_refs(keys, "a") == {"x@1", "z@2"}
+    entries = {
+        "a.h1": b'{"cluster": "a", "ref": "x@1"}',
+        "b.h2": b'{"cluster": "b", "ref": "y@1"}',
+        "a.z=2": b"1",
+        "garbage": b"",
+    }
+    assert staged_refs(entries, "a") == {"x@1", "z@2"}
 
 
 def test_unreachable_snapshot_keeps_the_last_observation_time_and_says_why():

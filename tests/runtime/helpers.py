@@ -9,10 +9,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import nats.js.errors
+from nats.js import JetStreamContext
+
 from gpuorch.runtime.shell import Incoming, Publisher, consume
 from gpuorch_proto import Base, Names, event_id, workload_id_for
 from gpuorch_proto.events import RouteRequested, Submit, Submitted
-from nats.js import JetStreamContext
+from tests.support.wait import assert_eventually
 
 IMAGE = "registry.example/team/train@sha256:" + "a" * 64
 
@@ -49,7 +52,9 @@ def outputs_for_submit(inc: Incoming) -> list[Base]:
             idempotency_key=key,
             source_sequence=inc.stream_seq,
         ),
-        RouteRequested(event_id=event_id(wid, "route-requested", 1), workload_id=wid, at=1.0, attempt_number=1),
+        RouteRequested(
+            event_id=event_id(wid, "route-requested", 1), workload_id=wid, at=1.0, attempt_number=1
+        ),
     ]
 
 
@@ -103,6 +108,11 @@ async def running_consumer(
         )
     )
     try:
+        await assert_eventually(
+            lambda: (
+                task.done() or consumer_exists(js, stream or names.stream_cmd, names.durable("test", durable))
+            )
+        )
         yield task
     finally:
         stop.set()
@@ -114,5 +124,16 @@ async def running_consumer(
 
 async def consumer_settled(js: JetStreamContext, stream: str, durable: str) -> bool:
     """Nothing pending and nothing awaiting an ack on the durable consumer."""
-    info = await js.consumer_info(stream, durable)
+    try:
+        info = await js.consumer_info(stream, durable)
+    except nats.js.errors.NotFoundError:
+        return False
     return info.num_pending == 0 and info.num_ack_pending == 0
+
+
+async def consumer_exists(js: JetStreamContext, stream: str, durable: str) -> bool:
+    try:
+        await js.consumer_info(stream, durable)
+    except nats.js.errors.NotFoundError:
+        return False
+    return True

@@ -6,17 +6,28 @@ import asyncio
 import json
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import msgspec
 import pytest
-from gpuorch.runtime.bus import connect
-from gpuorch.runtime.shell import Incoming, Publisher, Retry, consume, rejection_event_id, replay
-from gpuorch_proto import Base, Names, event_id, workload_id_for
-from gpuorch_proto.events import Cancel, Rejected, Submit, Submitted
 from nats.js import JetStreamContext
 
+from gpuorch.runtime.bus import connect, ensure_topology
+from gpuorch.runtime.natsembed import EmbeddedNats
+from gpuorch.runtime.shell import (
+    Incoming,
+    Publisher,
+    Retry,
+    consume,
+    dead_letter_event_id,
+    rejection_event_id,
+    replay,
+)
+from gpuorch_proto import Base, Names, event_id, workload_id_for
+from gpuorch_proto.events import Cancel, Rejected, Submit, Submitted
 from tests.runtime.helpers import (
     Recorder,
+    consumer_exists,
     consumer_settled,
     outputs_for_submit,
     running_consumer,
@@ -28,7 +39,11 @@ from tests.support.wait import assert_eventually
 
 
 async def rejected_events(js: JetStreamContext, names: Names) -> list[Rejected]:
-    return [r.event for r in await read_all(js, names.stream_evt, names.evt_kind("rejected")) if isinstance(r.event, Rejected)]
+    return [
+        r.event
+        for r in await read_all(js, names.stream_evt, names.evt_kind("rejected"))
+        if isinstance(r.event, Rejected)
+    ]
 
 
 # -- publishing -------------------------------------------------------------------------------
@@ -45,7 +60,7 @@ async def test_duplicate_msg_id_is_dropped_by_jetstream(js: JetStreamContext, na
     first = await pub.publish([evt])
     again = await pub.publish([evt])
     raw = await pub.publish_raw(names.evt("train-a-1", "submitted"), b"{}", msg_id=evt.event_id)
-    assert [a.duplicate for a in first + again] == [False, True]
+    assert [bool(a.duplicate) for a in first + again] == [False, True]
     assert raw.duplicate is True
     assert await count(js, names.stream_evt, names.evt_all) == 1
     # a different id is a different message
@@ -79,19 +94,22 @@ async def test_publish_keeps_order_and_routes_commands(js: JetStreamContext, nam
 
 
 async def test_outputs_are_published_before_the_input_is_acked(js: JetStreamContext, names: Names) -> None:
-    seen_unacked: list[bool] = []
+    durable = names.durable("test", "test")
+    unacked_after_publish: list[int] = []
 
-    async def handler(inc: Incoming) -> Sequence[Base]:
-        info = await js.consumer_info(names.stream_cmd, names.durable("test", "test"))
-        seen_unacked.append(info.num_ack_pending == 1)
-        return outputs_for_submit(inc)
+    class Watching(Publisher):
+        async def publish(self, events: Sequence[Base], **kw):  # type: ignore[no-untyped-def, override]
+            acks = await super().publish(events, **kw)
+            info = await js.consumer_info(names.stream_cmd, durable)
+            unacked_after_publish.append(info.num_ack_pending)
+            return acks
 
     ack = await publish_raw(js, names.cmd_submit, submit_json(), msg_id="key-1")
-    async with running_consumer(js, names, Recorder(handler)):
+    async with running_consumer(js, names, Recorder(), publisher=Watching(js, names)):
         wid = workload_id_for("key-1", "train-a")
-        await assert_eventually(lambda: consumer_settled(js, names.stream_cmd, names.durable("test", "test")))
+        await assert_eventually(lambda: consumer_settled(js, names.stream_cmd, durable))
         got = await read_all(js, names.stream_evt, names.evt_workload(wid))
-    assert seen_unacked == [True]
+    assert unacked_after_publish == [1]  # outputs in the stream, input still unacked
     assert [r.subject for r in got] == [names.evt(wid, "submitted"), names.evt(wid, "route-requested")]
     first = got[0].event
     assert isinstance(first, Submitted) and first.source_sequence == ack.seq
@@ -101,7 +119,9 @@ async def test_outputs_are_published_before_the_input_is_acked(js: JetStreamCont
 # -- retries and redelivery ----------------------------------------------------------------------
 
 
-async def test_raising_handler_is_redelivered_and_outputs_published_once(js: JetStreamContext, names: Names) -> None:
+async def test_raising_handler_is_redelivered_and_outputs_published_once(
+    js: JetStreamContext, names: Names
+) -> None:
     def flaky(inc: Incoming) -> Sequence[Base]:
         if inc.delivered < 3:
             raise ConnectionError("cluster API timed out")
@@ -202,7 +222,7 @@ async def test_a_handler_that_always_fails_is_dead_lettered_and_the_next_message
     [rej] = await rejected_events(js, names)
     wid = workload_id_for("key-doomed", "doomed")
     assert rej.workload_id == wid
-    assert rej.event_id == rejection_event_id(wid, names.stream_cmd, bad.seq)
+    assert rej.event_id == dead_letter_event_id(wid, names.stream_cmd, bad.seq, names.durable("test", "test"))
     assert "router.on_command" in rej.reason and "3 times" in rej.reason and "ValueError: boom" in rej.reason
     assert rej.source_sequence == bad.seq and rej.idempotency_key == "key-doomed"
     assert await count(js, names.stream_evt, names.evt(workload_id_for("key-fine", "fine"), "submitted")) == 1
@@ -257,22 +277,31 @@ async def test_a_message_that_kills_its_consumer_every_time_is_dead_lettered_not
 
 
 BAD_SUBMITS = [
-    pytest.param(b'{"type": "submit", "workload": {', "$", "malformed", id="bad-json"),
-    pytest.param(submit_json(gpus=0.5), "spec.resources.gpus", "0.5 is not a whole number", id="half-gpu-no-sharing"),
+    pytest.param(b'{"type": "submit", "workload": {', "$", "truncated", id="bad-json"),
+    pytest.param(
+        submit_json(gpus=0.5), "spec.resources.gpus", "0.5 is not a whole number", id="half-gpu-no-sharing"
+    ),
     pytest.param(
         json.dumps({"type": "submit", "workload": {**workload_obj(), "spec": {"command": ["x"]}}}).encode(),
         "spec",
         "missing required field `image`",
         id="missing-image",
     ),
-    pytest.param(submit_json(gpus="many"), "spec.resources.gpus", "Expected `float`, got `str`", id="gpus-not-a-number"),
+    pytest.param(
+        submit_json(gpus="many"), "spec.resources.gpus", "Expected `float`, got `str`", id="gpus-not-a-number"
+    ),
     pytest.param(
         msgspec.msgpack.encode({"type": "submit", "workload": workload_obj(gpus=-2)}),
         "spec.resources.gpus",
         "-2 is negative",
         id="msgpack-negative-gpus",
     ),
-    pytest.param(b'{"type": "teleport", "workload_id": "w"}', "type", "Invalid value 'teleport'", id="unknown-tag"),
+    pytest.param(
+        json.dumps({"type": "teleport", "workload": workload_obj()}).encode(),
+        "type",
+        "Invalid value 'teleport'",
+        id="unknown-tag",
+    ),
 ]
 
 
@@ -296,15 +325,20 @@ async def test_malformed_submit_yields_rejected_naming_the_field(
     assert info.num_redelivered == 0  # terminated, not retried
 
 
-async def test_rejection_uses_metadata_name_or_sequence_for_the_workload_id(js: JetStreamContext, names: Names) -> None:
+async def test_rejection_uses_metadata_name_or_sequence_for_the_workload_id(
+    js: JetStreamContext, names: Names
+) -> None:
     with_key = await publish_raw(js, names.cmd_submit, submit_json(name="nice-name", gpus=0.5), msg_id="k-1")
     no_key = await publish_raw(js, names.cmd_submit, b"not json at all")
+    own_id = await publish_raw(
+        js, names.cmd_submit, b'{"type": "cancel", "workload_id": "w-7", "at": "soon"}', msg_id="k-2"
+    )
     async with running_consumer(js, names, Recorder()):
-        rejected = await assert_eventually(
-            lambda: _when(rejected_events(js, names), lambda r: len(r) == 2)
-        )
+        rejected = await assert_eventually(lambda: _when(rejected_events(js, names), lambda r: len(r) == 3))
     by_seq = {r.source_sequence: r for r in rejected}
     assert by_seq[with_key.seq].workload_id == workload_id_for("k-1", "nice-name")
+    assert by_seq[own_id.seq].workload_id == "w-7"  # a valid workload_id in the body wins
+    assert [e.path for e in by_seq[own_id.seq].errors] == ["at"]
     assert by_seq[no_key.seq].workload_id == f"invalid-{no_key.seq}"
     assert by_seq[no_key.seq].idempotency_key is None
 
@@ -334,7 +368,9 @@ async def test_redelivered_poison_republishes_the_same_rejection(js: JetStreamCo
     ack = await publish_raw(js, names.cmd_submit, submit_json(gpus=0.5), msg_id="twice")
     for durable in ("first", "second"):  # two independent consumers both see the message
         async with running_consumer(js, names, Recorder(), durable=durable):
-            await assert_eventually(lambda d=durable: consumer_settled(js, names.stream_cmd, names.durable("test", d)))
+            await assert_eventually(
+                lambda d=durable: consumer_settled(js, names.stream_cmd, names.durable("test", d))
+            )
     [rej] = await rejected_events(js, names)
     assert rej.source_sequence == ack.seq
 
@@ -357,29 +393,25 @@ async def test_consume_returns_promptly_when_stopped(js: JetStreamContext, names
             fetch_timeout=1.0,
         )
     )
-    await assert_eventually(lambda: _consumer_exists(js, names.stream_cmd, names.durable("test", "idle")))
+    await assert_eventually(lambda: consumer_exists(js, names.stream_cmd, names.durable("test", "idle")))
     started = time.monotonic()
     stop.set()
     await asyncio.wait_for(task, timeout=5)
     assert time.monotonic() - started < 2.0
 
 
-async def _consumer_exists(js: JetStreamContext, stream: str, durable: str) -> bool:
-    try:
-        await js.consumer_info(stream, durable)
-    except Exception:
-        return False
-    return True
-
-
 # -- replay --------------------------------------------------------------------------------------------
 
 
-async def test_replay_reads_up_to_the_last_sequence_and_skips_undecodable(js: JetStreamContext, names: Names) -> None:
+async def test_replay_reads_up_to_the_last_sequence_and_skips_undecodable(
+    js: JetStreamContext, names: Names
+) -> None:
     pub = Publisher(js, names)
     wl = msgspec.json.decode(submit_json(), type=Submit).workload
     assert [r async for r in replay(js, names.stream_evt, names.evt_all)] == []
-    await pub.publish([Submitted(event_id=f"a{i}", workload_id="w-a", at=float(i), workload=wl) for i in range(3)])
+    await pub.publish(
+        [Submitted(event_id=f"a{i}", workload_id="w-a", at=float(i), workload=wl) for i in range(3)]
+    )
     await publish_raw(js, names.evt("w-a", "submitted"), b"garbage", msg_id="junk")
     await pub.publish([Submitted(event_id="b0", workload_id="w-b", at=9.0, workload=wl)])
 
@@ -394,3 +426,67 @@ async def test_replay_reads_up_to_the_last_sequence_and_skips_undecodable(js: Je
     assert [r.event is None for r in with_junk] == [False, False, False, True, False]
     nothing = [r async for r in replay(js, names.stream_evt, names.evt_workload("w-none"))]
     assert nothing == []
+
+
+# -- long handlers, bad outputs, a NATS restart --------------------------------------------------------
+
+
+async def test_a_handler_slower_than_ack_wait_is_kept_in_progress_not_redelivered(
+    js: JetStreamContext, names: Names
+) -> None:
+    async def slow(inc: Incoming) -> Sequence[Base]:
+        await asyncio.sleep(1.3)  # the work itself takes this long (ack_wait is 0.5 s)
+        return outputs_for_submit(inc)
+
+    rec = Recorder(slow)
+    await publish_raw(js, names.cmd_submit, submit_json(), msg_id="key-slow")
+    # two replicas on one durable: a message whose ack_wait lapsed would go to the idle one
+    async with (
+        running_consumer(js, names, rec, ack_wait=0.5),
+        running_consumer(js, names, rec, ack_wait=0.5),
+    ):
+        await assert_eventually(lambda: consumer_settled(js, names.stream_cmd, names.durable("test", "test")))
+        info = await js.consumer_info(names.stream_cmd, names.durable("test", "test"))
+    assert rec.deliveries() == [1]
+    assert info.num_redelivered == 0
+
+
+async def test_an_output_without_a_usable_workload_id_is_retried_not_published(
+    js: JetStreamContext, names: Names
+) -> None:
+    def broken(inc: Incoming) -> Sequence[Base]:
+        [submitted, _] = outputs_for_submit(inc)
+        return [msgspec.structs.replace(submitted, workload_id="has.dots")]
+
+    rec = Recorder(broken)
+    await publish_raw(js, names.cmd_submit, submit_json(), msg_id="key-broken")
+    async with running_consumer(js, names, rec, max_deliver=2):
+        [rej] = await assert_eventually(lambda: rejected_events(js, names))
+    assert rec.deliveries() == [1, 2]
+    assert "not a subject token" in rej.reason
+    assert await count(js, names.stream_evt, names.evt_kind("submitted")) == 0
+
+
+async def test_the_consumer_survives_a_nats_restart(tmp_path: Path) -> None:
+    srv = EmbeddedNats(tmp_path / "nats")
+    await asyncio.to_thread(srv.start)
+    names = Names(prefix="restart")
+    nc = await connect(srv.url, "survivor", reconnect_time_wait=0.1)
+    try:
+        js = nc.jetstream()
+        await ensure_topology(js, names)
+        rec = Recorder()
+        async with running_consumer(js, names, rec):
+            await publish_raw(js, names.cmd_submit, submit_json(name="before"), msg_id="k-before")
+            await assert_eventually(lambda: len(rec.calls) == 1)
+            await asyncio.to_thread(srv.stop)
+            await asyncio.to_thread(srv.start)
+            await assert_eventually(lambda: nc.is_connected, timeout=10)
+            await publish_raw(js, names.cmd_submit, submit_json(name="after"), msg_id="k-after")
+            await assert_eventually(lambda: len(rec.calls) == 2, timeout=15)
+            await assert_eventually(lambda: consumer_settled(js, names.stream_cmd, names.durable("test", "test")))
+        assert [c.msg_id for c in rec.calls] == ["k-before", "k-after"]
+        assert await count(js, names.stream_evt, names.evt_kind("submitted")) == 2
+    finally:
+        await nc.close()
+        srv.stop()

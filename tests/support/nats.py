@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from gpuorch.runtime.shell import Replayed, replay
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
+
+from gpuorch.runtime.shell import Replayed, replay
 
 
 async def subject_counts(js: JetStreamContext, stream: str, subject_filter: str) -> dict[str, int]:

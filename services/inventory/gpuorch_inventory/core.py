@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 import msgspec
+
 from gpuorch_proto import ClusterRegistryEntry, ClusterSnapshot, NodeInfo, QueueInfo, Taint
 from gpuorch_proto.units import UnitError, parse_quantity
 
@@ -40,9 +41,9 @@ __all__ = [
     "estimate_queue_waits",
     "measure_queue_delays",
     "observe",
+    "parse_staged_entry",
     "parse_staged_key",
     "snapshot_changed",
-    "staged_key",
     "staged_refs",
     "unreachable_snapshot",
 ]
@@ -138,6 +139,7 @@ class _Pod:
     expected: float | None  # simulated seconds
     node_selector: dict[str, str]
     tolerations: list[dict[str, Any]]
+    affinity_terms: list[Mapping[str, Any]]  # required nodeSelectorTerms (ORed); empty = none
 
     @property
     def terminated(self) -> bool:
@@ -218,6 +220,14 @@ def _parse_pod(obj: Mapping[str, Any]) -> _Pod:
         expected=_positive_float(annotations.get(ANN_EXPECTED_DURATION)),
         node_selector=_str_map(spec.get("nodeSelector")),
         tolerations=[dict(t) for t in tolerations],
+        affinity_terms=[
+            t
+            for t in _get(
+                spec, "affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms"
+            )
+            or []
+            if isinstance(t, Mapping)
+        ],
     )
 
 
@@ -311,10 +321,43 @@ def _tolerates(tolerations: Sequence[Mapping[str, Any]], taint: Taint) -> bool:
     return False
 
 
+def _requirement(expr: Mapping[str, Any], value: str | None) -> bool:
+    """One node selector requirement (In, NotIn, Exists, DoesNotExist, Gt, Lt) against a value."""
+    op = expr.get("operator")
+    values = [str(v) for v in expr.get("values") or []]
+    if op == "In":
+        return value is not None and value in values
+    if op == "NotIn":
+        return value is None or value not in values
+    if op == "Exists":
+        return value is not None
+    if op == "DoesNotExist":
+        return value is None
+    if op in ("Gt", "Lt") and value is not None and len(values) == 1:
+        try:
+            have, bound = int(value), int(values[0])
+        except ValueError:
+            return False
+        return have > bound if op == "Gt" else have < bound
+    return False
+
+
+def _term_matches(term: Mapping[str, Any], node: _Node) -> bool:
+    exprs = [e for e in term.get("matchExpressions") or [] if isinstance(e, Mapping)]
+    fields = [e for e in term.get("matchFields") or [] if isinstance(e, Mapping)]
+    if not exprs and not fields:
+        return False  # an empty term matches nothing (as in Kubernetes)
+    return all(_requirement(e, node.info.labels.get(str(e.get("key")))) for e in exprs) and all(
+        _requirement(e, node.info.name if e.get("key") == "metadata.name" else None) for e in fields
+    )
+
+
 def _fits_node(pod: _Pod, node: _Node) -> bool:
-    """nodeSelector and NoSchedule/NoExecute taints; node affinity is not modelled."""
+    """nodeSelector, required node affinity, and NoSchedule/NoExecute taints."""
     labels = node.info.labels
     if any(labels.get(k) != v for k, v in pod.node_selector.items()):
+        return False
+    if pod.affinity_terms and not any(_term_matches(t, node) for t in pod.affinity_terms):
         return False
     return all(
         t.effect not in ("NoSchedule", "NoExecute") or _tolerates(pod.tolerations, t) for t in node.info.taints
@@ -477,7 +520,7 @@ def _queue_names(registry: ClusterRegistryEntry) -> list[str]:
 def _remaining(pod: _Pod, now: float, time_scale: float) -> float | None:
     if pod.expected is None:
         return None
-    elapsed = 0.0 if pod.started is None else max(0.0, now - pod.started)
+    elapsed = 0.0 if pod.started is None else max(0.0, now - pod.started) * time_scale
     return max(0.0, pod.expected - elapsed)
 
 
@@ -542,17 +585,12 @@ def estimate_queue_waits(
 # --------------------------------------------------------------------------- snapshots
 
 
-def staged_key(cluster: str, ref: str) -> str:
-    """KV key in `kv_staged` for dataset `ref` ("name@version") staged on `cluster`."""
-    return f"{cluster}.{ref}"
-
-
 def parse_staged_key(key: str) -> tuple[str, str] | None:
-    """(cluster, "name@version") from ``<cluster>.<name>@<version>``.
+    """(cluster, "name@version") from a key spelled ``<cluster>.<name>@<version>``.
 
     NATS clients validate KV keys against ``[-/_=.a-zA-Z0-9]+`` by default, which excludes
-    ``@``; a writer that keeps validation on may use ``=`` instead (``<cluster>.<name>=<version>``).
-    Both spellings are accepted; anything else is ignored (None).
+    ``@``, so ``<cluster>.<name>=<version>`` is accepted too. A key that names no dataset (the
+    dispatcher's hashed keys, say) gives None: then the value must say (``parse_staged_entry``).
     """
     cluster, dot, rest = key.partition(".")
     if not dot or not cluster or not rest:
@@ -564,11 +602,28 @@ def parse_staged_key(key: str) -> tuple[str, str] | None:
     return cluster, f"{name}@{version}"
 
 
-def staged_refs(keys: Iterable[str], cluster: str) -> set[str]:
-    """Datasets staged on `cluster`, from all keys of the `kv_staged` bucket."""
+def parse_staged_entry(key: str, value: bytes) -> tuple[str, str] | None:
+    """(cluster, ref) from one entry of the `kv_staged` bucket.
+
+    The value, when it is a JSON object with string ``cluster`` and ``ref`` (what the dispatcher
+    writes), is authoritative; otherwise the key is parsed. Anything else: None (ignored).
+    """
+    try:
+        doc = msgspec.json.decode(value) if value else None
+    except msgspec.DecodeError:
+        doc = None
+    if isinstance(doc, dict):
+        cluster, ref = doc.get("cluster"), doc.get("ref")
+        if isinstance(cluster, str) and isinstance(ref, str) and cluster and "@" in ref:
+            return cluster, ref
+    return parse_staged_key(key)
+
+
+def staged_refs(entries: Mapping[str, bytes], cluster: str) -> set[str]:
+    """Datasets staged on `cluster`, from the current entries (key -> value) of `kv_staged`."""
     out: set[str] = set()
-    for key in keys:
-        parsed = parse_staged_key(key)
+    for key, value in entries.items():
+        parsed = parse_staged_entry(key, value)
         if parsed is not None and parsed[0] == cluster:
             out.add(parsed[1])
     return out

@@ -36,9 +36,15 @@ _EMPTY_RUN: Mapping[str, Mapping[str, float]] = MappingProxyType({})
 class RoutingHistory:
     """Measured facts per cluster / workload key. Immutable; hash and equality are identity."""
 
-    overlap: Mapping[str, float] = field(default_factory=lambda: _EMPTY)  # cluster -> fraction of staging hidden
-    run_seconds: Mapping[str, Mapping[str, float]] = field(default_factory=lambda: _EMPTY_RUN)  # key -> gpu model -> s
-    output_seconds: Mapping[str, float] = field(default_factory=lambda: _EMPTY)  # cluster -> finished..promoted s
+    overlap: Mapping[str, float] = field(
+        default_factory=lambda: _EMPTY
+    )  # cluster -> fraction of staging hidden
+    run_seconds: Mapping[str, Mapping[str, float]] = field(
+        default_factory=lambda: _EMPTY_RUN
+    )  # key -> gpu model -> s
+    output_seconds: Mapping[str, float] = field(
+        default_factory=lambda: _EMPTY
+    )  # cluster -> finished..promoted s
     samples: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))  # per cluster
     default_overlap: float = DEFAULT_OVERLAP
 

@@ -35,9 +35,11 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Final
+
+import msgspec
 
 from gpuorch_proto.inventory import ClusterSnapshot, NodeInfo, QueueInfo, Taint
 from gpuorch_proto.routing import Check, ClusterVerdict, Estimate, ReasonCode, RoutingDecision
@@ -276,8 +278,8 @@ class SnapshotIndex:
         "data_locations",
         "datasets_by_name",
         "datasets_cached",
+        "elig_memo",
         "error",
-        "fresh_cache",
         "images_cached",
         "memo",
         "node_count",
@@ -331,7 +333,7 @@ class SnapshotIndex:
         self.queue_info: dict[str, QueueInfo] = {q.name: q for q in snapshot.queues}
         self.pending_gpus = snapshot.pending_gpus
         self.memo: dict[int, _Eval] = {}
-        self.fresh_cache: tuple[object, Check] | None = None
+        self.elig_memo: dict[int, _Elig] = {}
 
 
 _INDEXES: dict[int, tuple[ClusterSnapshot, SnapshotIndex]] = {}
@@ -387,23 +389,76 @@ class _Demand:
     time_weight: float
     cost_weight: float
     history: RoutingHistory | None
-    sig: int = 0
+    sig: int = 0  # full signature id (memo of the evaluation with its estimate)
+    elig_sig: int = 0  # eligibility signature id (memo of the checks)
 
 
-_SIGS: dict[tuple[object, ...], int] = {}
 _SIG_IDS = itertools.count(1)
-_DEMANDS: dict[int, tuple[Workload, RoutingHistory | None, str | None, _Demand]] = {}
+_ENC = msgspec.msgpack.Encoder()
+# (eligibility bytes, estimate bytes, history, checkpoint location) -> demand; equal keys, equal demand
+_BY_SIG: dict[tuple[bytes, bytes, RoutingHistory | None, str | None], _Demand] = {}
+_ELIG_IDS: dict[tuple[bytes, str | None], int] = {}
+_BY_ID: dict[int, tuple[Workload, RoutingHistory | None, str | None, _Demand]] = {}
 
 
 def _demand(wl: Workload, history: RoutingHistory | None, checkpoint_location: str | None) -> _Demand:
-    cached = _DEMANDS.get(id(wl))
+    """The workload's demand, shared by every workload with the same routing-relevant fields.
+
+    Two signatures key the memos: the *eligibility* signature (everything the checks read) and
+    the full one (plus what only the estimate reads: image, run time, class, preferences, history).
+    """
+    cached = _BY_ID.get(id(wl))
     if cached is not None and cached[0] is wl and cached[1] is history and cached[2] == checkpoint_location:
         return cached[3]
+    spec, meta = wl.spec, wl.metadata
+    ckpt_store = spec.checkpoint.store if (spec.checkpoint.store and spec.checkpoint.path) else None
+    elig = _ENC.encode(
+        (
+            spec.resources,
+            spec.requirements,
+            spec.inputs,
+            spec.output.store,
+            ckpt_store,
+            spec.queue,
+            meta.owner,
+        )
+    )
+    est = _ENC.encode(
+        (
+            spec.image,
+            spec.expected_runtime,
+            spec.reference_accelerator,
+            meta.workload_class or meta.name,
+            spec.preferences,
+        )
+    )
+    key = (elig, est, history, checkpoint_location)
+    d = _BY_SIG.get(key)
+    if d is None:
+        d = _parse(wl, history, checkpoint_location, ckpt_store)
+        if len(_BY_SIG) >= 16384:
+            _BY_SIG.clear()  # ids keep counting, so an old id never names another signature
+            _ELIG_IDS.clear()
+        elig_key = (elig, checkpoint_location)
+        elig_id = _ELIG_IDS.get(elig_key)
+        if elig_id is None:
+            elig_id = _ELIG_IDS[elig_key] = next(_SIG_IDS)
+        d.elig_sig = elig_id
+        d.sig = next(_SIG_IDS)
+        _BY_SIG[key] = d
+    if len(_BY_ID) >= 1024:
+        del _BY_ID[next(iter(_BY_ID))]
+    _BY_ID[id(wl)] = (wl, history, checkpoint_location, d)
+    return d
+
+
+def _parse(
+    wl: Workload, history: RoutingHistory | None, checkpoint_location: str | None, ckpt_store: str | None
+) -> _Demand:
     spec = wl.spec
     res, req, prefs = spec.resources, spec.requirements, spec.preferences
     gpus = float(res.gpus)
     workers = max(1, res.workers)
-    fractional = gpus != int(gpus)
     per_worker = math.ceil(gpus) if gpus > 0 else 0
     cpu = parse_quantity(res.cpu)
     memory = parse_quantity(res.memory)
@@ -411,12 +466,11 @@ def _demand(wl: Workload, history: RoutingHistory | None, checkpoint_location: s
     if spec.queue:
         agent, _, queue = spec.queue.partition("/")
         pin = (agent, queue)
-    ckpt_store = spec.checkpoint.store if (spec.checkpoint.store and spec.checkpoint.path) else None
-    d = _Demand(
+    return _Demand(
         gpus=gpus,
         workers=workers,
         same_node=res.same_node,
-        fractional=fractional,
+        fractional=gpus != int(gpus),
         per_worker=per_worker,
         per_node=per_worker * workers if res.same_node else per_worker,
         units=1 if res.same_node else workers,
@@ -447,62 +501,32 @@ def _demand(wl: Workload, history: RoutingHistory | None, checkpoint_location: s
         cost_weight=prefs.cost_weight,
         history=history,
     )
-    sig = (
-        gpus,
-        workers,
-        res.same_node,
-        cpu,
-        memory,
-        d.gpu_memory_mib,
-        d.accelerators,
-        (res.sharing.mechanism, res.sharing.profile) if res.sharing else None,
-        tuple(sorted(d.pools)),
-        d.selector,
-        tuple((t.key, t.operator, t.value, t.effect) for t in d.tolerations),
-        d.connections,
-        d.credentials,
-        tuple(sorted(d.allowed)),
-        d.output_store,
-        ckpt_store,
-        checkpoint_location,
-        tuple((i.ref, i.size_gb, tuple(i.locations)) for i in d.inputs),
-        d.image,
-        d.declared_run,
-        d.reference,
-        d.key,
-        d.owner,
-        pin,
-        tuple(sorted(d.prefer_clusters)),
-        tuple(sorted(d.prefer_pools)),
-        d.time_weight,
-        d.cost_weight,
-        history,  # identity: a new history is a new signature
-    )
-    sig_id = _SIGS.get(sig)
-    if sig_id is None:
-        if len(_SIGS) >= 65536:
-            _SIGS.clear()  # ids keep counting, so an old id is never reused for another signature
-        sig_id = next(_SIG_IDS)
-        _SIGS[sig] = sig_id
-    d.sig = sig_id
-    if len(_DEMANDS) >= 1024:
-        del _DEMANDS[next(iter(_DEMANDS))]
-    _DEMANDS[id(wl)] = (wl, history, checkpoint_location, d)
-    return d
 
 
 # ---- per-cluster evaluation (memoised per index and signature) ----------------------------------
 
 
 @dataclass(slots=True, eq=False)
-class _Eval:
+class _Elig:
+    """The checks of one (snapshot, eligibility signature), with what the estimate needs."""
+
     checks: list[Check]
     ok: bool
+    suitable: list[NodeClass]
+    staging: _Staging
+    queues: list[str]
+
+
+@dataclass(slots=True, eq=False)
+class _Eval:
+    """One (snapshot, full signature): the checks, the estimate, and the last verdict built."""
+
+    elig: _Elig
     estimate: Estimate | None = None
     queue: str | None = None
     terms: str = ""  # short description of the estimate for the summary
-    allowed_at: int = 0  # position of the CLUSTER_NOT_ALLOWED check in `checks`
-    verdict_cache: dict[tuple[object, ...], ClusterVerdict] = field(default_factory=dict)
+    verdict_key: tuple[str, float, bool, bool, float] | None = None
+    verdict: ClusterVerdict | None = None
 
 
 def _ok(code: ReasonCode, message: str) -> Check:
@@ -1005,7 +1029,7 @@ def _estimate(
     return est, queue, ", ".join(terms)
 
 
-def _evaluate(idx: SnapshotIndex, d: _Demand) -> _Eval:
+def _eligibility(idx: SnapshotIndex, d: _Demand) -> _Elig:
     checks: list[Check] = []
     if d.allowed and idx.cluster not in d.allowed:
         checks.append(
@@ -1020,53 +1044,68 @@ def _evaluate(idx: SnapshotIndex, d: _Demand) -> _Eval:
     staging = _data(idx, d)
     reg_checks, queues = _registry_checks(idx, d, staging)
     checks.extend(reg_checks)
-    ok = all(c.ok for c in checks)
-    ev = _Eval(checks=checks, ok=ok)
-    if ok:
-        ev.estimate, queue, ev.terms = _estimate(idx, d, suitable, queues, staging)
+    return _Elig(
+        checks=checks, ok=all(c.ok for c in checks), suitable=suitable, staging=staging, queues=queues
+    )
+
+
+def _evaluate(idx: SnapshotIndex, d: _Demand) -> _Eval:
+    elig = idx.elig_memo.get(d.elig_sig)
+    if elig is None:
+        elig = _eligibility(idx, d)
+        if len(idx.elig_memo) >= _MEMO_SIZE:
+            idx.elig_memo.clear()
+        idx.elig_memo[d.elig_sig] = elig
+    ev = _Eval(elig=elig)
+    if elig.ok:
+        ev.estimate, queue, ev.terms = _estimate(idx, d, elig.suitable, elig.queues, elig.staging)
         ev.queue = queue or None
+    if len(idx.memo) >= _MEMO_SIZE:
+        idx.memo.clear()
+    idx.memo[d.sig] = ev
     return ev
 
 
-def _lookup(idx: SnapshotIndex, d: _Demand) -> _Eval:
-    ev = idx.memo.get(d.sig)
-    if ev is None:
-        ev = _evaluate(idx, d)
-        if len(idx.memo) >= _MEMO_SIZE:
-            idx.memo.clear()
-        idx.memo[d.sig] = ev
-    return ev
-
-
-# ---- route ------------------------------------------------------------------------------------
-
-
-def _fresh_check(idx: SnapshotIndex, age: float, max_age: float) -> Check:
-    key = (idx.reachable, round(age), max_age)
-    cached = idx.fresh_cache
-    if cached is not None and cached[0] == key:
-        return cached[1]
+def _freshness(idx: SnapshotIndex, shown: float, stale: bool, max_age: float) -> Check:
     if not idx.reachable:
         why = f": {idx.error}" if idx.error else ""
-        check = _fail(
-            "CLUSTER_UNREACHABLE",
-            f"unreachable{why} (last observed {age:.0f}s ago)",
-            capacity_only=True,
+        return _fail("CLUSTER_UNREACHABLE", f"unreachable{why} (last observed {shown:.0f}s ago)", True)
+    if stale:
+        return _fail(
+            "CLUSTER_UNREACHABLE", f"snapshot is stale: observed {shown:.0f}s ago (max {max_age:g}s)", True
         )
-    elif age > max_age:
-        check = _fail(
-            "CLUSTER_UNREACHABLE",
-            f"snapshot is stale: observed {age:.0f}s ago (max {max_age:.0f}s)",
-            capacity_only=True,
-        )
-    else:
-        check = _ok("CLUSTER_UNREACHABLE", f"reachable, observed {age:.0f}s ago (max {max_age:.0f}s)")
-    idx.fresh_cache = (key, check)
-    return check
+    return _ok("CLUSTER_UNREACHABLE", f"reachable, observed {shown:.0f}s ago (max {max_age:g}s)")
 
 
-def _blockers(v: ClusterVerdict) -> str:
-    return ", ".join(f"{c.code}: {c.message}" for c in v.checks if not c.ok)
+_EXCLUDED: Final = Check(
+    code="CLUSTER_NOT_ALLOWED",
+    ok=False,
+    message="excluded by the caller for now (e.g. an attempt was lost there)",
+    capacity_only=True,
+)
+
+
+def _verdict(ev: _Eval, idx: SnapshotIndex, key: tuple[str, float, bool, bool, float]) -> ClusterVerdict:
+    name, shown, stale, excluded, max_age = key
+    checks = [_freshness(idx, shown, stale, max_age), *ev.elig.checks]
+    if excluded:
+        checks[1] = _EXCLUDED  # the CLUSTER_NOT_ALLOWED check comes right after freshness
+    ok = not stale and not excluded and ev.elig.ok
+    return ClusterVerdict(
+        cluster=name,
+        eligible=ok,
+        checks=checks,
+        estimate=ev.estimate if ok else None,
+        snapshot_age=shown,
+    )
+
+
+def _reasons(v: ClusterVerdict, *, permanent_only: bool = False) -> str:
+    """Failed checks as one line, leaving out GPU_CAPACITY when it only echoes an earlier failure."""
+    failed = [c for c in v.checks if not c.ok and not (permanent_only and c.capacity_only)]
+    if len(failed) > 1:
+        failed = [c for c in failed if not (c.code == "GPU_CAPACITY" and not c.capacity_only)] or failed
+    return ", ".join(f"{c.code}: {c.message}" for c in failed)
 
 
 def route(
@@ -1117,35 +1156,28 @@ def route(
                 )
             )
             continue
-        idx = item if isinstance(item, SnapshotIndex) else build_index(item)
-        ev = _lookup(idx, d)
-        age = max(0.0, now - idx.observed_at)
-        fresh = _fresh_check(idx, age, max_snapshot_age)
-        excluded = name in exclude
-        key = (excluded, age, max_snapshot_age)
-        verdict = ev.verdict_cache.get(key)
-        if verdict is None:
-            checks = [fresh, *ev.checks]
-            if excluded:
-                checks[1 + ev.allowed_at] = _fail(
-                    "CLUSTER_NOT_ALLOWED",
-                    "excluded by the caller for now (e.g. an attempt was lost there)",
-                    True,
-                )
-            ok = fresh.ok and not excluded and ev.ok
-            verdict = ClusterVerdict(
-                cluster=name,
-                eligible=ok,
-                checks=checks,
-                estimate=ev.estimate if ok else None,
-                snapshot_age=age,
-            )
-            if len(ev.verdict_cache) >= 8:
-                ev.verdict_cache.clear()
-            ev.verdict_cache[key] = verdict
+        entry = _INDEXES.get(id(item))
+        if entry is not None and entry[0] is item:
+            idx = entry[1]
+        elif isinstance(item, SnapshotIndex):
+            idx = item
+        else:
+            idx = build_index(item)
+        ev = idx.memo.get(d.sig)
+        if ev is None:
+            ev = _evaluate(idx, d)
+        age = now - idx.observed_at
+        # the record shows whole seconds, rounded up so a shown age within the limit is fresh
+        shown = float(math.ceil(age)) if age > 0 else 0.0
+        key = (name, shown, not idx.reachable or age > max_snapshot_age, name in exclude, max_snapshot_age)
+        if ev.verdict_key == key and ev.verdict is not None:
+            verdict = ev.verdict
+        else:
+            verdict = ev.verdict = _verdict(ev, idx, key)
+            ev.verdict_key = key
         verdicts.append(verdict)
-        if verdict.eligible and ev.estimate is not None:
-            eligible.append((ev.estimate.score, name, ev))
+        if verdict.eligible:
+            eligible.append((ev.estimate.score, name, ev))  # type: ignore[union-attr]
     return _decide(d, workload_id, now, verdicts, eligible)
 
 
@@ -1157,19 +1189,19 @@ def _decide(
     eligible: list[tuple[float, str, _Eval]],
 ) -> RoutingDecision:
     if eligible:
-        eligible.sort(key=lambda e: (e[0], e[1]))
-        _, best, ev = eligible[0]
+        first = min(eligible)  # (score, name): names are unique, so ties break by name
+        _, best, ev = first
         assert ev.estimate is not None
         summary = f"{best}: {_dur(ev.estimate.total)} to result ({ev.terms})"
         if d.pin is not None:
             summary = f"pinned to {d.pin[0]}/{d.pin[1]}; {summary}"
         if len(eligible) > 1:
-            _, second, ev2 = eligible[1]
+            _, second, ev2 = min(e for e in eligible if e is not first)
             assert ev2.estimate is not None
             summary += f" vs {second} {_dur(ev2.estimate.total)} ({ev2.terms})"
             if len(eligible) > 2:
                 summary += f" and {len(eligible) - 2} more"
-        ineligible = sum(1 for v in verdicts if not v.eligible)
+        ineligible = len(verdicts) - len(eligible)
         if ineligible:
             summary += f"; {ineligible} ineligible"
         return RoutingDecision(
@@ -1185,7 +1217,7 @@ def _decide(
     waiting = [v for v in candidates if all(c.ok or c.capacity_only for c in v.checks)]
     if waiting:
         permanent = len(candidates) - len(waiting)
-        summary = "waiting: " + "; ".join(f"{v.cluster}: {_blockers(v)}" for v in waiting)
+        summary = "waiting: " + "; ".join(f"{v.cluster}: {_reasons(v)}" for v in waiting)
         if permanent:
             summary += f"; {permanent} more permanently ineligible"
         return RoutingDecision(
@@ -1195,9 +1227,6 @@ def _decide(
             summary=summary,
             verdicts=verdicts,
         )
-
-    def permanent_reasons(v: ClusterVerdict) -> str:
-        return ", ".join(f"{c.code}: {c.message}" for c in v.checks if not c.ok and not c.capacity_only)
 
     if d.pin is not None:
         head = f"rejected: pinned target {d.pin[0]}/{d.pin[1]} is ineligible: "
@@ -1209,6 +1238,6 @@ def _decide(
         workload_id=workload_id,
         decided_at=now,
         outcome="rejected",
-        summary=head + "; ".join(f"{v.cluster}: {permanent_reasons(v)}" for v in candidates),
+        summary=head + "; ".join(f"{v.cluster}: {_reasons(v, permanent_only=True)}" for v in candidates),
         verdicts=verdicts,
     )

@@ -1,0 +1,11 @@
+"""Benchmarks: ``python -m gpuorch.bench`` runs every bench in :data:`BENCHES` and prints one table.
+
+A bench is a callable ``run(quick: bool) -> list[Row]`` named by ``"module:function"``; add yours
+to :data:`BENCHES` (imported lazily, so one bench's imports never slow another).
+"""
+
+from __future__ import annotations
+
+BENCHES: list[str] = [
+    "gpuorch.bench.routing:run",
+]

@@ -1,0 +1,99 @@
+"""Other tenants' load: real batch/v1 Jobs the cluster keeps submitting so a queue builds up."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from .config import BackgroundLoad
+from .errors import ApiError
+from .jobcontroller import _finished
+from .objects import GPU
+
+if TYPE_CHECKING:
+    from .core import ClusterCore
+
+__all__ = ["BACKGROUND_LABEL", "EXPECTED_DURATION_ANNOTATION", "BackgroundLoadManager"]
+
+log = logging.getLogger("gpuorch.localkube.background")
+BACKGROUND_LABEL = "gpuorch.io/background"
+EXPECTED_DURATION_ANNOTATION = "gpuorch.io/expected-duration-seconds"
+
+
+class BackgroundLoadManager:
+    def __init__(self, core: ClusterCore):
+        self.core = core
+        self.loads: list[BackgroundLoad] = list(core.config.background)
+
+    def set_loads(self, loads: Sequence[BackgroundLoad]) -> None:
+        with self.core.store.lock:
+            self.loads = list(loads)
+        self.core.wake()
+
+    def job_body(self, load: BackgroundLoad) -> dict[str, Any]:
+        real = max(0.001, self.core.config.to_seconds(load.duration))
+        ann = {EXPECTED_DURATION_ANNOTATION: f"{load.duration:g}"}
+        labels = {BACKGROUND_LABEL: load.name, "app.kubernetes.io/managed-by": "localkube"}
+        resources: dict[str, Any] = {"limits": {GPU: str(load.gpus_per_job)}} if load.gpus_per_job else {}
+        return {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"generateName": f"bg-{load.name}-", "namespace": load.namespace, "labels": labels, "annotations": ann},
+            "spec": {
+                "parallelism": 1,
+                "completions": 1,
+                "backoffLimit": 0,
+                "ttlSecondsAfterFinished": 0,
+                "template": {
+                    "metadata": {"labels": dict(labels), "annotations": dict(ann)},
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "terminationGracePeriodSeconds": 1,
+                        "priority": load.priority,
+                        "nodeSelector": dict(load.node_selector),
+                        "tolerations": [dict(t) for t in load.tolerations],
+                        "containers": [{
+                            "name": "load",
+                            "image": "localkube/sleep",
+                            "command": ["sleep", f"{real:.3f}"],
+                            "resources": resources,
+                        }],
+                    },
+                },
+            },
+        }
+
+    def sync(self) -> None:
+        store = self.core.store
+        jobs = [j for j in store.values("jobs") if BACKGROUND_LABEL in (j["metadata"].get("labels") or {})]
+        running_owners = {
+            r.get("uid")
+            for p in store.values("pods")
+            if p["spec"].get("nodeName")
+            for r in p["metadata"].get("ownerReferences") or []
+        }
+        wanted = {(b.namespace, b.name): b for b in self.loads}
+        groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for j in jobs:
+            if j["metadata"].get("deletionTimestamp") or _finished(j):
+                continue
+            key = (j["metadata"]["namespace"], j["metadata"]["labels"][BACKGROUND_LABEL])
+            groups.setdefault(key, []).append(j)
+        for key, load in wanted.items():
+            have = groups.get(key, [])
+            for _ in range(load.jobs - len(have)):
+                try:
+                    self.core.create_job(load.namespace, self.job_body(load))
+                except ApiError as e:  # pragma: no cover - a configuration problem
+                    log.error("background load %s: %s", load.name, e.message)
+                    break
+        for key, have in groups.items():
+            keep = wanted[key].jobs if key in wanted else 0
+            excess = len(have) - keep
+            if excess <= 0:
+                continue
+            waiting = [j for j in have if j["metadata"]["uid"] not in running_owners]
+            waiting.sort(key=store.creation_seq, reverse=True)
+            for j in waiting[:excess]:
+                self.core.delete_job_internal(j["metadata"]["namespace"], j["metadata"]["name"], "Background")

@@ -1,0 +1,4 @@
+from .service import main
+
+if __name__ == "__main__":
+    main()

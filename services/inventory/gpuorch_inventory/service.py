@@ -1,0 +1,292 @@
+"""Inventory's shell: list every cluster, build its snapshot (pure core), publish it.
+
+Per kubeconfig context (one per cluster), a poll loop: list nodes and pods with the official
+client in a worker thread (``asyncio.to_thread``, ``_request_timeout=TIMEOUT``), call
+``core.build_snapshot`` and publish the result as JSON to ``names.inventory(cluster)`` when it
+changed (``core.snapshot_changed``) and at least every heartbeat. The stream keeps the last
+message per subject, so a consumer that starts later reads every cluster's latest snapshot.
+
+A cluster that does not answer (``gpuorch.kube.unreachable``) or answers with an API error is
+published as unreachable: ``observed_at`` stays at the last successful observation, so the
+snapshot's age says how stale it is. Datasets gpuorch staged come from the ``kv_staged`` bucket
+(a KV watcher keeps them current). Queue delays of pods that started are measured on the way
+and kept as an EWMA per (cluster, queue) (``core.QueueHistory``).
+
+Environment: ``Settings.from_env()`` (GPUORCH_NATS_URL, GPUORCH_PREFIX, GPUORCH_KUBECONFIG,
+GPUORCH_REGISTRY) plus GPUORCH_INVENTORY_INTERVAL (poll period, s, default 1) and
+GPUORCH_INVENTORY_HEARTBEAT (republish period, s, default 5). SIGTERM/SIGINT: clean exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import nats.errors
+import nats.js.errors
+import structlog
+from kubernetes.client.exceptions import ApiException
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+
+from gpuorch.config import Registry, Settings, load_registry
+from gpuorch.kube import TIMEOUT, ClusterClient, make_clients, unreachable
+from gpuorch.runtime import bus
+from gpuorch.runtime.shell import run_service
+from gpuorch_proto import ClusterRegistryEntry, ClusterSnapshot, Names, encode
+from gpuorch_proto.subjects import valid_token
+
+from . import core
+
+log = structlog.get_logger("gpuorch.inventory")
+
+DEFAULT_INTERVAL = 1.0
+DEFAULT_HEARTBEAT = 5.0
+PUBLISH_TIMEOUT = 5.0
+STAGED_INITIAL_WAIT = 2.0  # at start, how long to wait for the staged-datasets watcher to catch up
+
+
+def list_cluster(cc: ClusterClient) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Nodes and pods as plain dicts (blocking: runs in a worker thread)."""
+    nodes = cc.sanitize(cc.core.list_node(_request_timeout=TIMEOUT))
+    pods = cc.sanitize(cc.core.list_pod_for_all_namespaces(_request_timeout=TIMEOUT))
+    return list(nodes.get("items") or []), list(pods.get("items") or [])
+
+
+def describe_failure(exc: BaseException) -> str:
+    """The `error` of an unreachable snapshot: short, without object addresses."""
+    if isinstance(exc, ApiException):
+        return f"api error: {exc.status} {exc.reason}".strip()
+    reason = getattr(exc, "reason", None)  # urllib3 MaxRetryError wraps the cause
+    cause = reason if isinstance(reason, BaseException) else exc
+    text = str(cause).split(": ", 1)[-1] if ">: " in str(cause) else str(cause)
+    return f"unreachable: {type(cause).__name__}: {text}"[:300]
+
+
+@dataclass
+class ClusterState:
+    """What one poll loop remembers between rounds."""
+
+    name: str
+    last_ok: ClusterSnapshot | None = None  # the last successful observation
+    last_published: ClusterSnapshot | None = None
+    last_published_at: float = float("-inf")  # monotonic
+    seen_started: frozenset[str] = frozenset()
+    published_once: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Inventory:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        interval: float = DEFAULT_INTERVAL,
+        heartbeat: float = DEFAULT_HEARTBEAT,
+        clients: Mapping[str, ClusterClient] | None = None,
+        registry: Registry | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.names: Names = settings.names
+        self.interval = interval
+        self.heartbeat = heartbeat
+        self.clock = clock
+        if registry is None:
+            registry = load_registry(settings.registry) if settings.registry else Registry(clusters={})
+        self.registry = registry
+        if clients is None:
+            if settings.kubeconfig is None:
+                raise SystemExit("inventory: GPUORCH_KUBECONFIG is not set (one context per cluster)")
+            clients = make_clients(settings.kubeconfig)
+        self.clients: dict[str, ClusterClient] = {}
+        for name, cc in clients.items():
+            if valid_token(name):
+                self.clients[name] = cc
+            else:
+                log.error("cluster.invalid_name", cluster=name, hint="lowercase a-z0-9- (a subject token)")
+        for name in sorted(set(self.clients) - set(self.registry.clusters)):
+            log.warning("cluster.not_in_registry", cluster=name, hint="stores, prices, data locations unknown")
+        self.history = core.QueueHistory()
+        self.staged: dict[str, bytes] = {}  # kv_staged key -> value
+        self.staged_ready = asyncio.Event()
+        self.states = {name: ClusterState(name) for name in self.clients}
+
+    def entry(self, cluster: str) -> ClusterRegistryEntry:
+        return self.registry.clusters.get(cluster, ClusterRegistryEntry())
+
+    # --- one round for one cluster -----------------------------------------------------------
+    def snapshot_from(
+        self, state: ClusterState, nodes: list[dict[str, Any]], pods: list[dict[str, Any]], now: float
+    ) -> ClusterSnapshot:
+        entry = self.entry(state.name)
+        delays, state.seen_started = core.measure_queue_delays(
+            pods, entry, time_scale=self.registry.time_scale, seen=state.seen_started
+        )
+        for queue, delay in delays:
+            self.history = core.observe(self.history, state.name, queue, delay)
+        return core.build_snapshot(
+            state.name,
+            nodes,
+            pods,
+            entry,
+            now=now,
+            observed_at=now,
+            time_scale=self.registry.time_scale,
+            staged=core.staged_refs(self.staged, state.name),
+            history=self.history,
+        )
+
+    async def poll_once(self, state: ClusterState, cc: ClusterClient) -> ClusterSnapshot | None:
+        try:
+            nodes, pods = await asyncio.to_thread(list_cluster, cc)
+        except Exception as exc:
+            if not (unreachable(exc) or isinstance(exc, ApiException)):
+                log.exception("cluster.observe_failed", cluster=state.name)
+                return None  # our bug, not the cluster's: keep the last snapshot (its age grows)
+            error = describe_failure(exc)
+            if state.last_published is None or state.last_published.reachable:
+                log.warning("cluster.unreachable", cluster=state.name, error=error)
+            return core.unreachable_snapshot(
+                state.last_ok, state.name, self.entry(state.name), self.clock(), error,
+                time_scale=self.registry.time_scale,
+            )
+        snap = self.snapshot_from(state, nodes, pods, self.clock())
+        if state.last_published is not None and not state.last_published.reachable:
+            log.info("cluster.reachable", cluster=state.name)
+        state.last_ok = snap
+        return snap
+
+    async def publish(self, js: JetStreamContext, state: ClusterState, snap: ClusterSnapshot | None) -> None:
+        due = time.monotonic() - state.last_published_at >= self.heartbeat
+        if snap is None:  # nothing new: the heartbeat republishes the last one (its age keeps growing)
+            if not due or state.last_published is None:
+                return
+            snap = state.last_published
+        elif not (due or core.snapshot_changed(state.last_published, snap)):
+            return
+        snap = msgspec.structs.replace(snap, published_at=self.clock())
+        try:
+            await js.publish(self.names.inventory(state.name), encode(snap), timeout=PUBLISH_TIMEOUT)
+        except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
+            log.warning("snapshot.publish_failed", cluster=state.name, error=repr(exc))
+            return  # retried next round: last_published is unchanged
+        changed = core.snapshot_changed(state.last_published, snap)
+        state.last_published, state.last_published_at = snap, time.monotonic()
+        state.published_once.set()
+        (log.info if changed else log.debug)(
+            "snapshot.published",
+            cluster=state.name,
+            reachable=snap.reachable,
+            changed=changed,
+            nodes=len(snap.nodes),
+            gpus_free=sum(n.gpus_free for n in snap.nodes),
+            running_gpus=snap.running_gpus,
+            pending_gpus=snap.pending_gpus,
+        )
+
+    async def poll_loop(self, js: JetStreamContext, name: str, stop: asyncio.Event) -> None:
+        state, cc = self.states[name], self.clients[name]
+        structlog.contextvars.bind_contextvars(cluster=name)
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                await self.publish(js, state, await self.poll_once(state, cc))
+            except Exception:  # never let one round end the loop
+                log.exception("cluster.round_failed", cluster=name)
+            delay = max(0.0, self.interval - (time.monotonic() - started))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+
+    # --- datasets staged by gpuorch ----------------------------------------------------------
+    async def watch_staged(self, kv: KeyValue, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            watcher = None
+            try:
+                watcher = await kv.watchall()
+                async for entry in watcher:
+                    if entry is None:  # caught up with what the bucket held
+                        self.staged_ready.set()
+                        continue
+                    if entry.operation in ("DEL", "PURGE"):
+                        self.staged.pop(entry.key, None)
+                    else:
+                        self.staged[entry.key] = entry.value or b""
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("staged.watch_failed", error=repr(exc))
+            finally:
+                if watcher is not None:
+                    with contextlib.suppress(Exception):
+                        await watcher.stop()  # type: ignore[no-untyped-call]
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=1.0)
+
+    # --- the service -------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        # one worker per cluster, so a hung cluster never delays another's listing
+        loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=len(self.clients) + 2))
+        nc = await bus.connect(self.settings.nats_url, "gpuorch-inventory")
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            js = nc.jetstream()
+            await bus.ensure_topology(js, self.names)
+            kv = await js.key_value(self.names.kv_staged)
+            tasks.append(asyncio.create_task(self.watch_staged(kv, stop)))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.staged_ready.wait(), timeout=STAGED_INITIAL_WAIT)
+            tasks += [asyncio.create_task(self.poll_loop(js, name, stop)) for name in sorted(self.clients)]
+            first_round: asyncio.Future[Any] = asyncio.ensure_future(
+                asyncio.gather(*(s.published_once.wait() for s in self.states.values()))
+            )
+            stopping: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({first_round, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if first_round.done():
+                log.info(
+                    "inventory.ready",
+                    clusters=sorted(self.clients),
+                    time_scale=self.registry.time_scale,
+                    interval=self.interval,
+                    heartbeat=self.heartbeat,
+                )
+            first_round.cancel()
+            stopping.cancel()
+            await stop.wait()
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await nc.close()
+
+
+def _seconds(env: Mapping[str, str], key: str, default: float) -> float:
+    raw = env.get(key)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SystemExit(f"inventory: {key}={raw!r} is not a number of seconds") from None
+    if value <= 0:
+        raise SystemExit(f"inventory: {key}={raw!r} must be > 0")
+    return value
+
+
+def main() -> None:
+    settings = Settings.from_env()
+    interval = _seconds(os.environ, "GPUORCH_INVENTORY_INTERVAL", DEFAULT_INTERVAL)
+    heartbeat = _seconds(os.environ, "GPUORCH_INVENTORY_HEARTBEAT", DEFAULT_HEARTBEAT)
+
+    async def start(stop: asyncio.Event) -> None:
+        # built inside the loop (it owns asyncio.Events); a bad configuration fails fast
+        await Inventory(settings, interval=interval, heartbeat=heartbeat).run(stop)
+
+    run_service("inventory", start)

@@ -1,0 +1,79 @@
+"""The exported JSON Schema in proto/schemas is the contract; drift is caught."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuorch_proto import schema
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMAS = ROOT / "proto" / "schemas"
+
+
+def check(directory: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpuorch_proto.schema", "--check", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+
+
+def test_committed_schemas_match_the_contract() -> None:
+    result = check(SCHEMAS)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in SCHEMAS.glob("*.schema.json")) == sorted(schema.EXPORTS)
+
+
+def _drop_a_property(text: str) -> str:
+    doc = json.loads(text)
+    submit = doc["$defs"]["Submit"]["properties"]
+    del submit["idempotency_key"]
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("fname", "change"),
+    [
+        pytest.param("event.schema.json", _drop_a_property, id="property-removed"),
+        pytest.param(
+            "workload.schema.json", lambda t: t.replace('"gpus"', '"gpu_count"', 1), id="field-renamed"
+        ),
+        pytest.param("fence-record.schema.json", lambda t: t + " ", id="whitespace-only"),
+    ],
+)
+def test_a_changed_schema_is_detected(tmp_path: Path, fname: str, change: object) -> None:
+    copy = tmp_path / "schemas"
+    shutil.copytree(SCHEMAS, copy)
+    target = copy / fname
+    original = target.read_text()
+    changed = change(original)  # type: ignore[operator]
+    assert changed != original
+    target.write_text(changed)
+    result = check(copy)
+    assert result.returncode == 1
+    assert fname in result.stderr
+
+
+def test_a_missing_schema_file_is_detected(tmp_path: Path) -> None:
+    copy = tmp_path / "schemas"
+    shutil.copytree(SCHEMAS, copy)
+    (copy / "owner-lease.schema.json").unlink()
+    result = check(copy)
+    assert result.returncode == 1 and "owner-lease.schema.json" in result.stderr
+
+
+def test_event_schema_is_a_tagged_union_of_every_event() -> None:
+    doc = json.loads((SCHEMAS / "event.schema.json").read_text())
+    from gpuorch_proto import EVENT_TYPES, type_tag
+
+    mapping = doc["discriminator"]["mapping"]
+    assert doc["discriminator"]["propertyName"] == "type"
+    assert set(mapping) == {type_tag(c) for c in EVENT_TYPES}

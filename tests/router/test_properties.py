@@ -1,0 +1,192 @@
+"""Hypothesis properties of the routing policy over generated worlds and workloads.
+
+* it never routes to an ineligible cluster, and the outcome follows from the verdicts;
+* adding an ineligible cluster never changes the decision;
+* the same inputs give the same decision (fresh objects, reordered mapping, prebuilt index).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpuorch_proto.inventory import ClusterSnapshot, NodeInfo, QueueRegistry, Taint
+from gpuorch_proto.routing import ClusterVerdict, RoutingDecision
+from gpuorch_proto.workload import Preferences, Workload
+from gpuorch_router.policy import build_index, route
+from tests.support.builders import (
+    A100_40,
+    A100_80,
+    H100_80,
+    NOW,
+    make_input,
+    make_node,
+    make_queue,
+    make_registry,
+    make_snapshot,
+    make_workload,
+)
+
+NAMES = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot"]
+MODELS = [(A100_80, 81920), (A100_40, 40960), (H100_80, 81559), ("NVIDIA-L4", 23034)]
+
+
+@st.composite
+def nodes(draw: st.DrawFn, prefix: str) -> list[NodeInfo]:
+    out: list[NodeInfo] = []
+    for k in range(draw(st.sampled_from([0, 1, 1, 2, 2, 3, 3]))):  # node classes
+        product, mem = draw(st.sampled_from(MODELS))
+        gpus = draw(st.sampled_from([1, 2, 4, 8]))
+        pool = draw(st.sampled_from(["train", "inference"]))
+        taints = draw(st.sampled_from([[], [], [], [Taint(key="team", value="vision")]]))
+        sharing = draw(st.sampled_from([[], ["time-slicing"]]))
+        for i in range(draw(st.integers(1, 4))):
+            out.append(
+                make_node(
+                    f"{prefix}-{k}-{i}",
+                    gpus=gpus,
+                    free=draw(st.integers(0, gpus)),
+                    product=product,
+                    memory_mib=mem,
+                    pool=pool,
+                    ready=draw(st.sampled_from([True, True, True, False])),
+                    taints=taints,
+                    sharing=sharing,
+                    cpu_free=draw(st.sampled_from([8.0, 64.0])),
+                )
+            )
+    return out
+
+
+@st.composite
+def cluster(draw: st.DrawFn, name: str) -> ClusterSnapshot:
+    queues = draw(
+        st.sampled_from(
+            [[], [QueueRegistry(name="training")], [QueueRegistry(name="training", owners=["alice"])]]
+        )
+    )
+    registry = make_registry(
+        price_per_gpu_hour=draw(st.sampled_from([1.0, 2.0, 4.0])),
+        artifact_stores=draw(st.sampled_from([["scratch"], ["scratch", "prod"], ["scratch", "prod"]])),
+        credentials=draw(st.sampled_from([[], ["hf"], ["hf"]])),
+        datasets_cached=draw(st.sampled_from([[], ["ds@1"], ["ds@2"]])),
+        bandwidth_mbps=draw(st.sampled_from([{}, {"s3": 100.0}, {"s3": 1000.0}, {"s3": 1000.0}])),
+        data_locations=draw(st.sampled_from([[], ["nfs"]])),
+        queues=queues,
+    )
+    infos = [make_queue("training", wait=draw(st.sampled_from([0.0, 1800.0, 7200.0])))] if queues else []
+    return make_snapshot(
+        name,
+        nodes=draw(nodes(name)),
+        registry=registry,
+        queues=infos,
+        reachable=draw(st.sampled_from([True, True, True, False])),
+        observed_at=NOW - draw(st.sampled_from([0.0, 30.0, 30.0, 300.0])),
+    )
+
+
+@st.composite
+def world(draw: st.DrawFn, min_size: int = 0) -> dict[str, ClusterSnapshot]:
+    names = draw(st.lists(st.sampled_from(NAMES[:-1]), min_size=min_size, max_size=4, unique=True))
+    return {n: draw(cluster(n)) for n in names}
+
+
+@st.composite
+def workload(draw: st.DrawFn, pin_to: list[str]) -> Workload:
+    gpus, sharing = draw(
+        st.sampled_from([(0, None), (1, None), (2, None), (4, None), (8, None), (0.5, "time-slicing")])
+    )
+    pin = draw(st.sampled_from([None] * 6 + pin_to)) if pin_to else None
+    return make_workload(
+        gpus=gpus,
+        sharing=sharing,
+        workers=draw(st.sampled_from([1, 1, 1, 2, 3])),
+        same_node=draw(st.sampled_from([False, False, True])),
+        gpu_memory_gib=draw(st.sampled_from([None, None, 40, 80])),
+        accelerators=draw(st.sampled_from([(), (), (), ("H100",), ("A100",)])),
+        inputs=draw(
+            st.sampled_from(
+                [(), (), (), (make_input("ds@2", 360, ["s3"]),), (make_input("ds@1", 10, ["nfs"]),)]
+            )
+        ),
+        output_store=draw(st.sampled_from(["scratch", "scratch", "prod"])),
+        credentials=draw(st.sampled_from([(), (), ("hf",)])),
+        pools=draw(st.sampled_from([(), (), ("train",)])),
+        owner=draw(st.sampled_from(["alice", "alice", "bob"])),
+        queue=f"{pin}/training" if pin else None,
+        cpu=draw(st.sampled_from(["4", "4", "32"])),
+        preferences=Preferences(
+            cost_weight=draw(st.sampled_from([0.0, 1.0])),
+            clusters=draw(st.sampled_from([[], ["bravo"]])),
+        ),
+    )
+
+
+SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _key(d: RoutingDecision) -> tuple[str, str | None, str | None]:
+    return d.outcome, d.cluster, d.queue
+
+
+def _capacity_only(v: ClusterVerdict) -> bool:
+    return not v.eligible and all(c.ok or c.capacity_only for c in v.checks)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_never_routes_to_an_ineligible_cluster(data: Any) -> None:
+    w = data.draw(world())
+    wl = data.draw(workload(sorted(w)))
+    d = route(wl, "w", w, NOW)
+    verdicts = {v.cluster: v for v in d.verdicts}
+    eligible = [v for v in d.verdicts if v.eligible]
+    for v in d.verdicts:
+        assert v.eligible == all(c.ok for c in v.checks)
+    if d.outcome == "routed":
+        chosen = verdicts[d.cluster]  # type: ignore[index]
+        assert chosen.eligible and chosen.estimate is not None
+        best = min(eligible, key=lambda v: (v.estimate.score, v.cluster))  # type: ignore[union-attr]
+        assert best.cluster == d.cluster
+    else:
+        assert not eligible and d.cluster is None
+        blocked = [v for v in d.verdicts if _capacity_only(v) and v.checks[0].code != "PINNED_ELSEWHERE"]
+        assert (d.outcome == "waiting") == bool(blocked)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_adding_an_ineligible_cluster_never_changes_the_decision(data: Any) -> None:
+    w = data.draw(world())
+    wl = data.draw(workload(sorted(w)))
+    extra = data.draw(cluster(NAMES[-1]))
+    before = route(wl, "w", w, NOW)
+    after = route(wl, "w", {**w, extra.cluster: extra}, NOW)
+    added = next(v for v in after.verdicts if v.cluster == extra.cluster)
+    if added.eligible:
+        return
+    if _capacity_only(added) and before.outcome == "rejected":
+        assert after.outcome == "waiting"  # a cluster that may come back is worth waiting for
+        return
+    assert _key(after) == _key(before)
+    assert [v for v in after.verdicts if v.cluster != extra.cluster] == before.verdicts
+
+
+@SETTINGS
+@given(data=st.data())
+def test_unchanged_inventory_gives_the_same_decision(data: Any) -> None:
+    w = data.draw(world(min_size=1))
+    wl = data.draw(workload(sorted(w)))
+    other = data.draw(workload(sorted(w)))
+    first = route(wl, "w", w, NOW)
+    route(other, "w", w, NOW)  # another workload through the same memoised indexes in between
+    assert route(wl, "w", w, NOW) == first
+    fresh = {
+        n: msgspec.json.decode(msgspec.json.encode(s), type=ClusterSnapshot) for n, s in reversed(w.items())
+    }
+    copy = msgspec.json.decode(msgspec.json.encode(wl), type=Workload)
+    assert route(copy, "w", fresh, NOW) == first  # new objects, new indexes, other mapping order
+    assert route(wl, "w", {n: build_index(s) for n, s in w.items()}, NOW) == first

@@ -1,0 +1,112 @@
+"""Trace context crosses NATS: the consumer's span continues the producer's trace."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from nats.js import JetStreamContext
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+
+from gpuorch.runtime import telemetry
+from gpuorch.runtime.shell import Publisher
+from gpuorch_proto import Names, workload_id_for
+from tests.runtime.helpers import Recorder, consumer_settled, running_consumer, submit_json
+from tests.support.nats import count, read_all
+from tests.support.wait import assert_eventually
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider: TracerProvider = telemetry.setup_tracing("test-hop", exporter=exporter)
+    try:
+        yield exporter
+    finally:
+        telemetry.shutdown_tracing(provider)
+
+
+async def test_trace_id_survives_a_hop_through_nats(
+    js: JetStreamContext, names: Names, spans: InMemorySpanExporter
+) -> None:
+    pub = Publisher(js, names)
+    with telemetry.tracer().start_as_current_span("client submit") as root:
+        trace_id = root.get_span_context().trace_id
+        await pub.publish_raw(names.cmd_submit, submit_json(), msg_id="trace-1")
+    rec = Recorder()
+    wid = workload_id_for("trace-1", "train-a")
+    async with running_consumer(js, names, rec):
+        await assert_eventually(lambda: count(js, names.stream_evt, names.evt(wid, "submitted")))
+        await assert_eventually(lambda: consumer_settled(js, names.stream_cmd, names.durable("test", "test")))
+
+    by_name = {s.name: s for s in spans.get_finished_spans()}
+    produced = by_name[f"{names.cmd_submit} publish"]
+    processed = by_name[f"{names.cmd_submit} process"]
+    output = by_name[f"{names.evt(wid, 'submitted')} publish"]
+    assert (produced.kind, processed.kind, output.kind) == (
+        SpanKind.PRODUCER,
+        SpanKind.CONSUMER,
+        SpanKind.PRODUCER,
+    )
+    assert {s.context.trace_id for s in (produced, processed, output)} == {trace_id}
+    assert processed.parent is not None and processed.parent.span_id == produced.context.span_id
+    assert output.parent is not None and output.parent.span_id == processed.context.span_id
+    assert processed.attributes is not None
+    assert processed.attributes["messaging.system"] == "nats"
+    assert processed.attributes["messaging.destination.name"] == names.cmd_submit
+    assert processed.attributes["messaging.message.id"] == "trace-1"
+    assert output.attributes is not None and output.attributes["messaging.message.id"] == f"{wid}.submitted"
+
+    # the handler saw the same trace, and the output message carries it on
+    assert telemetry.trace_id_hex(rec.calls[0].context) == f"{trace_id:032x}"
+    [out_msg] = await read_all(js, names.stream_evt, names.evt(wid, "submitted"))
+    assert telemetry.trace_id_hex(telemetry.extract(out_msg.headers)) == f"{trace_id:032x}"
+
+
+async def test_a_message_without_traceparent_starts_a_new_trace(
+    js: JetStreamContext, names: Names, spans: InMemorySpanExporter
+) -> None:
+    await js.publish(names.cmd_submit, submit_json(), headers={"Nats-Msg-Id": "no-trace"})
+    rec = Recorder()
+    async with running_consumer(js, names, rec):
+        await assert_eventually(lambda: consumer_settled(js, names.stream_cmd, names.durable("test", "test")))
+    [processed] = [s for s in spans.get_finished_spans() if s.name.endswith(" process")]
+    assert processed.parent is None
+    assert telemetry.trace_id_hex(rec.calls[0].context) == f"{processed.context.trace_id:032x}"
+
+
+def test_inject_extract_round_trip(spans: InMemorySpanExporter) -> None:
+    with telemetry.tracer().start_as_current_span("outer") as span:
+        headers = telemetry.inject()
+    assert headers["traceparent"].split("-")[1] == f"{span.get_span_context().trace_id:032x}"
+    ctx = telemetry.extract(headers)
+    assert telemetry.trace_id_hex(ctx) == f"{span.get_span_context().trace_id:032x}"
+    assert telemetry.trace_id_hex(telemetry.extract({})) is None
+
+
+def test_trace_file_gets_one_json_line_per_span_from_every_service(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "trace.jsonl"
+    monkeypatch.setenv(telemetry.TRACE_FILE_ENV, str(path))
+    for service in ("router", "dispatcher"):
+        provider = telemetry.setup_tracing(service)
+        with telemetry.tracer().start_as_current_span(f"{service} work") as parent:
+            span = telemetry.start_publish_span("x.evt.w.routed", "w.routed")
+            span.end()
+        telemetry.shutdown_tracing(provider)
+    lines = telemetry.read_trace_file(path)
+    assert [(s["service"], s["name"], s["kind"]) for s in lines] == [
+        ("router", "x.evt.w.routed publish", "PRODUCER"),
+        ("router", "router work", "INTERNAL"),
+        ("dispatcher", "x.evt.w.routed publish", "PRODUCER"),
+        ("dispatcher", "dispatcher work", "INTERNAL"),
+    ]
+    child, root = lines[2], lines[3]
+    assert child["trace_id"] == root["trace_id"] == f"{parent.get_span_context().trace_id:032x}"
+    assert child["parent_span_id"] == root["span_id"] and root["parent_span_id"] is None
+    assert child["attributes"]["messaging.system"] == "nats"
+    assert child["start_ns"] <= child["end_ns"]
