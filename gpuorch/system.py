@@ -207,6 +207,16 @@ class System:
         if proc.popen is not None:
             proc.popen.wait(timeout=15)
 
+    def fault(self, cluster: str, *args: str) -> str:
+        """Inject a fault into a local cluster (partition, heal, lose-node N, capacity N G, slow-api S)."""
+        out = subprocess.run(
+            [sys.executable, "-m", "gpuorch.localkube", "fault", "--state-dir", str(self.state_dir / "clusters"), cluster, *args],
+            capture_output=True, text=True, timeout=30,
+        )
+        if out.returncode != 0:
+            raise RuntimeError(f"fault {cluster} {' '.join(args)} failed: {out.stderr or out.stdout}")
+        return out.stdout
+
     def restart(self, name: str) -> None:
         self.start_service(name)
         self.wait_service_ready(name)

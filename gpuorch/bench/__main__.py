@@ -44,7 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     header = ("bench", "case", "metric", "value", "unit")
     widths = [max(len(row[i]) for row in [header, *table]) for i in range(len(header))]
     for row in [header, tuple("-" * w for w in widths), *table]:
-        print("  ".join(c.rjust(w) if i == 3 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+        print(
+            "  ".join(
+                c.rjust(w) if i == 3 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            ).rstrip()
+        )
     return 0
 
 

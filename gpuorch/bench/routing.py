@@ -3,15 +3,20 @@
 The world is generated from a fixed seed: each cluster has nodes in a handful of classes (pool x
 GPU model x size), random free GPUs and NotReady nodes, and a registry drawn from small sets of
 stores, credentials, cached datasets, links and queues, so that some clusters are ineligible for
-some workloads, as in production. Three ways of routing are measured:
+some workloads, as in production. Observation times carry fractional seconds. Scenarios:
 
-* ``warm``: a sweep's trials: many distinct ``Workload`` objects sharing a few shapes (same
-  resources, requirements, inputs and workload class, different names and args). Per-cluster
-  evaluations are memoised per snapshot index and shape; ``now`` advances every decision.
-* ``cold``: every decision a workload shape never seen before (a different declared run time), so
-  every cluster is evaluated from its node classes: the worst case.
-* ``index``: building the snapshot index (node classes) from a snapshot, once per published
-  snapshot.
+* ``index build``: building a snapshot's index (node classes), once per published snapshot.
+* ``steady``: a sweep's trials: distinct ``Workload`` objects sharing 5 shapes (same resources,
+  requirements, inputs and workload class; other names and args), ``now`` advancing 1 ms per
+  decision, and one cluster republishing a snapshot every 100 decisions (as 100 clusters
+  republishing every second would at 10,000 decisions/s); the new index is built inside the timed
+  decision that first sees it.
+* ``new ages``: ``now`` advances 1 s per decision, so every cluster's snapshot age (and so every
+  verdict record) changes every decision; checks and estimates still come from the memo.
+* ``new estimate``: every decision declares a new run time: checks are memoised, every
+  eligible cluster's estimate is computed.
+* ``cold``: every decision a resource shape never seen before: every check of every cluster is
+  computed from its node classes. The worst case.
 
 Numbers are per decision over all clusters (``route`` evaluates every cluster every time).
 """
@@ -24,6 +29,8 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import msgspec
 
 from gpuorch_proto.inventory import (
     ClusterRegistryEntry,
@@ -42,7 +49,7 @@ from gpuorch_proto.workload import (
     Workload,
     WorkloadSpecBody,
 )
-from gpuorch_router.policy import SnapshotIndex, build_index, route
+from gpuorch_router.policy import SnapshotIndex, route
 
 NOW = 1_700_000_000.0
 IMAGE = "example.org/train@sha256:" + "0123456789abcdef" * 4
@@ -123,7 +130,11 @@ def make_cluster(rng: random.Random, name: str, n_nodes: int) -> ClusterSnapshot
         published_at=NOW,
         nodes=nodes,
         queues=[
-            QueueInfo(name="training", pending_gpus=rng.randint(0, 64), estimated_wait_seconds=rng.choice([0.0, 1800.0, 7200.0])),
+            QueueInfo(
+                name="training",
+                pending_gpus=rng.randint(0, 64),
+                estimated_wait_seconds=rng.choice([0.0, 1800.0, 7200.0]),
+            ),
             QueueInfo(name="batch", pending_gpus=0),
         ],
         registry=registry,
@@ -138,14 +149,22 @@ def make_world(n_clusters: int, n_nodes: int, seed: int = 7) -> dict[str, Cluste
 SHAPES = [
     # (gpus, workers, same_node, gpu_memory_gib, inputs, credentials, output store)
     (1, 1, False, None, (), (), "scratch"),
-    (8, 1, False, 80.0, (DatasetInput(ref="imagenet@v3", size_gb=150, locations=["s3-east"]),), ("hf-token",), "prod"),
+    (
+        8,
+        1,
+        False,
+        80.0,
+        (DatasetInput(ref="imagenet@v3", size_gb=150, locations=["s3-east"]),),
+        ("hf-token",),
+        "prod",
+    ),
     (4, 2, True, 40.0, (), ("hf-token",), "scratch"),
     (8, 4, False, 80.0, (DatasetInput(ref="c4@2024", size_gb=800, locations=["s3-east"]),), (), "prod"),
     (2, 1, False, None, (DatasetInput(ref="laion@1", size_gb=50, locations=["s3-east"]),), (), "scratch"),
 ]
 
 
-def make_workload(shape: int, trial: int, runtime: str = "2h") -> Workload:
+def make_workload(shape: int, trial: int, runtime: str = "2h", cpu: str = "8") -> Workload:
     gpus, workers, same_node, mem, inputs, creds, store = SHAPES[shape % len(SHAPES)]
     return Workload(
         metadata=Metadata(name=f"trial-{trial}", owner="alice", workload_class=f"shape-{shape}"),
@@ -154,7 +173,9 @@ def make_workload(shape: int, trial: int, runtime: str = "2h") -> Workload:
             command=["python", "train.py"],
             args=[f"--lr={0.001 * (trial % 17 + 1)}"],
             inputs=list(inputs),
-            resources=Resources(gpus=gpus, workers=workers, same_node=same_node, gpu_memory_gib=mem, cpu="8", memory="64Gi"),
+            resources=Resources(
+                gpus=gpus, workers=workers, same_node=same_node, gpu_memory_gib=mem, cpu=cpu, memory="64Gi"
+            ),
             requirements=Requirements(credentials=list(creds), connections=["wandb"]),
             output=OutputPolicy(store=store),
             expected_runtime=runtime,
@@ -162,77 +183,155 @@ def make_workload(shape: int, trial: int, runtime: str = "2h") -> Workload:
     )
 
 
-def _timed(fn: Callable[[int], object], n: int) -> list[float]:
-    lat = []
-    clock = time.perf_counter
-    for i in range(n):
-        t0 = clock()
-        fn(i)
-        lat.append(clock() - t0)
-    return lat
-
-
-def _stats(bench: str, case: str, lat: Sequence[float]) -> list[Row]:
+def _stats(case: str, lat: Sequence[float]) -> list[Row]:
     ordered = sorted(lat)
     p50 = ordered[len(ordered) // 2]
     p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
     return [
-        Row(bench, case, "decisions/s", len(lat) / sum(lat), "1/s"),
-        Row(bench, case, "p50 latency", p50 * 1e6, "us"),
-        Row(bench, case, "p99 latency", p99 * 1e6, "us"),
+        Row("routing", case, "decisions/s", len(lat) / sum(lat), "1/s"),
+        Row("routing", case, "p50 latency", p50 * 1e6, "us"),
+        Row("routing", case, "p99 latency", p99 * 1e6, "us"),
     ]
 
 
-def bench_world(n_clusters: int, n_nodes: int, decisions: int, cold_decisions: int) -> tuple[list[Row], dict[str, float]]:
-    case = f"{n_clusters}x{n_nodes}"
-    world = make_world(n_clusters, n_nodes)
-    rows: list[Row] = []
-    # index build, once per published snapshot
-    t0 = time.perf_counter()
-    indexes: dict[str, ClusterSnapshot | SnapshotIndex] = {n: SnapshotIndex(s) for n, s in world.items()}
-    build = (time.perf_counter() - t0) / n_clusters
-    classes = sum(len(i.classes) for i in indexes.values() if isinstance(i, SnapshotIndex)) / n_clusters
-    rows.append(Row("routing", case, "index build / snapshot", build * 1e3, "ms"))
-    rows.append(Row("routing", case, "node classes / cluster", classes, ""))
-    for name, snap in world.items():  # warm the identity cache the way the service does
-        build_index(snap)
-    del indexes
+def _jittered(world: dict[str, ClusterSnapshot], seed: int) -> dict[str, ClusterSnapshot]:
+    """Observation times with fractional seconds, as a real inventory publishes them."""
+    rng = random.Random(seed)
+    return {n: msgspec.structs.replace(s, observed_at=s.observed_at - rng.random()) for n, s in world.items()}
 
-    workloads = [make_workload(i % len(SHAPES), i) for i in range(decisions)]
-    for s in range(len(SHAPES)):  # first sight of each shape is a cold decision: not measured here
-        route(make_workload(s, -1), "warmup", world, NOW)
+
+def _run(
+    world: dict[str, ClusterSnapshot],
+    workloads: Sequence[Workload],
+    *,
+    step: float,
+    churn: int = 0,
+    max_age: float = 120.0,
+) -> list[float]:
+    """Route every workload once, `now` advancing by `step`; every `churn` decisions one cluster
+    republishes (a new snapshot object, so a new index is built inside the timed decision)."""
+    names = sorted(world)
+    lat: list[float] = []
+    clock = time.perf_counter
     gc.collect()
-    gc.disable()
+    for i, wl in enumerate(workloads):
+        now = NOW + i * step
+        if churn and i and i % churn == 0:
+            name = names[(i // churn) % len(names)]
+            world[name] = msgspec.structs.replace(world[name], observed_at=now - 0.25, published_at=now)
+        t0 = clock()
+        route(wl, f"w{i}", world, now, max_snapshot_age=max_age)
+        lat.append(clock() - t0)
+    return lat
+
+
+def _scenario(
+    base: dict[str, ClusterSnapshot],
+    make: Callable[[int], list[Workload]],
+    *,
+    repeats: int,
+    warm_shapes: bool,
+    step: float,
+    churn: int = 0,
+    max_age: float = 120.0,
+) -> list[float]:
+    """Run a scenario `repeats` times on fresh copies of the world; the run of median throughput."""
+    runs = []
+    for r in range(repeats):
+        world = _jittered(base, r)
+        route(make_workload(0, -1), "warmup", world, NOW)  # indexes built before timing
+        if warm_shapes:
+            for shape in range(len(SHAPES)):
+                route(make_workload(shape, -1), "warmup", world, NOW)
+        runs.append(_run(world, make(r), step=step, churn=churn, max_age=max_age))
+    runs.sort(key=sum)
+    return runs[len(runs) // 2]
+
+
+def bench_world(
+    n_clusters: int, n_nodes: int, decisions: int, cold_decisions: int, repeats: int
+) -> tuple[list[Row], dict[str, float]]:
+    case = f"{n_clusters}x{n_nodes}"
+    base = make_world(n_clusters, n_nodes)
+    gc.collect()
+    gc.freeze()  # the generated world is long-lived: keep full collections from rescanning it
     try:
-        warm = _timed(lambda i: route(workloads[i], f"w{i}", world, NOW + i * 0.001), decisions)
-        cold_wls = [make_workload(i % len(SHAPES), i, runtime=f"{3600 + i}s") for i in range(cold_decisions)]
-        cold = _timed(lambda i: route(cold_wls[i], f"c{i}", world, NOW + i * 0.001), cold_decisions)
+        rows: list[Row] = []
+        builds = []
+        for snap in list(base.values())[:30]:
+            t0 = time.perf_counter()
+            SnapshotIndex(snap)
+            builds.append(time.perf_counter() - t0)
+        build = statistics.median(builds)
+        classes = statistics.mean(len(SnapshotIndex(s).classes) for s in base.values())
+        rows.append(Row("routing", case, "index build / snapshot (p50)", build * 1e3, "ms"))
+        rows.append(Row("routing", case, "node classes / cluster", classes, ""))
+        facts: dict[str, float] = {"build_ms": build * 1e3}
+
+        def trials(n: int) -> Callable[[int], list[Workload]]:
+            return lambda r: [make_workload(i % len(SHAPES), r * n + i) for i in range(n)]
+
+        scenarios: list[tuple[str, list[float]]] = [
+            # sweep trials; one snapshot republished every 100 decisions (its index built inline)
+            (
+                "steady",
+                _scenario(base, trials(decisions), repeats=repeats, warm_shapes=True, step=0.001, churn=100),
+            ),
+            # every decision at new snapshot ages: every verdict rebuilt, checks and estimates memoised
+            (
+                "new ages",
+                _scenario(
+                    base, trials(decisions // 4), repeats=repeats, warm_shapes=True, step=1.001, max_age=1e12
+                ),
+            ),
+            # a new run time each decision: checks memoised, every eligible cluster's estimate computed
+            (
+                "new estimate",
+                _scenario(
+                    base,
+                    lambda r: [
+                        make_workload(i % len(SHAPES), i, runtime=f"{3600 + r * cold_decisions + i}s")
+                        for i in range(cold_decisions)
+                    ],
+                    repeats=repeats,
+                    warm_shapes=True,
+                    step=0.001,
+                ),
+            ),
+            # a resource shape never seen before each decision: every check of every cluster computed
+            (
+                "cold",
+                _scenario(
+                    base,
+                    lambda r: [
+                        make_workload(i % len(SHAPES), i, cpu=f"{4000 + r * cold_decisions + i}m")
+                        for i in range(cold_decisions)
+                    ],
+                    repeats=repeats,
+                    warm_shapes=False,
+                    step=0.001,
+                ),
+            ),
+        ]
+        for name, lat in scenarios:
+            rows += _stats(f"{case} {name}", lat)
+            facts[name] = len(lat) / sum(lat)
+        decision = route(make_workload(0, 0), "w", base, NOW)
+        facts["eligible"] = float(sum(1 for v in decision.verdicts if v.eligible))
+        return rows, facts
     finally:
-        gc.enable()
-    rows += _stats("routing", f"{case} warm", warm)
-    rows += _stats("routing", f"{case} cold", cold)
-    outcome = route(workloads[0], "w", world, NOW)
-    facts = {
-        "warm_rate": len(warm) / sum(warm),
-        "cold_rate": len(cold) / sum(cold),
-        "build_ms": build * 1e3,
-        "eligible": float(sum(1 for v in outcome.verdicts if v.eligible)),
-    }
-    return rows, facts
+        gc.unfreeze()
 
 
 def run(quick: bool = False) -> list[Row]:
-    """The routing bench: 100 x 1,000 and 100 x 100 nodes; ratios show cost independent of nodes."""
-    n_warm, n_cold = (500, 50) if quick else (5000, 300)
-    rows_big, big = bench_world(100, 1000, n_warm, n_cold)
-    rows_small, small = bench_world(100, 100, n_warm, n_cold)
+    """The routing bench at 100 x 1,000 and 100 x 100 nodes; ratios show cost independent of nodes."""
+    n, n_cold, repeats = (1000, 60, 1) if quick else (20000, 300, 3)
+    rows_big, big = bench_world(100, 1000, n, n_cold, repeats)
+    rows_small, small = bench_world(100, 100, n, n_cold, repeats)
     rows = rows_big + rows_small
-    rows.append(Row("routing", "1000 vs 100 nodes", "warm rate ratio", big["warm_rate"] / small["warm_rate"], "x"))
-    rows.append(Row("routing", "1000 vs 100 nodes", "cold rate ratio", big["cold_rate"] / small["cold_rate"], "x"))
-    rows.append(Row("routing", "1000 vs 100 nodes", "index build ratio", big["build_ms"] / small["build_ms"], "x"))
+    cmp = "1000 vs 100 nodes"
+    for key in ("steady", "new ages", "new estimate", "cold"):
+        rows.append(Row("routing", cmp, f"{key} rate ratio", big[key] / small[key], "x"))
+    rows.append(Row("routing", cmp, "index build ratio", big["build_ms"] / small["build_ms"], "x"))
     rows.append(Row("routing", "100x1000", "eligible clusters (shape 0)", big["eligible"], ""))
     return rows
-
-
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import select
 import socket
 import threading
 import time
@@ -119,7 +120,18 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "localkube"
     sys_version = ""
+    timeout = 300  # idle keep-alive connections are closed after 5 minutes
     server: _Server
+
+    def _client_gone(self) -> bool:
+        """True when the peer closed its side (checked while a watch has nothing to send)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            if not readable:
+                return False
+            return bool(self.connection.recv(1, socket.MSG_PEEK) == b"")
+        except (OSError, ValueError):
+            return True
 
     def setup(self) -> None:
         super().setup()
@@ -343,7 +355,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if res is PODS:
                     core.delete_pod(ns, name, opts.get("gracePeriodSeconds"))
                 else:
-                    core.delete_job(ns, name, opts.get("propagationPolicy") or "Background", None, opts.get("orphanDependents"))
+                    core.delete_job(ns, name, opts.get("propagationPolicy"), None, opts.get("orphanDependents"))
         return self._send(200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"})
 
     # -- watch -----------------------------------------------------------------------------------
@@ -416,6 +428,8 @@ class _Handler(BaseHTTPRequestHandler):
                         if events or remaining <= 0:
                             break
                         store.cond.wait(timeout=min(remaining, 1.0))
+                        if self._client_gone():
+                            raise _Abort()
                 if gone is not None:
                     self._chunk(_encoder.encode({"type": "ERROR", "object": gone.status()}) + b"\n")
                     break

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import logging
@@ -136,8 +137,14 @@ class LocalCluster:
         self._thread = threading.Thread(target=self._loop, name=f"localkube-{self.name}", daemon=True)
         self._thread.start()
         self._started = True
+        atexit.register(self._atexit)
         log.info("cluster %s serving on %s", self.name, self.url)
         return self
+
+    def _atexit(self) -> None:
+        """Safety net: an interpreter that exits without stop() must not leave pod processes behind."""
+        with contextlib.suppress(Exception):
+            self.stop(grace=0.5)
 
     def stop(self, grace: float = 2.0) -> None:
         """Stop serving and controlling, and stop every process this cluster started.
@@ -156,6 +163,7 @@ class LocalCluster:
             self.core.store.closed = True
         self.core.store.notify()
         self._started = False
+        atexit.unregister(self._atexit)
         log.info("cluster %s stopped", self.name)
 
     def __enter__(self) -> LocalCluster:

@@ -262,7 +262,10 @@ class JobController:
             for ctype, cstatus, reason, message in conds:
                 set_condition(s, ctype, cstatus, reason, message)
 
-        core.store.update("jobs", ns, name, mutate)
+        probe = {"status": copy.deepcopy(job.get("status") or {})}
+        mutate(probe)
+        if probe["status"] != (job.get("status") or {}):
+            core.store.update("jobs", ns, name, mutate)
 
     def _scale_down(self, tr: JobTrack, active: list[dict[str, Any]], n: int) -> int:
         victims = sorted(active, key=lambda p: (bool(p["spec"].get("nodeName")), -self.core.store.creation_seq(p)))[:n]

@@ -112,6 +112,7 @@ class PodRun:
     config_error: str | None = None
     term_started: float | None = None
     killed_hard: bool = False
+    written: Any = None  # what the last status write was computed from
 
     def containers(self) -> list[ContainerRun]:
         return self.init + self.main
@@ -487,6 +488,13 @@ class Kubelet:
     def _write_status(self, run: PodRun) -> None:
         ready = run.stage == "main" and all("running" in c.state for c in run.main)
         initialized = run.stage != "init" or not run.init
+        signature = (
+            run.phase, run.stage, run.reason, run.message, tuple(run.gpu_ids), tuple(sorted(run.pids().items())),
+            repr([(c.state, c.last_state, c.restart_count) for c in run.containers()]),
+        )
+        if signature == run.written:
+            return
+        run.written = signature
 
         def mutate(pod: dict[str, Any]) -> None:
             if pod["metadata"].get("uid") != run.uid:

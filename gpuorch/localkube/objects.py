@@ -425,10 +425,11 @@ def set_condition(
                 if probe:
                     c["lastProbeTime"] = now
             c["status"] = value
-            if reason is not None:
-                c["reason"] = reason
-            if message is not None:
-                c["message"] = message
+            for key, v in (("reason", reason), ("message", message)):
+                if v is None:
+                    c.pop(key, None)
+                else:
+                    c[key] = v
             return
     cond: dict[str, Any] = {"type": ctype, "status": value, "lastTransitionTime": now}
     if probe:

@@ -238,6 +238,10 @@ class Scheduler:
         self.core.store.update("pods", pod["metadata"]["namespace"], pod["metadata"]["name"], mutate)
 
     def _unschedulable(self, pod: dict[str, Any], message: str) -> None:
+        for c in (pod.get("status") or {}).get("conditions") or []:
+            if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("message") == message:
+                return  # already says so
+
         def mutate(p: dict[str, Any]) -> None:
             st = p.setdefault("status", {})
             conds = st.setdefault("conditions", [])

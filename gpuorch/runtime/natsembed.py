@@ -77,6 +77,7 @@ class EmbeddedNats:
         binary: str | None = None,
         ready_timeout: float = 20.0,
         extra_args: Sequence[str] = (),
+        die_with_parent: bool = False,
     ) -> None:
         self._owns_dir = store_dir is None
         self.store_dir = (
@@ -87,6 +88,7 @@ class EmbeddedNats:
         self.binary = binary
         self.ready_timeout = ready_timeout
         self.extra_args = list(extra_args)
+        self.die_with_parent = die_with_parent
         self._port = port
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file: IO[bytes] | None = None
@@ -143,6 +145,7 @@ class EmbeddedNats:
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent if self.die_with_parent else None,
         )
         try:
             self._port = self._wait_ready(log_offset)
@@ -231,6 +234,17 @@ class EmbeddedNats:
     def __repr__(self) -> str:
         state = f"url={self.url}" if self._port is not None else "not started"
         return f"EmbeddedNats({state}, store={self.store_dir})"
+
+
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGTERM when the spawning thread's process dies, so a
+    SIGKILLed `python -m gpuorch.runtime.natsembed` does not leave an orphan nats-server."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
 
 
 _LISTEN = re.compile(r"Listening for client connections on \S+:(\d+)")
@@ -337,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    srv = EmbeddedNats(ns.store_dir, port=ns.port, server_name=ns.name)
+    srv = EmbeddedNats(ns.store_dir, port=ns.port, server_name=ns.name, die_with_parent=True)
     srv.start()
     print(srv.url, flush=True)
     code = 0

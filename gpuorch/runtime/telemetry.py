@@ -26,6 +26,22 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, Sp
 from opentelemetry.trace import Span, SpanKind, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+__all__ = [
+    "TRACE_FILE_ENV",
+    "JsonlSpanExporter",
+    "SpanKind",
+    "extract",
+    "inject",
+    "read_trace_file",
+    "setup_tracing",
+    "shutdown_tracing",
+    "span_context",
+    "start_process_span",
+    "start_publish_span",
+    "trace_id_hex",
+    "tracer",
+]
+
 TRACE_FILE_ENV = "GPUORCH_TRACE_FILE"
 INSTRUMENTATION = "gpuorch.runtime"
 

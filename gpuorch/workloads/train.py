@@ -221,6 +221,7 @@ def run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
     term = _Terminate()
     previous = signal.signal(signal.SIGTERM, term)
+    print(f"training step={s.step} steps={args.steps}", flush=True)  # from here SIGTERM checkpoints
     started = time.monotonic()
     try:
         while s.step < args.steps:

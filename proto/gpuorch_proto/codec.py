@@ -74,7 +74,7 @@ def decode_event(data: bytes, content_type: str | None = None) -> Event:
     except msgspec.DecodeError as exc:
         raise ContractError("undecodable message", [FieldError(path="$", message=str(exc))]) from exc
     if isinstance(evt, Base) and getattr(evt, "workload", None) is not None:
-        errors = validate_workload(evt.workload)  # type: ignore[attr-defined]
+        errors = validate_workload(evt.workload)  # type: ignore[attr-defined, union-attr, unused-ignore]
         if errors:
             raise ContractError("invalid workload", errors)
     return evt

@@ -214,7 +214,7 @@ Event = (
     | WorkloadFailed
 )
 
-EVENT_TYPES: tuple[type[Base], ...] = Event.__args__  # type: ignore[attr-defined]
+EVENT_TYPES: tuple[type[Base], ...] = Event.__args__  # type: ignore[attr-defined, unused-ignore]
 
 TERMINAL_TYPES = frozenset({"completed", "cancelled", "workload-failed", "rejected"})
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -162,3 +163,31 @@ def test_examples_wrapper_runs_the_same_trainer(dirs):
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads((dirs["out"] / "metrics.json").read_text())["steps"] == 5
+
+
+def test_sigterm_checkpoints_and_exits_143(dirs):
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("GPUORCH_")},
+        "GPUORCH_OUTPUT_DIR": str(dirs["out"]),
+        "GPUORCH_CHECKPOINT_DIR": str(dirs["ckpt"]),
+        "GPUORCH_TIME_SCALE": "100",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuorch.workloads.train", "--steps", "100000", "--step-seconds", "1", "--checkpoint-every", "100000"],
+        env=env, cwd=dirs["cwd"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # the line printed once the handler is installed
+            if line.startswith("training "):
+                break
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, err
+    with np.load(dirs["ckpt"] / "ckpt.npz") as ck:
+        assert 1 <= int(ck["step"]) < 100000  # the step in progress completed, then the checkpoint
+    assert not dirs["out"].exists()

@@ -423,19 +423,30 @@ def test_snapshot_changed_ignores_timestamps_but_not_facts():
     assert not snapshot_changed(gone, msgspec.structs.replace(gone, error="y", published_at=T0 + 9))
 
 
-def test_snapshot_changed_tolerates_wait_drift_but_not_jumps():
+def test_snapshot_changed_ignores_predictable_wait_drift_but_not_news():
     nodes = [make_node("gpu-0")]
+    registry = make_registry("training")
+
+    def at(t: float, pods: list, scale: float = 1.0, **kw) -> ClusterSnapshot:
+        return build_snapshot("primary", nodes, pods, registry, now=t, observed_at=t, time_scale=scale, **kw)
+
     pods = [make_pod("p", node="gpu-0", gpus=8, expected=7200, started=T0)]
-    a = snap(nodes, pods)
-    drift = build_snapshot(
-        "primary", nodes, pods, make_registry("training"), now=T0 + 60, observed_at=T0 + 60, time_scale=1.0
-    )
-    assert queue_of(drift, "training").estimated_wait_seconds == 7140
-    assert not snapshot_changed(a, drift)
-    jump = build_snapshot(
-        "primary", nodes, pods, make_registry("training"), now=T0 + 3600, observed_at=T0 + 3600, time_scale=1.0
-    )
-    assert snapshot_changed(a, jump)
+    a = at(T0, pods)
+    drift = at(T0 + 3000, pods)
+    assert queue_of(drift, "training").estimated_wait_seconds == 4200
+    assert not snapshot_changed(a, drift)  # exactly the elapsed time: a consumer can age it
+    # the job was replaced by one with 100 min to go: same nodes and counts, but the wait jumped
+    replaced = at(T0 + 3000, [make_pod("q", node="gpu-0", gpus=8, expected=6000, started=T0 + 3000)])
+    assert snapshot_changed(a, replaced)
+    # overrun: the estimate stays at 0 while time passes
+    assert not snapshot_changed(at(T0 + 8000, pods), at(T0 + 9000, pods))
+    # a wait from history does not move with time: not news either
+    unknown = [make_pod("u", node="gpu-0", gpus=8, started=T0)]
+    hist = observe(QueueHistory(), "primary", "training", 5000.0)
+    h1, h2 = at(T0, unknown, history=hist), at(T0 + 600, unknown, 10.0, history=hist)
+    assert queue_of(h2, "training").estimated_wait_seconds == 5000
+    assert not snapshot_changed(h1, msgspec.structs.replace(h2, time_scale=1.0))
+    assert snapshot_changed(h1, at(T0 + 600, unknown, history=observe(hist, "primary", "training", 50000.0)))
 
 
 def test_snapshot_round_trips_through_the_wire_format():

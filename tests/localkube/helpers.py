@@ -8,21 +8,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import kubernetes
+import kubernetes.watch
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from gpuorch.localkube import LocalClusters
 
-T = TypeVar("T")
 TIMEOUT = (2, 10)  # (connect, read) for every client call
 
 GPU = "nvidia.com/gpu"
 
 
-def wait_for(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.02, what: str = "") -> T:
+def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02, what: str = "") -> Any:
     """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     last: Any = None
@@ -39,7 +39,9 @@ def wait_for(predicate: Callable[[], T], timeout: float = 10.0, interval: float 
         time.sleep(interval)
 
 
-def pid_alive(pid: int) -> bool:
+def pid_alive(pid: int | None) -> bool:
+    if pid is None:
+        raise AssertionError("no pid")
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -48,21 +50,24 @@ def pid_alive(pid: int) -> bool:
 
 
 def reason_of(e: ApiException) -> str:
-    return str(json.loads(e.body)["reason"])
+    return str(json.loads(str(e.body))["reason"])
 
 
 @dataclass
 class K8s:
-    api: kubernetes.client.ApiClient
-    core: kubernetes.client.CoreV1Api
-    batch: kubernetes.client.BatchV1Api
+    # typed as Any: the models make every field Optional, which only adds noise to assertions
+    api: Any
+    core: Any
+    batch: Any
 
 
 def k8s(kubeconfig: Path, context: str) -> K8s:
     """The official client, from the kubeconfig context, with bounded retries (see the API notes)."""
     cfg = kubernetes.client.Configuration()
     cfg.retries = urllib3.Retry(total=2, connect=2, read=0, status=0, backoff_factor=0)
-    api = kubernetes.config.new_client_from_config(config_file=str(kubeconfig), context=context, client_configuration=cfg)
+    api = kubernetes.config.new_client_from_config(  # type: ignore[no-untyped-call]
+        config_file=str(kubeconfig), context=context, client_configuration=cfg
+    )
     return K8s(api, kubernetes.client.CoreV1Api(api), kubernetes.client.BatchV1Api(api))
 
 
@@ -157,3 +162,11 @@ def raw_call(c: K8s, method: str, path: str, body: Any = None) -> Any:
     resp = c.api.call_api(*params, _request_timeout=TIMEOUT)
     resp.read()
     return c.api.response_deserialize(resp, {"2XX": "object"}).data
+
+
+def new_watch() -> Any:
+    """kubernetes.watch.Watch (untyped in the client)."""
+    return kubernetes.watch.Watch()  # type: ignore[no-untyped-call]
+
+
+LK = Callable[..., Harness]

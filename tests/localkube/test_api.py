@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
+import functools
 import json
+from typing import Any
 
 import kubernetes_validate
 import pytest
-from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 
-from .helpers import GPU, TIMEOUT, job_body, job_finished, job_pods, node_group, raw_call, reason_of, wait_for
+from .helpers import (
+    GPU,
+    LK,
+    TIMEOUT,
+    job_body,
+    job_finished,
+    job_pods,
+    new_watch,
+    node_group,
+    raw_call,
+    reason_of,
+    wait_for,
+)
 
 
-def test_version_nodes_and_gfd_labels(lk) -> None:
+def test_version_nodes_and_gfd_labels(lk: LK) -> None:
     h = lk({
         "name": "c1",
         "nodes": [
@@ -49,7 +62,7 @@ def test_version_nodes_and_gfd_labels(lk) -> None:
     assert e.value.status == 404 and reason_of(e.value) == "NotFound"
 
 
-def test_errors_are_status_objects(lk) -> None:
+def test_errors_are_status_objects(lk: LK) -> None:
     h = lk({"name": "c1", "nodes": [node_group()]})
     c = h.client("c1")
     body = job_body("dup", ["sleep", "30"], suspend=True)
@@ -57,7 +70,7 @@ def test_errors_are_status_objects(lk) -> None:
     with pytest.raises(ApiException) as e:
         c.batch.create_namespaced_job("default", body, _request_timeout=TIMEOUT)
     assert e.value.status == 409 and reason_of(e.value) == "AlreadyExists"
-    status = json.loads(e.value.body)
+    status = json.loads(str(e.value.body))
     assert status["kind"] == "Status" and status["code"] == 409 and 'jobs.batch "dup" already exists' in status["message"]
     # the same name in another (implicit) namespace is fine
     c.batch.create_namespaced_job("team-a", body, _request_timeout=TIMEOUT)
@@ -86,7 +99,7 @@ def test_errors_are_status_objects(lk) -> None:
         with pytest.raises(ApiException) as e:
             c.batch.create_namespaced_job("default", bad, _request_timeout=TIMEOUT)
         assert e.value.status == 422, what
-        st = json.loads(e.value.body)
+        st = json.loads(str(e.value.body))
         assert st["reason"] == "Invalid" and st["details"]["causes"], what
     # what the typed client refuses to send, the server refuses too
     for what, bad in {
@@ -100,11 +113,11 @@ def test_errors_are_status_objects(lk) -> None:
     with pytest.raises(ApiException) as e:
         c.batch.create_namespaced_job("default", job_body("bad", ["true"], gpus=0, container={"resources": {"limits": {GPU: "0.5"}}}),
                                       _request_timeout=TIMEOUT)
-    assert "must be an integer" in json.loads(e.value.body)["message"]
+    assert "must be an integer" in json.loads(str(e.value.body))["message"]
     assert not [j for j in c.batch.list_namespaced_job("default", _request_timeout=TIMEOUT).items if j.metadata.name == "bad"]
 
 
-def test_update_conflicts_and_immutable_fields(lk) -> None:
+def test_update_conflicts_and_immutable_fields(lk: LK) -> None:
     h = lk({"name": "c1", "nodes": [node_group()]})
     c = h.client("c1")
     job = c.batch.create_namespaced_job("default", job_body("upd", ["sleep", "30"], suspend=True), _request_timeout=TIMEOUT)
@@ -121,7 +134,7 @@ def test_update_conflicts_and_immutable_fields(lk) -> None:
     assert got.metadata.labels["team"] == "a" and int(got.metadata.resource_version) > int(stale)
 
 
-def test_pod_lists_cluster_wide_selectors_and_field_selectors(lk) -> None:
+def test_pod_lists_cluster_wide_selectors_and_field_selectors(lk: LK) -> None:
     h = lk({"name": "c1", "nodes": [node_group()]})
     c = h.client("c1")
     for ns, name, team in (("ns-a", "a1", "x"), ("ns-b", "b1", "y"), ("ns-b", "b2", "x")):
@@ -129,7 +142,7 @@ def test_pod_lists_cluster_wide_selectors_and_field_selectors(lk) -> None:
         body["spec"]["template"]["metadata"] = {"labels": {"team": team}}
         c.batch.create_namespaced_job(ns, body, _request_timeout=TIMEOUT)
     for ns, name in (("ns-a", "a1"), ("ns-b", "b1"), ("ns-b", "b2")):
-        wait_for(lambda ns=ns, name=name: job_finished(c, name, namespace=ns), timeout=15)
+        wait_for(functools.partial(job_finished, c, name, namespace=ns), timeout=15)
     every = c.core.list_pod_for_all_namespaces(_request_timeout=TIMEOUT).items
     assert sorted(p.metadata.namespace for p in every) == ["ns-a", "ns-b", "ns-b"]
     assert len(c.batch.list_job_for_all_namespaces(_request_timeout=TIMEOUT).items) == 3
@@ -153,14 +166,14 @@ def test_pod_lists_cluster_wide_selectors_and_field_selectors(lk) -> None:
     assert {"default", "ns-a", "ns-b"} <= set(names)
 
 
-def test_watch_resumes_from_a_resource_version_and_too_old_is_410(lk) -> None:
+def test_watch_resumes_from_a_resource_version_and_too_old_is_410(lk: LK) -> None:
     h = lk({"name": "c1", "nodes": [node_group()], "watch_history": 40})
     c = h.client("c1")
     rv0 = c.batch.list_namespaced_job("default", _request_timeout=TIMEOUT).metadata.resource_version
     for i in range(2):
         c.batch.create_namespaced_job("default", job_body(f"w{i}", ["true"], suspend=True), _request_timeout=TIMEOUT)
     seen = []
-    for ev in watch.Watch().stream(c.batch.list_namespaced_job, "default", resource_version=rv0, timeout_seconds=1,
+    for ev in new_watch().stream(c.batch.list_namespaced_job, "default", resource_version=rv0, timeout_seconds=1,
                                    _request_timeout=(2, 10)):
         seen.append((ev["type"], ev["object"].metadata.name))
     assert seen[0] == ("ADDED", "w0")
@@ -170,7 +183,7 @@ def test_watch_resumes_from_a_resource_version_and_too_old_is_410(lk) -> None:
 
     # resourceVersion unset: ADDED for everything that exists, then only new events
     events = []
-    w = watch.Watch()
+    w = new_watch()
     for ev in w.stream(c.batch.list_namespaced_job, "default", timeout_seconds=5, _request_timeout=(2, 10)):
         events.append((ev["type"], ev["object"].metadata.name))
         if len(events) == 2:
@@ -184,38 +197,38 @@ def test_watch_resumes_from_a_resource_version_and_too_old_is_410(lk) -> None:
         c.batch.create_namespaced_job("default", job_body(f"fill{i}", ["true"], suspend=True), _request_timeout=TIMEOUT)
     wait_for(lambda: int(c.batch.list_namespaced_job("default", _request_timeout=TIMEOUT).metadata.resource_version) > int(rv0) + 45)
     with pytest.raises(ApiException) as e:
-        for _ in watch.Watch().stream(c.batch.list_namespaced_job, "default", resource_version=rv0, timeout_seconds=2,
+        for _ in new_watch().stream(c.batch.list_namespaced_job, "default", resource_version=rv0, timeout_seconds=2,
                                       _request_timeout=(2, 10)):
             pass
     assert e.value.status == 410
 
 
-def test_watch_with_label_selector_sees_objects_enter_and_leave(lk) -> None:
+def test_watch_with_label_selector_sees_objects_enter_and_leave(lk: LK) -> None:
     h = lk({"name": "c1", "nodes": [node_group()]})
     c = h.client("c1")
     rv = c.batch.list_namespaced_job("default", _request_timeout=TIMEOUT).metadata.resource_version
     c.batch.create_namespaced_job("default", job_body("sel", ["true"], suspend=True), _request_timeout=TIMEOUT)
     c.batch.patch_namespaced_job("sel", "default", {"metadata": {"labels": {"watched": "yes"}}}, _request_timeout=TIMEOUT)
     c.batch.patch_namespaced_job("sel", "default", {"metadata": {"labels": {"watched": None}}}, _request_timeout=TIMEOUT)
-    seen = [ev["type"] for ev in watch.Watch().stream(
+    seen = [ev["type"] for ev in new_watch().stream(
         c.batch.list_namespaced_job, "default", label_selector="watched=yes", resource_version=rv, timeout_seconds=1,
         _request_timeout=(2, 10))]
     assert seen == ["ADDED", "DELETED"]
 
 
-def test_watch_ends_at_timeout_seconds(lk) -> None:
+def test_watch_ends_at_timeout_seconds(lk: LK) -> None:
     h = lk({"name": "c1", "nodes": [node_group()]})
     c = h.client("c1")
     import time
 
     t0 = time.monotonic()
-    events = list(watch.Watch().stream(c.core.list_node, timeout_seconds=1, _request_timeout=(2, 10)))
+    events = list(new_watch().stream(c.core.list_node, timeout_seconds=1, _request_timeout=(2, 10)))
     elapsed = time.monotonic() - t0
     assert [e["type"] for e in events] == ["ADDED", "ADDED"]
     assert 0.9 <= elapsed < 3
 
 
-def test_served_objects_validate_against_the_kubernetes_schema(lk) -> None:
+def test_served_objects_validate_against_the_kubernetes_schema(lk: LK) -> None:
     h = lk({"name": "c1", "nodes": [node_group(pool="train", taints=[{"key": "a", "value": "b", "effect": "NoSchedule"}])]})
     c = h.client("c1")
     body = job_body("valid", ["sh", "-c", "echo ok"], gpus=1, indexed=True, completions=1,
@@ -224,8 +237,9 @@ def test_served_objects_validate_against_the_kubernetes_schema(lk) -> None:
     wait_for(lambda: job_finished(c, "valid"), timeout=15)
     pod = job_pods(c, "valid")[0]
 
-    def raw(resp: object) -> dict:
-        return json.loads(resp.data)  # type: ignore[attr-defined]
+    def raw(resp: Any) -> dict[str, Any]:
+        out: dict[str, Any] = json.loads(resp.data)
+        return out
 
     objs = [
         raw(c.batch.read_namespaced_job("valid", "default", _preload_content=False, _request_timeout=TIMEOUT)),

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
 import pytest
-from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 
 from .helpers import (
+    LK,
     TIMEOUT,
     condition,
     job_body,
     job_finished,
     job_pods,
+    new_watch,
     node_group,
     pid_alive,
     running_pid,
@@ -30,7 +32,7 @@ WRITE_AND_PRINT = (
 )
 
 
-def test_job_runs_real_command_to_completion_with_ordered_watch_events_and_logs(lk, tmp_path: Path) -> None:
+def test_job_runs_real_command_to_completion_with_ordered_watch_events_and_logs(lk: LK, tmp_path: Path) -> None:
     h = lk({"name": "c1", "nodes": [node_group()]}, time_scale=250)
     c = h.client("c1")
     start_rv = c.batch.list_namespaced_job("default", _request_timeout=TIMEOUT).metadata.resource_version
@@ -46,7 +48,7 @@ def test_job_runs_real_command_to_completion_with_ordered_watch_events_and_logs(
     assert created.spec.template.metadata.labels["batch.kubernetes.io/controller-uid"] == created.metadata.uid
 
     events = []
-    w = watch.Watch()
+    w = new_watch()
     for ev in w.stream(
         c.batch.list_namespaced_job, "default", resource_version=start_rv, timeout_seconds=20, _request_timeout=(2, 30)
     ):
@@ -80,7 +82,7 @@ def test_job_runs_real_command_to_completion_with_ordered_watch_events_and_logs(
     assert shared.read_text() == f"written by {pod.metadata.name}"
 
 
-def test_indexed_job_gets_distinct_completion_indexes_and_gpu_ids(lk) -> None:
+def test_indexed_job_gets_distinct_completion_indexes_and_gpu_ids(lk: LK) -> None:
     h = lk({"name": "c1", "nodes": [node_group(count=1, gpus=4)]})
     c = h.client("c1")
     cmd = ["python", "-c", "import os; print('index', os.environ['JOB_COMPLETION_INDEX'], os.environ['NVIDIA_VISIBLE_DEVICES'])"]
@@ -102,7 +104,7 @@ def test_indexed_job_gets_distinct_completion_indexes_and_gpu_ids(lk) -> None:
     assert devices == {"0", "1", "2", "3"}  # all four ran at once on one 4-GPU node: unique ids
 
 
-def test_backoff_limit_fails_the_job(lk) -> None:
+def test_backoff_limit_fails_the_job(lk: LK) -> None:
     h = lk({"name": "c1", "nodes": [node_group()]})
     c = h.client("c1")
     c.batch.create_namespaced_job("default", job_body("boom", ["sh", "-c", "echo failing; exit 3"], backoff=1), _request_timeout=TIMEOUT)
@@ -115,7 +117,7 @@ def test_backoff_limit_fails_the_job(lk) -> None:
     assert {p.status.container_statuses[0].state.terminated.exit_code for p in pods} == {3}
 
 
-def test_on_failure_restarts_the_container_in_place(lk) -> None:
+def test_on_failure_restarts_the_container_in_place(lk: LK) -> None:
     h = lk({"name": "c1", "nodes": [node_group()]})
     c = h.client("c1")
     # fails the first time (cwd is the pod's working directory, kept across restarts), succeeds the second
@@ -129,7 +131,7 @@ def test_on_failure_restarts_the_container_in_place(lk) -> None:
     assert c.core.read_namespaced_pod_log(pod.metadata.name, "default", _request_timeout=TIMEOUT).split() == ["first", "second"]
 
 
-def test_init_containers_run_before_the_main_container(lk) -> None:
+def test_init_containers_run_before_the_main_container(lk: LK) -> None:
     h = lk({"name": "c1", "nodes": [node_group()]})
     c = h.client("c1")
     init = {"name": "fetch", "image": "local", "command": ["sh", "-c", "echo staged > data.txt"]}
@@ -142,7 +144,7 @@ def test_init_containers_run_before_the_main_container(lk) -> None:
     assert c.core.read_namespaced_pod_log(pod.metadata.name, "default", container="fetch", _request_timeout=TIMEOUT) == ""
 
 
-def test_active_deadline_fails_the_job_and_kills_its_pods(lk) -> None:
+def test_active_deadline_fails_the_job_and_kills_its_pods(lk: LK) -> None:
     # job_clock simulated: 50 simulated seconds at time_scale 100 is 0.5 s
     h = lk({"name": "c1", "nodes": [node_group()]}, time_scale=100)
     c = h.client("c1")
@@ -155,7 +157,7 @@ def test_active_deadline_fails_the_job_and_kills_its_pods(lk) -> None:
     assert not pid_alive(pid)
 
 
-def test_suspend_resume_and_suspend_again(lk) -> None:
+def test_suspend_resume_and_suspend_again(lk: LK) -> None:
     h = lk({"name": "c1", "nodes": [node_group()]})
     c = h.client("c1")
     c.batch.create_namespaced_job("default", job_body("sus", ["sleep", "60"], suspend=True), _request_timeout=TIMEOUT)
@@ -179,14 +181,14 @@ def test_suspend_resume_and_suspend_again(lk) -> None:
 
 
 @pytest.mark.parametrize("policy", ["Background", "Foreground"])
-def test_delete_job_kills_processes_before_pods_are_gone(lk, policy: str) -> None:
+def test_delete_job_kills_processes_before_pods_are_gone(lk: LK, policy: str) -> None:
     h = lk({"name": "c1", "nodes": [node_group()]})
     c = h.client("c1")
     c.batch.create_namespaced_job("default", job_body("victim", ["sleep", "60"], parallelism=2), _request_timeout=TIMEOUT)
     pods = wait_for(lambda: len(job_pods(c, "victim")) == 2 and job_pods(c, "victim"))
-    pids = [wait_for(lambda p=p: running_pid(c, p.metadata.name)) for p in pods]
+    pids = [wait_for(functools.partial(running_pid, c, p.metadata.name)) for p in pods]
     assert all(pid_alive(p) for p in pids)
-    w = watch.Watch()
+    w = new_watch()
     rv = c.core.list_namespaced_pod("default", _request_timeout=TIMEOUT).metadata.resource_version
     c.batch.delete_namespaced_job("victim", "default", propagation_policy=policy, _request_timeout=TIMEOUT)
     deleted = set()
@@ -204,7 +206,7 @@ def test_delete_job_kills_processes_before_pods_are_gone(lk, policy: str) -> Non
     assert e.value.status == 404
 
 
-def test_orphan_delete_keeps_the_pod_and_grace_period_is_honoured(lk) -> None:
+def test_orphan_delete_keeps_the_pod_and_grace_period_is_honoured(lk: LK) -> None:
     h = lk({"name": "c1", "nodes": [node_group()]})
     c = h.client("c1")
     # a process that ignores SIGTERM: only SIGKILL after the grace period stops it
@@ -229,14 +231,14 @@ def test_orphan_delete_keeps_the_pod_and_grace_period_is_honoured(lk) -> None:
         try:
             c.core.read_namespaced_pod(pod_name, "default", _request_timeout=TIMEOUT)
         except ApiException as e:
-            return e.status == 404
+            return bool(e.status == 404)
         return False
 
     wait_for(gone, timeout=10, what="pod 404")
     assert not pid_alive(pid)
 
 
-def test_delete_with_grace_zero_overrides_the_pod_grace_period(lk) -> None:
+def test_delete_with_grace_zero_overrides_the_pod_grace_period(lk: LK) -> None:
     h = lk({"name": "c1", "nodes": [node_group()]})
     c = h.client("c1")
     body = job_body("quick", ["sleep", "60"], pod_spec={"terminationGracePeriodSeconds": 300})

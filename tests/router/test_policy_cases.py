@@ -414,14 +414,18 @@ CASES = [
     Case(
         id="taints: a toleration for another value of the key does not tolerate",
         workload=make_workload(tolerations=[Toleration(key="team", operator="Equal", value="speech")]),
-        clusters=[make_snapshot("reserved", nodes=make_nodes("r", 2, taints=[Taint(key="team", value="vision")]))],
+        clusters=[
+            make_snapshot("reserved", nodes=make_nodes("r", 2, taints=[Taint(key="team", value="vision")]))
+        ],
         outcome="rejected",
         failed={"reserved": {"TAINTS": False, "GPU_CAPACITY": False}},
     ),
     Case(
         id="taints: an Exists toleration with no key tolerates everything",
         workload=make_workload(tolerations=[Toleration(operator="Exists")]),
-        clusters=[make_snapshot("reserved", nodes=make_nodes("r", 2, taints=[Taint(key="team", value="vision")]))],
+        clusters=[
+            make_snapshot("reserved", nodes=make_nodes("r", 2, taints=[Taint(key="team", value="vision")]))
+        ],
         outcome="routed",
         cluster="reserved",
     ),

@@ -190,3 +190,27 @@ def test_unchanged_inventory_gives_the_same_decision(data: Any) -> None:
     copy = msgspec.json.decode(msgspec.json.encode(wl), type=Workload)
     assert route(copy, "w", fresh, NOW) == first  # new objects, new indexes, other mapping order
     assert route(wl, "w", {n: build_index(s) for n, s in w.items()}, NOW) == first
+
+
+@SETTINGS
+@given(
+    data=st.data(),
+    times=st.lists(st.floats(min_value=-5.0, max_value=400.0, allow_nan=False), min_size=1, max_size=12),
+    jitter=st.lists(st.floats(min_value=0.0, max_value=2.0, allow_nan=False), min_size=6, max_size=6),
+)
+def test_memoised_decisions_match_fresh_ones_at_any_time(
+    data: Any, times: list[float], jitter: list[float]
+) -> None:
+    """Decisions reused across calls (same world, same shape) equal decisions computed from scratch."""
+    w = data.draw(world(min_size=1))
+    w = {
+        n: msgspec.structs.replace(s, observed_at=s.observed_at - jitter[i])
+        for i, (n, s) in enumerate(sorted(w.items()))
+    }
+    wl = data.draw(workload(sorted(w)))
+    exclude = data.draw(st.sampled_from([(), tuple(sorted(w))[:1]]))
+    for t in sorted(times) + times:
+        got = route(wl, "w", w, NOW + t, exclude=exclude)
+        fresh = {n: msgspec.json.decode(msgspec.json.encode(s), type=ClusterSnapshot) for n, s in w.items()}
+        copy = msgspec.json.decode(msgspec.json.encode(wl), type=Workload)
+        assert got == route(copy, "w", fresh, NOW + t, exclude=exclude)

@@ -93,6 +93,25 @@ async def test_command_line_runs_until_sigterm(tmp_path: Path) -> None:
             await proc.wait()
 
 
+async def test_killing_the_command_line_takes_the_server_with_it(tmp_path: Path) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gpuorch.runtime.natsembed", "--store-dir", str(tmp_path / "cli"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        url = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode().strip()
+        assert not _refused(url)
+        proc.kill()
+        await proc.wait()
+        await assert_eventually(lambda: _refused(url), timeout=10)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
 def test_docker_check_answers_quickly() -> None:
     started = time.monotonic()
     assert isinstance(docker_available(), bool)

@@ -484,7 +484,9 @@ async def test_the_consumer_survives_a_nats_restart(tmp_path: Path) -> None:
             await assert_eventually(lambda: nc.is_connected, timeout=10)
             await publish_raw(js, names.cmd_submit, submit_json(name="after"), msg_id="k-after")
             await assert_eventually(lambda: len(rec.calls) == 2, timeout=15)
-            await assert_eventually(lambda: consumer_settled(js, names.stream_cmd, names.durable("test", "test")))
+            await assert_eventually(
+                lambda: consumer_settled(js, names.stream_cmd, names.durable("test", "test"))
+            )
         assert [c.msg_id for c in rec.calls] == ["k-before", "k-after"]
         assert await count(js, names.stream_evt, names.evt_kind("submitted")) == 2
     finally:

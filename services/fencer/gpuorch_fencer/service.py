@@ -46,6 +46,7 @@ class Pursuit:
     job_name: str
     lease_expires_at: float
     orphan_reason: str | None = None  # set: confirm with orphan-deleted instead of cancel-confirmed
+    deleted: bool = False  # a delete of an existing Job was accepted (pods may still be terminating)
 
 
 def publish_dir(src: str, dst: str) -> None:
@@ -144,13 +145,12 @@ class Fencer:
     # --- cancellation pursuit and orphan collection --------------------------------------------
     def _delete_and_check(self, cc: ClusterClient, p: Pursuit) -> str | None:
         """Delete the Job; return how it is confirmed gone, or None while pods remain."""
-        existed = True
         try:
             cc.batch.delete_namespaced_job(p.job_name, p.namespace, propagation_policy="Foreground", grace_period_seconds=5, _request_timeout=TIMEOUT)
+            p.deleted = True
         except ApiException as exc:
             if exc.status != 404:
                 raise
-            existed = False
         pods = cc.core.list_namespaced_pod(p.namespace, label_selector=f"{LABEL_ATTEMPT}={p.attempt_id}", _request_timeout=TIMEOUT)
         if pods.items:
             for pod in pods.items:  # a pod left behind by an orphan-propagation delete
@@ -166,7 +166,7 @@ class Fencer:
         except ApiException as exc:
             if exc.status != 404:
                 raise
-        return "deleted" if existed else "already-gone"
+        return "deleted" if p.deleted else "already-gone"
 
     async def pursue_loop(self, stop: asyncio.Event) -> None:
         assert self.publisher is not None

@@ -64,7 +64,7 @@ DEFAULT_QUEUE = "default"
 REFERENCE_GPUS = 1
 UNKNOWN_WAIT_S = 3600.0
 HISTORY_ALPHA = 0.3
-WAIT_TOLERANCE = 0.25
+WAIT_TOLERANCE = 0.1
 MAX_AHEAD = 500
 
 WaitSource = Literal["free", "runtime", "history", "default"]
@@ -753,18 +753,22 @@ def unreachable_snapshot(
     )
 
 
-def _wait_moved(old: float, new: float, tolerance: float) -> bool:
-    if (old == 0.0) != (new == 0.0):
-        return True
-    return abs(old - new) > tolerance * max(old, new)
+def _wait_news(old: float, new: float, elapsed_sim: float, tolerance: float) -> bool:
+    """A wait is news unless it is the old value aged by the simulated time that passed, within
+    `tolerance` (relative): how estimates from running pods' remaining time move by themselves.
+    Estimates from history or the default do not move with time: those are news when they differ
+    at all (the EWMA changes only when a delay was measured)."""
+    aged = max(0.0, old - elapsed_sim)
+    return old != new and abs(aged - new) > tolerance * max(aged, new)
 
 
 def snapshot_changed(old: ClusterSnapshot | None, new: ClusterSnapshot, *, wait_tolerance: float = WAIT_TOLERANCE) -> bool:
     """Whether `new` says something `old` did not, ignoring timestamps and the error text.
 
-    Estimated waits shrink as time passes without anything happening; they count as changed
-    only when one starts or stops being 0, or moves by more than `wait_tolerance` (relative).
-    The heartbeat republishes the drift anyway.
+    Estimated waits shrink as time passes without anything happening; a consumer can age them
+    itself (``wait - age x time_scale``) until the next snapshot. So a wait counts as changed
+    when it departs from that aged value (a job ended early, a new wave started, a pod was
+    added ahead), not when it merely drifts (``_wait_news``). The heartbeat republishes anyway.
     """
     if old is None:
         return True
@@ -780,7 +784,8 @@ def snapshot_changed(old: ClusterSnapshot | None, new: ClusterSnapshot, *, wait_
 
     if norm(old) != norm(new):
         return True
+    elapsed_sim = max(0.0, new.observed_at - old.observed_at) * new.time_scale
     return any(
-        _wait_moved(a.estimated_wait_seconds, b.estimated_wait_seconds, wait_tolerance)
+        _wait_news(a.estimated_wait_seconds, b.estimated_wait_seconds, elapsed_sim, wait_tolerance)
         for a, b in zip(old.queues, new.queues, strict=True)
     )

@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Final
 
@@ -195,6 +196,7 @@ class NodeClass:
     memory_max: float = 0.0  # most memory bytes free on one Ready node
     has_idle: bool = False  # a Ready node with every GPU free: its free CPU/memory is its capacity
     members: tuple[NodeInfo, ...] = ()
+    free_slots: dict[int, int] = field(default_factory=dict)  # GPUs per placement -> free placements
 
     def describe(self) -> str:
         gpu = f"{self.allocatable}x {self.product}" if self.allocatable else "no GPU"
@@ -202,23 +204,20 @@ class NodeClass:
 
 
 def _class_key(node: NodeInfo) -> tuple[object, ...]:
+    """Nodes with equal keys are interchangeable for routing (volatile labels left out)."""
     labels = node.labels
-    items = tuple(sorted((k, v) for k, v in labels.items() if k not in VOLATILE_LABELS)) if labels else ()
-    taints = (
-        tuple(
-            sorted((t.key, t.value or "", t.effect) for t in node.taints if t.effect in _SCHEDULING_EFFECTS)
-        )
-        if node.taints
-        else ()
-    )
+    if labels:
+        labels = labels.copy()
+        for key in VOLATILE_LABELS:
+            labels.pop(key, None)
     return (
         node.pool,
         node.gpu_product,
         node.gpu_memory_mib,
         node.gpus_allocatable,
-        items,
-        taints,
-        tuple(sorted(node.sharing)),
+        frozenset(labels.items()) if labels else None,
+        tuple(node.taints) if node.taints else None,  # order only ever splits a class, never merges
+        tuple(node.sharing) if node.sharing else None,
     )
 
 
@@ -237,21 +236,27 @@ def _classes(nodes: Iterable[NodeInfo]) -> tuple[NodeClass, ...]:
                 taints=tuple(t for t in node.taints if t.effect in _SCHEDULING_EFFECTS),
                 sharing=frozenset(node.sharing),
             )
-            entry = (cls, {}, [])
-            groups[key] = entry
+            entry = groups[key] = (cls, {}, [])
         cls, hist, members = entry
-        cls.nodes += 1
         members.append(node)
         if node.ready:
-            cls.ready += 1
-            free = max(0, min(node.gpus_free, node.gpus_allocatable))
+            alloc = node.gpus_allocatable
+            free = node.gpus_free
+            if free > alloc:
+                free = alloc
+            elif free < 0:
+                free = 0
             hist[free] = hist.get(free, 0) + 1
-            cls.cpu_max = max(cls.cpu_max, node.cpu_free)
-            cls.memory_max = max(cls.memory_max, node.memory_free)
-            if free >= node.gpus_allocatable:
+            if node.cpu_free > cls.cpu_max:
+                cls.cpu_max = node.cpu_free
+            if node.memory_free > cls.memory_max:
+                cls.memory_max = node.memory_free
+            if free >= alloc:
                 cls.has_idle = True
     out = []
     for cls, hist, members in groups.values():
+        cls.nodes = len(members)
+        cls.ready = sum(hist.values())
         cls.free_hist = tuple(sorted(hist.items(), reverse=True))
         cls.members = tuple(members)
         out.append(cls)
@@ -512,9 +517,11 @@ class _Elig:
 
     checks: list[Check]
     ok: bool
-    suitable: list[NodeClass]
     staging: _Staging
-    queues: list[str]
+    queue_wait: float = 0.0
+    queue: str = ""  # "" = the cluster has no admission queues
+    product: str | None = None  # GPU model the run time is scaled to
+    pools: frozenset[str] = frozenset()  # pools of the suitable nodes (for the pool preference)
 
 
 @dataclass(slots=True, eq=False)
@@ -548,8 +555,11 @@ def _const(code: ReasonCode, message: str) -> Check:
     return check
 
 
+_NODE_COUNT: Final = operator.attrgetter("nodes")
+
+
 def _nodes(classes: Iterable[NodeClass]) -> int:
-    return sum(c.nodes for c in classes)
+    return sum(map(_NODE_COUNT, classes))
 
 
 def _slots(cls: NodeClass, per_node: int, units: int, *, ready: bool) -> int:
@@ -562,7 +572,10 @@ def _slots(cls: NodeClass, per_node: int, units: int, *, ready: bool) -> int:
 def _free_slots(cls: NodeClass, per_node: int, units: int) -> int:
     if per_node <= 0:
         return cls.ready * units
-    return sum(n * (free // per_node) for free, n in cls.free_hist)
+    slots = cls.free_slots.get(per_node)
+    if slots is None:
+        slots = cls.free_slots[per_node] = sum(n * (free // per_node) for free, n in cls.free_hist)
+    return slots
 
 
 class _Chain:
@@ -653,7 +666,7 @@ def _node_checks(idx: SnapshotIndex, d: _Demand) -> tuple[list[Check], list[Node
 
     chain.step(
         "TAINTS",
-        lambda c: not untolerated(c),
+        lambda c: not c.taints or not untolerated(c),
         lambda p, b: f"{_nodes(p)} of {_nodes(b)} nodes have no untolerated NoSchedule/NoExecute taint",
         lambda b: (
             "every node has an untolerated taint: "
@@ -800,7 +813,7 @@ def _node_checks(idx: SnapshotIndex, d: _Demand) -> tuple[list[Check], list[Node
                 _fail(
                     "GPU_CAPACITY",
                     f"only {ready} of {_plural(nodes, 'suitable node')} are Ready: "
-                    f"{ready_slots} of {d.units} slots needed (the rest are lost or NotReady)",
+                    f"{ready_slots} placement slots for {d.units} needed (the rest are lost or NotReady)",
                     capacity_only=True,
                 )
             )
@@ -817,6 +830,15 @@ class _Staging:
     seconds: float
     notes: list[str]
     failures: list[str]
+
+    @property
+    def idle(self) -> str:
+        """How inputs that need no copy are available: for the summary."""
+        if all(n.endswith(" cached") for n in self.notes):
+            return "data cached"
+        if all(" local at " in n for n in self.notes):
+            return "data local"
+        return "data cached/local"
 
 
 def _data(idx: SnapshotIndex, d: _Demand) -> _Staging:
@@ -976,21 +998,27 @@ def _run_seconds(d: _Demand, product: str | None) -> tuple[float, str]:
     return DEFAULT_RUN_SECONDS / target, "default"
 
 
-def _estimate(
-    idx: SnapshotIndex, d: _Demand, suitable: Sequence[NodeClass], queues: Sequence[str], staging: _Staging
-) -> tuple[Estimate, str, str]:
+def _placement(
+    idx: SnapshotIndex, d: _Demand, suitable: Sequence[NodeClass], queues: Sequence[str]
+) -> tuple[float, str, str | None]:
+    """(queue wait, queue, GPU model assumed) for an eligible cluster; depends on the checks only."""
     queue_wait, queue = math.inf, ""
     for q in queues:
         wait, _ = _queue_wait(idx, d, suitable, q)
         if (wait, q) < (queue_wait, queue):
             queue_wait, queue = wait, q
+    # the destination places the gang: assume the slowest suitable model (routing is not placement)
+    products = sorted({c.product for c in suitable if c.allocatable > 0 and c.product}, key=relative_speed)
+    product = products[0] if (products and d.per_worker > 0) else None
+    return queue_wait, queue, product
+
+
+def _estimate(idx: SnapshotIndex, d: _Demand, elig: _Elig) -> tuple[Estimate, str]:
+    queue_wait, product, staging = elig.queue_wait, elig.product, elig.staging
     image = 0.0 if d.image in idx.images_cached else DEFAULT_IMAGE_PULL_SECONDS
     data = staging.seconds
     overlap, _ = d.history.overlap_for(idx.cluster) if d.history is not None else (0.0, False)
     hidden = min(queue_wait, max(0.0, min(1.0, overlap)) * (image + data))
-    # the destination places the gang: assume the slowest suitable model (routing is not placement)
-    products = sorted({c.product for c in suitable if c.allocatable > 0 and c.product}, key=relative_speed)
-    product = products[0] if (products and d.per_worker > 0) else None
     run, _ = _run_seconds(d, product)
     output = DEFAULT_OUTPUT_TRANSFER_SECONDS
     if d.history is not None:
@@ -1001,7 +1029,7 @@ def _estimate(
     score = d.time_weight * total / 3600.0 + d.cost_weight * cost
     if idx.cluster in d.prefer_clusters:
         score *= PREFERRED_CLUSTER_FACTOR
-    if d.prefer_pools and any(c.pool in d.prefer_pools for c in suitable):
+    if d.prefer_pools and not d.prefer_pools.isdisjoint(elig.pools):
         score *= PREFERRED_POOL_FACTOR
     est = Estimate(
         queue_wait=queue_wait,
@@ -1017,16 +1045,13 @@ def _estimate(
     )
     terms = [f"queue {_dur(queue_wait)}" if queue_wait > 0 else "starts now"]
     if d.inputs:
-        cached = all(n.endswith(" cached") for n in staging.notes)
-        local = all(" local at " in n for n in staging.notes)
-        idle = "data cached" if cached else "data local" if local else "data cached/local"
-        terms.append(f"copy {_dur(data)}" if data > 0 else idle)
+        terms.append(f"copy {_dur(data)}" if data > 0 else staging.idle)
     if image > 0:
         terms.append(f"image pull {_dur(image)}")
     if hidden > 0:
         terms.append(f"{_dur(hidden)} staging hidden in queue")
     terms.append(f"run {_dur(run)}" + (f" on {product}" if product else ""))
-    return est, queue, ", ".join(terms)
+    return est, ", ".join(terms)
 
 
 def _eligibility(idx: SnapshotIndex, d: _Demand) -> _Elig:
@@ -1044,9 +1069,11 @@ def _eligibility(idx: SnapshotIndex, d: _Demand) -> _Elig:
     staging = _data(idx, d)
     reg_checks, queues = _registry_checks(idx, d, staging)
     checks.extend(reg_checks)
-    return _Elig(
-        checks=checks, ok=all(c.ok for c in checks), suitable=suitable, staging=staging, queues=queues
-    )
+    elig = _Elig(checks=checks, ok=all(c.ok for c in checks), staging=staging)
+    if elig.ok:
+        elig.queue_wait, elig.queue, elig.product = _placement(idx, d, suitable, queues)
+        elig.pools = frozenset(c.pool for c in suitable if c.pool)
+    return elig
 
 
 def _evaluate(idx: SnapshotIndex, d: _Demand) -> _Eval:
@@ -1058,8 +1085,8 @@ def _evaluate(idx: SnapshotIndex, d: _Demand) -> _Eval:
         idx.elig_memo[d.elig_sig] = elig
     ev = _Eval(elig=elig)
     if elig.ok:
-        ev.estimate, queue, ev.terms = _estimate(idx, d, elig.suitable, elig.queues, elig.staging)
-        ev.queue = queue or None
+        ev.estimate, ev.terms = _estimate(idx, d, elig)
+        ev.queue = elig.queue or None
     if len(idx.memo) >= _MEMO_SIZE:
         idx.memo.clear()
     idx.memo[d.sig] = ev
@@ -1108,6 +1135,45 @@ def _reasons(v: ClusterVerdict, *, permanent_only: bool = False) -> str:
     return ", ".join(f"{c.code}: {c.message}" for c in failed)
 
 
+@dataclass(slots=True, eq=False)
+class _Result:
+    """A decision for one signature in one world, valid while `now` is in (lo, hi]."""
+
+    lo: float
+    hi: float
+    exclude: frozenset[str]
+    max_age: float
+    decision: RoutingDecision
+
+
+@dataclass(slots=True, eq=False)
+class _World:
+    """The clusters of one snapshots mapping, resolved to indexes and sorted by name."""
+
+    items: tuple[tuple[str, ClusterSnapshot | SnapshotIndex], ...]
+    entries: list[tuple[str, SnapshotIndex]]
+    results: dict[int, _Result] = field(default_factory=dict)
+
+
+_WORLDS: list[_World] = []
+_NO_EXCLUDE: Final[frozenset[str]] = frozenset()
+_EPS: Final = 1e-6
+
+
+def _world(snapshots: Mapping[str, ClusterSnapshot | SnapshotIndex]) -> _World:
+    """The last few worlds are remembered by item identity (the service re-sends the same objects)."""
+    items = tuple(snapshots.items())
+    for world in _WORLDS:
+        if world.items == items:  # tuple equality tries identity first: snapshots are not compared
+            return world
+    entries = [(n, i if isinstance(i, SnapshotIndex) else build_index(i)) for n, i in items]
+    entries.sort(key=lambda e: e[0])
+    world = _World(items=items, entries=entries)
+    _WORLDS.insert(0, world)
+    del _WORLDS[4:]
+    return world
+
+
 def route(
     workload: Workload,
     workload_id: str,
@@ -1124,23 +1190,33 @@ def route(
     `exclude` names clusters the caller rules out for now (e.g. where an attempt was just lost);
     that is capacity-only. `checkpoint_location` (``"<store>"`` or ``"<store>/<path>"``) is the
     checkpoint a resume must read. Expects a workload that passed ``validate_workload``.
+
+    Decisions share their immutable parts (checks, estimates, verdicts) with other decisions:
+    treat a decision as read-only.
     """
     d = _demand(workload, history, checkpoint_location)
+    world = _world(snapshots)
+    ex = frozenset(exclude) if exclude else _NO_EXCLUDE
+    res = world.results.get(d.sig)
+    if res is not None and res.lo < now <= res.hi and res.exclude == ex and res.max_age == max_snapshot_age:
+        return msgspec.structs.replace(
+            res.decision, workload_id=workload_id, decided_at=now, verdicts=list(res.decision.verdicts)
+        )
     pinned = d.pin[0] if d.pin is not None else None
     pin_check = (
         _fail("PINNED_ELSEWHERE", f"spec.queue pins {d.pin[0]}/{d.pin[1]}") if d.pin is not None else None
     )
     verdicts: list[ClusterVerdict] = []
     eligible: list[tuple[float, str, _Eval]] = []
-    names = sorted(snapshots)
+    lo, hi = -math.inf, math.inf  # the interval of `now` over which every verdict stays the same
+    entries: Sequence[tuple[str, SnapshotIndex | None]] = world.entries
     if pinned is not None and pinned not in snapshots:
-        names = sorted([*names, pinned])
-    for name in names:
+        entries = sorted([*entries, (pinned, None)], key=lambda e: e[0])
+    for name, idx in entries:
         if pin_check is not None and name != pinned:
             verdicts.append(ClusterVerdict(cluster=name, eligible=False, checks=[pin_check]))
             continue
-        item = snapshots.get(name)
-        if item is None:  # a pinned cluster inventory has never published
+        if idx is None:  # a pinned cluster inventory has never published
             known = _listing(sorted(snapshots))
             verdicts.append(
                 ClusterVerdict(
@@ -1156,29 +1232,38 @@ def route(
                 )
             )
             continue
-        entry = _INDEXES.get(id(item))
-        if entry is not None and entry[0] is item:
-            idx = entry[1]
-        elif isinstance(item, SnapshotIndex):
-            idx = item
-        else:
-            idx = build_index(item)
         ev = idx.memo.get(d.sig)
         if ev is None:
             ev = _evaluate(idx, d)
-        age = now - idx.observed_at
-        # the record shows whole seconds, rounded up so a shown age within the limit is fresh
-        shown = float(math.ceil(age)) if age > 0 else 0.0
-        key = (name, shown, not idx.reachable or age > max_snapshot_age, name in exclude, max_snapshot_age)
-        if ev.verdict_key == key and ev.verdict is not None:
-            verdict = ev.verdict
+        base = idx.observed_at
+        age = now - base
+        # the record shows whole seconds, rounded up so that a shown age within the limit is fresh
+        if age > 0:
+            shown = float(math.ceil(age))
+            lo = max(lo, base + shown - 1 + _EPS)
+            hi = min(hi, base + shown - _EPS)
         else:
+            shown = 0.0
+            hi = min(hi, base)
+        limit = base + max_snapshot_age
+        if now <= limit:
+            hi = min(hi, limit)
+        else:
+            lo = max(lo, limit + _EPS)
+        key = (name, shown, not idx.reachable or age > max_snapshot_age, name in ex, max_snapshot_age)
+        verdict = ev.verdict
+        if verdict is None or ev.verdict_key != key:
             verdict = ev.verdict = _verdict(ev, idx, key)
             ev.verdict_key = key
         verdicts.append(verdict)
         if verdict.eligible:
             eligible.append((ev.estimate.score, name, ev))  # type: ignore[union-attr]
-    return _decide(d, workload_id, now, verdicts, eligible)
+    decision = _decide(d, workload_id, now, verdicts, eligible)
+    if lo < now <= hi:
+        if len(world.results) >= _MEMO_SIZE:
+            world.results.clear()
+        world.results[d.sig] = _Result(lo=lo, hi=hi, exclude=ex, max_age=max_snapshot_age, decision=decision)
+    return msgspec.structs.replace(decision, verdicts=list(verdicts))
 
 
 def _decide(
@@ -1217,7 +1302,8 @@ def _decide(
     waiting = [v for v in candidates if all(c.ok or c.capacity_only for c in v.checks)]
     if waiting:
         permanent = len(candidates) - len(waiting)
-        summary = "waiting: " + "; ".join(f"{v.cluster}: {_reasons(v)}" for v in waiting)
+        pin = f"pinned to {d.pin[0]}/{d.pin[1]}; " if d.pin is not None else ""
+        summary = f"waiting: {pin}" + "; ".join(f"{v.cluster}: {_reasons(v)}" for v in waiting)
         if permanent:
             summary += f"; {permanent} more permanently ineligible"
         return RoutingDecision(

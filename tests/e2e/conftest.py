@@ -1,0 +1,41 @@
+"""The whole system as processes: NATS, local clusters and the four services."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuorch.client import Client
+from gpuorch.kube import make_clients
+from gpuorch.system import System
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
+    state = tmp_path_factory.mktemp("e2e")
+    s = System(
+        state_dir=state,
+        clusters_file=HERE / "clusters.yaml",
+        env_extra={"GPUORCH_TRACE_FILE": str(state / "spans.jsonl"), "GPUORCH_LOST_AFTER": "2"},
+    )
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture
+async def client(system: System) -> AsyncIterator[Client]:
+    s = system.settings
+    async with Client(s.nats_url, s.names) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def kube(system: System) -> dict:
+    return make_clients(system.kubeconfig)
