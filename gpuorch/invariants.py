@@ -59,9 +59,9 @@ def check(
                 out.append(Violation("terminal-or-waiting", wid, f"status {v.status!r}: {v.reason or 'no reason given'}"))
     for cluster, present in (jobs or {}).items():
         for wid, job in present:
-            v = p.get(wid)
-            if v is None:
+            owner = p.get(wid)
+            if owner is None:
                 out.append(Violation("no-orphans", wid, f"job {job} on {cluster} belongs to no known workload"))
-            elif v.terminal:
-                out.append(Violation("no-orphans", wid, f"job {job} still on {cluster} after the workload {v.status}"))
+            elif owner.terminal:
+                out.append(Violation("no-orphans", wid, f"job {job} still on {cluster} after the workload {owner.status}"))
     return out

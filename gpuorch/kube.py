@@ -27,7 +27,7 @@ class ClusterClient:
     batch: client.BatchV1Api
 
     def sanitize(self, obj: Any) -> Any:
-        return self.api.sanitize_for_serialization(obj)
+        return self.api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
 
 
 def contexts(kubeconfig: Path) -> list[str]:
@@ -37,7 +37,7 @@ def contexts(kubeconfig: Path) -> list[str]:
 
 def make_client(kubeconfig: Path, context: str) -> ClusterClient:
     cfg = client.Configuration()
-    config.load_kube_config(config_file=str(kubeconfig), context=context, client_configuration=cfg)
+    config.load_kube_config(config_file=str(kubeconfig), context=context, client_configuration=cfg)  # type: ignore[no-untyped-call]
     # urllib3's default Retry(3) multiplies read timeouts on GETs: no read retries.
     cfg.retries = urllib3.Retry(total=1, connect=1, read=0, status=0, backoff_factor=0.1)
     api = client.ApiClient(cfg)

@@ -10,7 +10,7 @@ DIGEST = "example.org/gpuorch/train@sha256:" + "5e" * 32
 
 
 def train(name: str = "e2e", steps: int = 40, step_seconds: float = 60, fencing: str = "strict", **spec: Any) -> Workload:
-    """A real training run: `steps` × `step_seconds` simulated seconds (600× faster in real time)."""
+    """A real training run: `steps` x `step_seconds` simulated seconds (600x faster in real time)."""
     body: dict[str, Any] = {
         "image": DIGEST,
         "command": ["python", "-m", "gpuorch.workloads.train"],

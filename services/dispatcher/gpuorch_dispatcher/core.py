@@ -315,7 +315,7 @@ def on_observation(view: WorkloadView, a: AttemptView, obs: JobObservation, now:
     """Translate what the cluster says about an attempt's Job into lifecycle events."""
     if a.status in ("succeeded", "failed") or a.gone or view.workload is None:
         return []
-    base = {"workload_id": view.workload_id, "at": now, "attempt_id": a.attempt_id, "epoch": a.epoch, "cluster": a.cluster}
+    base: dict[str, Any] = {"workload_id": view.workload_id, "at": now, "attempt_id": a.attempt_id, "epoch": a.epoch, "cluster": a.cluster}
     out: list[Action] = []
     if not obs.exists:
         if a.fenced or view.cancel_requested:

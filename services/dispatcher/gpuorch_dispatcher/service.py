@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import structlog
 from kubernetes.client.exceptions import ApiException
@@ -21,7 +22,7 @@ from kubernetes.client.exceptions import ApiException
 from gpuorch.config import Settings, load_registry
 from gpuorch.follow import Follower
 from gpuorch.kube import TIMEOUT, ClusterClient, make_clients, unreachable
-from gpuorch.projection import AttemptView
+from gpuorch.projection import AttemptView, WorkloadView
 from gpuorch.runtime import bus
 from gpuorch.runtime.shell import Incoming, Publisher, Retry, consume, run_service
 from gpuorch_proto import events as ev
@@ -45,7 +46,7 @@ def latest_checkpoint(path: str) -> str | None:
     return str(max(files, key=lambda f: f.stat().st_mtime)) if files else None
 
 
-def observe(cc: ClusterClient, job: dict, pods: list[dict]) -> core.JobObservation:
+def observe(job: dict[str, Any], pods: list[dict[str, Any]]) -> core.JobObservation:
     spec, status = job.get("spec") or {}, job.get("status") or {}
     conds = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
     workers = int(spec.get("parallelism") or 1)
@@ -80,7 +81,7 @@ class Dispatcher:
         self.interval = float(os.environ.get("GPUORCH_DISPATCH_INTERVAL", "0.5"))
         self.lost_after = float(os.environ.get("GPUORCH_LOST_AFTER", "3"))
         self.publisher: Publisher | None = None
-        self.kv_staged: object | None = None
+        self.kv_staged: Any = None
 
     def environment(self, attempts: Sequence[AttemptView] = ()) -> core.Environment:
         reg = self.registry.clusters if self.registry else {}
@@ -117,7 +118,7 @@ class Dispatcher:
         if cc is None:
             raise RuntimeError(f"routed to unknown cluster {act.cluster!r} (not in the kubeconfig)")
         try:
-            await asyncio.to_thread(cc.batch.create_namespaced_job, act.namespace, act.manifest, _request_timeout=TIMEOUT)
+            await asyncio.to_thread(cc.batch.create_namespaced_job, act.namespace, act.manifest, _request_timeout=TIMEOUT)  # type: ignore[arg-type]
             log.info("job.created", cluster=act.cluster, job=act.manifest["metadata"]["name"])
         except ApiException as exc:
             if exc.status != 409:
@@ -173,36 +174,34 @@ class Dispatcher:
         actions = core.on_cancel(view, e.workload_id, e.reason, time.time(), self.environment())
         return await self.execute(actions, e.workload_id)
 
-    async def record_staged(self, view: object, e: ev.Running) -> None:
+    async def record_staged(self, view: WorkloadView, e: ev.Running) -> None:
         """After an attempt's staging init containers ran, its inputs are cached on that cluster."""
-        from gpuorch.projection import WorkloadView
-
-        if not isinstance(view, WorkloadView) or view.workload is None or self.kv_staged is None:
+        if view.workload is None or self.kv_staged is None:
             return
         entry = self.registry.clusters.get(e.cluster) if self.registry else None
         for inp in view.workload.spec.inputs:
             if entry and (inp.ref in entry.datasets_cached or set(inp.locations) & set(entry.data_locations)):
                 continue
             value = json.dumps({"cluster": e.cluster, "ref": inp.ref, "at": e.at}).encode()
-            await self.kv_staged.put(staged_key(e.cluster, inp.ref), value)  # type: ignore[attr-defined]
+            await self.kv_staged.put(staged_key(e.cluster, inp.ref), value)
 
     # --- watching the clusters ---------------------------------------------------------------
-    def _list(self, cc: ClusterClient) -> tuple[dict[str, dict], dict[str, list[dict]]]:
+    def _list(self, cc: ClusterClient) -> tuple[dict[str, dict[str, Any]], dict[str, list[dict[str, Any]]]]:
         sel = f"{core.LABEL_MANAGED}=true"
-        jobs = cc.batch.list_namespaced_job(core.NAMESPACE, label_selector=sel, _request_timeout=TIMEOUT)
-        pods = cc.core.list_namespaced_pod(core.NAMESPACE, label_selector=sel, _request_timeout=TIMEOUT)
-        by_job = {j.metadata.name: cc.sanitize(j) for j in jobs.items}
-        pods_by: dict[str, list[dict]] = {}
-        for p in pods.items:
-            att = (p.metadata.labels or {}).get(core.LABEL_ATTEMPT)
+        jobs = cc.sanitize(cc.batch.list_namespaced_job(core.NAMESPACE, label_selector=sel, _request_timeout=TIMEOUT))
+        pods = cc.sanitize(cc.core.list_namespaced_pod(core.NAMESPACE, label_selector=sel, _request_timeout=TIMEOUT))
+        by_job = {j["metadata"]["name"]: j for j in jobs.get("items") or []}
+        pods_by: dict[str, list[dict[str, Any]]] = {}
+        for p in pods.get("items") or []:
+            att = (p["metadata"].get("labels") or {}).get(core.LABEL_ATTEMPT)
             if att:
-                pods_by.setdefault(att, []).append(cc.sanitize(p))
+                pods_by.setdefault(att, []).append(p)
         return by_job, pods_by
 
     async def watch(self, stop: asyncio.Event) -> None:
         assert self.publisher is not None
         while not stop.is_set():
-            live: dict[str, list[tuple[object, AttemptView]]] = {}
+            live: dict[str, list[tuple[WorkloadView, AttemptView]]] = {}
             for view in self.follower.projection.workloads.values():
                 for a in view.attempts.values():
                     if a.live or (a.status == "lost" and not a.gone):
@@ -221,15 +220,15 @@ class Dispatcher:
                     since = self.last_ok.setdefault(cluster, now)
                     if now - since >= self.lost_after:
                         for view, a in items:
-                            acts = core.lost(view, a, now, f"{cluster} has not answered for {now - since:.1f}s ({type(exc).__name__})")  # type: ignore[arg-type]
-                            await self.publisher.publish(await self.execute(acts, a.attempt_id), context=self.follower.context(view.workload_id))  # type: ignore[attr-defined]
+                            acts = core.lost(view, a, now, f"{cluster} has not answered for {now - since:.1f}s ({type(exc).__name__})")
+                            await self.publisher.publish(await self.execute(acts, a.attempt_id), context=self.follower.context(view.workload_id))
                     continue
                 for view, a in items:
                     job = jobs.get(a.job_name)
-                    obs = observe(cc, job, pods.get(a.attempt_id, [])) if job else core.JobObservation(exists=False)
-                    acts = core.on_observation(view, a, obs, now)  # type: ignore[arg-type]
+                    obs = observe(job, pods.get(a.attempt_id, [])) if job else core.JobObservation(exists=False)
+                    acts = core.on_observation(view, a, obs, now)
                     if acts:
-                        wid = view.workload_id  # type: ignore[attr-defined]
+                        wid = view.workload_id
                         await self.publisher.publish(await self.execute(acts, wid), context=self.follower.context(wid))
             try:
                 await asyncio.wait_for(stop.wait(), timeout=self.interval)

@@ -12,6 +12,7 @@ promoted; an attempt whose epoch is not the current one never is.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Literal
 
 from msgspec.structs import replace
 
@@ -27,12 +28,12 @@ class Decision:
     delete_job: bool = False  # the attempt's Job must be deleted and confirmed gone
 
 
-def _base(e: ev.AttemptEvent, now: float) -> dict[str, object]:
+def _base(e: ev.AttemptEvent, now: float) -> dict[str, Any]:
     return {"workload_id": e.workload_id, "at": now, "attempt_id": e.attempt_id, "epoch": e.epoch, "cluster": e.cluster}
 
 
 def _fenced(e: ev.AttemptEvent, new_epoch: int, now: float) -> ev.Fenced:
-    return ev.Fenced(event_id=f"{e.attempt_id}.fenced", new_epoch=new_epoch, **_base(e, now))  # type: ignore[arg-type]
+    return ev.Fenced(event_id=f"{e.attempt_id}.fenced", new_epoch=new_epoch, **_base(e, now))
 
 
 def on_attempt_created(rec: FenceRecord | None, e: ev.AttemptCreated, now: float) -> Decision:
@@ -72,28 +73,31 @@ def on_promote_requested(rec: FenceRecord | None, e: ev.PromoteRequested, now: f
     if rec.promoted_attempt == e.attempt_id:
         return Decision(
             None,
-            [ev.Promoted(event_id=f"{e.attempt_id}.promoted", output_path=e.output_path, result_path=rec.result_path or result_path, **b)],  # type: ignore[arg-type]
+            [ev.Promoted(event_id=f"{e.attempt_id}.promoted", output_path=e.output_path, result_path=rec.result_path or result_path, **b)],
             promote=(e.output_path, rec.result_path or result_path),
         )
     if rec.promoted_attempt is not None:
         reason = f"workload already promoted attempt {rec.promoted_attempt}"
-        return Decision(None, [ev.PromotionRejected(event_id=rejected_id, current_epoch=rec.epoch, reason=reason, **b)], delete_job=True)  # type: ignore[arg-type]
+        return Decision(None, [ev.PromotionRejected(event_id=rejected_id, current_epoch=rec.epoch, reason=reason, **b)], delete_job=True)
     if e.epoch != rec.epoch:
         reason = f"stale epoch {e.epoch}: the workload's epoch is {rec.epoch}"
-        return Decision(None, [ev.PromotionRejected(event_id=rejected_id, current_epoch=rec.epoch, reason=reason, **b)], delete_job=True)  # type: ignore[arg-type]
+        return Decision(None, [ev.PromotionRejected(event_id=rejected_id, current_epoch=rec.epoch, reason=reason, **b)], delete_job=True)
     if rec.current_attempt not in (None, e.attempt_id):
         reason = f"attempt {rec.current_attempt} is current at epoch {rec.epoch}"
-        return Decision(None, [ev.PromotionRejected(event_id=rejected_id, current_epoch=rec.epoch, reason=reason, **b)], delete_job=True)  # type: ignore[arg-type]
+        return Decision(None, [ev.PromotionRejected(event_id=rejected_id, current_epoch=rec.epoch, reason=reason, **b)], delete_job=True)
     new = replace(rec, current_attempt=e.attempt_id, promoted_attempt=e.attempt_id, promoted_epoch=e.epoch, result_path=result_path)
     return Decision(
         new,
-        [ev.Promoted(event_id=f"{e.attempt_id}.promoted", output_path=e.output_path, result_path=result_path, **b)],  # type: ignore[arg-type]
+        [ev.Promoted(event_id=f"{e.attempt_id}.promoted", output_path=e.output_path, result_path=result_path, **b)],
         promote=(e.output_path, result_path),
     )
 
 
-def cancel_confirmed(e: ev.AttemptEvent, now: float, how: str) -> ev.CancelConfirmed:
-    return ev.CancelConfirmed(event_id=f"{e.attempt_id}.cancel-confirmed", how=how, **_base(e, now))  # type: ignore[arg-type]
+ConfirmHow = Literal["deleted", "already-gone", "lease-expired"]
+
+
+def cancel_confirmed(e: ev.AttemptEvent, now: float, how: ConfirmHow) -> ev.CancelConfirmed:
+    return ev.CancelConfirmed(event_id=f"{e.attempt_id}.cancel-confirmed", how=how, **_base(e, now))
 
 
 def orphan_deleted(workload_id: str, attempt_id: str, epoch: int, cluster: str, job_name: str, reason: str, now: float) -> ev.OrphanDeleted:

@@ -9,6 +9,7 @@ import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -143,7 +144,7 @@ class Fencer:
         return []
 
     # --- cancellation pursuit and orphan collection --------------------------------------------
-    def _delete_and_check(self, cc: ClusterClient, p: Pursuit) -> str | None:
+    def _delete_and_check(self, cc: ClusterClient, p: Pursuit) -> core.ConfirmHow | None:
         """Delete the Job; return how it is confirmed gone, or None while pods remain."""
         try:
             cc.batch.delete_namespaced_job(p.job_name, p.namespace, propagation_policy="Foreground", grace_period_seconds=5, _request_timeout=TIMEOUT)
@@ -151,11 +152,11 @@ class Fencer:
         except ApiException as exc:
             if exc.status != 404:
                 raise
-        pods = cc.core.list_namespaced_pod(p.namespace, label_selector=f"{LABEL_ATTEMPT}={p.attempt_id}", _request_timeout=TIMEOUT)
-        if pods.items:
-            for pod in pods.items:  # a pod left behind by an orphan-propagation delete
+        pods = cc.sanitize(cc.core.list_namespaced_pod(p.namespace, label_selector=f"{LABEL_ATTEMPT}={p.attempt_id}", _request_timeout=TIMEOUT))
+        if pods.get("items"):
+            for pod in pods["items"]:  # a pod left behind by an orphan-propagation delete
                 try:
-                    cc.core.delete_namespaced_pod(pod.metadata.name, p.namespace, grace_period_seconds=5, _request_timeout=TIMEOUT)
+                    cc.core.delete_namespaced_pod(pod["metadata"]["name"], p.namespace, grace_period_seconds=5, _request_timeout=TIMEOUT)
                 except ApiException as exc:
                     if exc.status != 404:
                         raise
@@ -174,7 +175,7 @@ class Fencer:
             for key, p in list(self.pursuits.items()):
                 cc = self.clients.get(p.cluster)
                 now = time.time()
-                how: str | None = None
+                how: core.ConfirmHow | None = None
                 try:
                     if cc is None:
                         how = "already-gone"
@@ -210,26 +211,28 @@ class Fencer:
         while not stop.is_set():
             for cluster, cc in self.clients.items():
                 try:
-                    jobs = await asyncio.to_thread(cc.batch.list_namespaced_job, "gpuorch", label_selector=f"{LABEL_MANAGED}=true", _request_timeout=TIMEOUT)
+                    listed = await asyncio.to_thread(cc.batch.list_namespaced_job, "gpuorch", label_selector=f"{LABEL_MANAGED}=true", _request_timeout=TIMEOUT)
                 except Exception:
                     continue
                 now = time.time()
-                for j in jobs.items:
-                    labels = j.metadata.labels or {}
+                for j in cc.sanitize(listed).get("items") or []:
+                    meta = j["metadata"]
+                    labels = meta.get("labels") or {}
                     aid, wid = labels.get(LABEL_ATTEMPT, ""), labels.get(LABEL_WORKLOAD, "")
                     if not aid or aid in self.pursuits:
                         continue
                     epoch = int(labels.get(LABEL_EPOCH, "0") or 0)
                     view = self.follower.projection.get(wid)
                     known = view is not None and aid in view.attempts
-                    created = j.metadata.creation_timestamp.timestamp() if j.metadata.creation_timestamp else now
+                    stamp = meta.get("creationTimestamp")
+                    created = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else now
                     if not known and now - created < self.orphan_grace:
                         continue  # its attempt-created event may still be on its way
                     reason = core.is_orphan(await self.record(wid), aid, epoch, known)
                     if reason is None:
                         continue
-                    log.info("orphan.found", cluster=cluster, job=j.metadata.name, reason=reason)
-                    self.pursuits[aid] = Pursuit(wid, aid, epoch, cluster, j.metadata.namespace, j.metadata.name, now, reason)
+                    log.info("orphan.found", cluster=cluster, job=meta["name"], reason=reason)
+                    self.pursuits[aid] = Pursuit(wid, aid, epoch, cluster, meta.get("namespace", "gpuorch"), meta["name"], now, reason)
             try:
                 await asyncio.wait_for(stop.wait(), timeout=max(2.0, self.interval * 4))
             except TimeoutError:

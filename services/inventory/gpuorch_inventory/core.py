@@ -34,6 +34,7 @@ __all__ = [
     "LABEL_QUEUE",
     "Demand",
     "Hold",
+    "PodStart",
     "QueueHistory",
     "WaitEstimate",
     "build_snapshot",
@@ -41,6 +42,7 @@ __all__ = [
     "estimate_queue_waits",
     "measure_queue_delays",
     "observe",
+    "observe_pod_starts",
     "parse_staged_entry",
     "parse_staged_key",
     "snapshot_changed",
@@ -53,6 +55,9 @@ LABEL_POOL = "gpuorch.io/pool"
 LABEL_QUEUE = "gpuorch.io/queue"  # set by the dispatcher on every pod it creates
 LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"  # fallback: Kueue's local-queue label
 ANN_EXPECTED_DURATION = "gpuorch.io/expected-duration-seconds"  # simulated seconds
+LABEL_WORKLOAD = "gpuorch.io/workload"  # set by the dispatcher on the pods of an attempt
+LABEL_ATTEMPT = "gpuorch.io/attempt"
+ENV_TRACEPARENT = "TRACEPARENT"  # the dispatcher hands the workload's trace context to its code
 LABEL_GPU_PRODUCT = "nvidia.com/gpu.product"  # GPU Feature Discovery
 LABEL_GPU_MEMORY = "nvidia.com/gpu.memory"  # GFD, MiB per GPU
 LABEL_MIG_STRATEGY = "nvidia.com/mig.strategy"  # GFD: "single" | "mixed" when MIG is configured
@@ -140,6 +145,9 @@ class _Pod:
     node_selector: dict[str, str]
     tolerations: list[dict[str, Any]]
     affinity_terms: list[Mapping[str, Any]]  # required nodeSelectorTerms (ORed); empty = none
+    workload: str | None = None
+    attempt: str | None = None
+    traceparent: str | None = None
 
     @property
     def terminated(self) -> bool:
@@ -192,6 +200,14 @@ def _job_key(meta: Any, labels: Mapping[str, str], fallback: str) -> str:
     return fallback
 
 
+def _traceparent(spec: Mapping[str, Any]) -> str | None:
+    for c in spec.get("containers") or []:
+        for e in _get(c, "env") or []:
+            if isinstance(e, Mapping) and e.get("name") == ENV_TRACEPARENT and isinstance(e.get("value"), str):
+                return str(e["value"])
+    return None
+
+
 def _parse_pod(obj: Mapping[str, Any]) -> _Pod:
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
@@ -228,6 +244,9 @@ def _parse_pod(obj: Mapping[str, Any]) -> _Pod:
             or []
             if isinstance(t, Mapping)
         ],
+        workload=labels.get(LABEL_WORKLOAD),
+        attempt=labels.get(LABEL_ATTEMPT),
+        traceparent=_traceparent(spec),
     )
 
 
@@ -485,6 +504,61 @@ def observe(history: QueueHistory, cluster: str, queue: str, delay_s: float) -> 
     return QueueHistory(alpha=history.alpha, delays=delays)
 
 
+@dataclass(frozen=True)
+class PodStart:
+    """A pod seen started for the first time: how long it waited on the cluster."""
+
+    key: str
+    name: str
+    queue: str
+    gpus: int
+    created: float  # unix seconds
+    started: float  # unix seconds
+    delay_s: float  # simulated seconds: (started - created) x time_scale
+    workload: str | None = None  # gpuorch's pods: the workload and attempt labels
+    attempt: str | None = None
+    traceparent: str | None = None  # the workload's trace context, from the pod's env
+
+
+def observe_pod_starts(
+    pods: Iterable[Mapping[str, Any]],
+    registry: ClusterRegistryEntry,
+    *,
+    time_scale: float,
+    seen: frozenset[str] = frozenset(),
+) -> tuple[list[PodStart], frozenset[str]]:
+    """Pods with a ``status.startTime`` that are not in `seen`, and the new `seen`.
+
+    The returned set keeps only the keys of pods still listed (a pod that is gone never comes
+    back), so it does not grow without bound.
+    """
+    known = _queue_names(registry)
+    out: list[PodStart] = []
+    now_seen: set[str] = set()
+    for obj in pods:
+        pod = _parse_pod(obj)
+        if pod.started is None or pod.created is None:
+            continue
+        now_seen.add(pod.key)
+        if pod.key in seen:
+            continue
+        out.append(
+            PodStart(
+                key=pod.key,
+                name=pod.name,
+                queue=_queue_of(pod, known),
+                gpus=pod.gpus,
+                created=pod.created,
+                started=pod.started,
+                delay_s=max(0.0, pod.started - pod.created) * time_scale,
+                workload=pod.workload,
+                attempt=pod.attempt,
+                traceparent=pod.traceparent,
+            )
+        )
+    return out, frozenset(now_seen)
+
+
 def measure_queue_delays(
     pods: Iterable[Mapping[str, Any]],
     registry: ClusterRegistryEntry,
@@ -492,24 +566,13 @@ def measure_queue_delays(
     time_scale: float,
     seen: frozenset[str] = frozenset(),
 ) -> tuple[list[tuple[str, float]], frozenset[str]]:
-    """Queue delays of GPU pods that started since the last call.
+    """(queue, delay) of the GPU pods that started since the last call (``observe_pod_starts``).
 
-    delay = (status.startTime - metadata.creationTimestamp) x time_scale, simulated seconds,
-    per queue. `seen` holds the keys already measured; the returned set keeps only those still
-    listed (a pod that is gone never comes back), so it does not grow without bound.
+    delay = (status.startTime - metadata.creationTimestamp) x time_scale, simulated seconds.
+    Pods without GPUs do not wait for GPUs: they would drag a GPU queue's history towards 0.
     """
-    known = _queue_names(registry)
-    out: list[tuple[str, float]] = []
-    now_seen: set[str] = set()
-    for obj in pods:
-        pod = _parse_pod(obj)
-        if pod.gpus <= 0 or pod.started is None or pod.created is None:
-            continue
-        now_seen.add(pod.key)
-        if pod.key in seen:
-            continue
-        out.append((_queue_of(pod, known), max(0.0, pod.started - pod.created) * time_scale))
-    return out, frozenset(now_seen)
+    starts, now_seen = observe_pod_starts(pods, registry, time_scale=time_scale, seen=seen)
+    return [(p.queue, p.delay_s) for p in starts if p.gpus > 0], now_seen
 
 
 def _queue_names(registry: ClusterRegistryEntry) -> list[str]:

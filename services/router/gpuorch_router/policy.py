@@ -285,6 +285,7 @@ class SnapshotIndex:
         "datasets_cached",
         "elig_memo",
         "error",
+        "fresh",
         "images_cached",
         "memo",
         "node_count",
@@ -339,6 +340,7 @@ class SnapshotIndex:
         self.pending_gpus = snapshot.pending_gpus
         self.memo: dict[int, _Eval] = {}
         self.elig_memo: dict[int, _Elig] = {}
+        self.fresh: tuple[tuple[float, bool, float], Check] | None = None  # last freshness check
 
 
 _INDEXES: dict[int, tuple[ClusterSnapshot, SnapshotIndex]] = {}
@@ -531,7 +533,6 @@ class _Eval:
     elig: _Elig
     estimate: Estimate | None = None
     queue: str | None = None
-    terms: str = ""  # short description of the estimate for the summary
     verdict_key: tuple[str, float, bool, bool, float] | None = None
     verdict: ClusterVerdict | None = None
 
@@ -1013,7 +1014,7 @@ def _placement(
     return queue_wait, queue, product
 
 
-def _estimate(idx: SnapshotIndex, d: _Demand, elig: _Elig) -> tuple[Estimate, str]:
+def _estimate(idx: SnapshotIndex, d: _Demand, elig: _Elig) -> Estimate:
     queue_wait, product, staging = elig.queue_wait, elig.product, elig.staging
     image = 0.0 if d.image in idx.images_cached else DEFAULT_IMAGE_PULL_SECONDS
     data = staging.seconds
@@ -1043,15 +1044,22 @@ def _estimate(idx: SnapshotIndex, d: _Demand, elig: _Elig) -> tuple[Estimate, st
         cost=cost,
         score=score,
     )
-    terms = [f"queue {_dur(queue_wait)}" if queue_wait > 0 else "starts now"]
+    return est
+
+
+def _terms(ev: _Eval, d: _Demand) -> str:
+    """The estimate in a few words, for the summary (built only for the winner and runner-up)."""
+    est, elig = ev.estimate, ev.elig
+    assert est is not None
+    terms = [f"queue {_dur(est.queue_wait)}" if est.queue_wait > 0 else "starts now"]
     if d.inputs:
-        terms.append(f"copy {_dur(data)}" if data > 0 else staging.idle)
-    if image > 0:
-        terms.append(f"image pull {_dur(image)}")
-    if hidden > 0:
-        terms.append(f"{_dur(hidden)} staging hidden in queue")
-    terms.append(f"run {_dur(run)}" + (f" on {product}" if product else ""))
-    return est, ", ".join(terms)
+        terms.append(f"copy {_dur(est.data_staging)}" if est.data_staging > 0 else elig.staging.idle)
+    if est.image_staging > 0:
+        terms.append(f"image pull {_dur(est.image_staging)}")
+    if est.staging_overlap > 0:
+        terms.append(f"{_dur(est.staging_overlap)} staging hidden in queue")
+    terms.append(f"run {_dur(est.run)}" + (f" on {elig.product}" if elig.product else ""))
+    return ", ".join(terms)
 
 
 def _eligibility(idx: SnapshotIndex, d: _Demand) -> _Elig:
@@ -1085,7 +1093,7 @@ def _evaluate(idx: SnapshotIndex, d: _Demand) -> _Eval:
         idx.elig_memo[d.elig_sig] = elig
     ev = _Eval(elig=elig)
     if elig.ok:
-        ev.estimate, ev.terms = _estimate(idx, d, elig)
+        ev.estimate = _estimate(idx, d, elig)
         ev.queue = elig.queue or None
     if len(idx.memo) >= _MEMO_SIZE:
         idx.memo.clear()
@@ -1114,7 +1122,14 @@ _EXCLUDED: Final = Check(
 
 def _verdict(ev: _Eval, idx: SnapshotIndex, key: tuple[str, float, bool, bool, float]) -> ClusterVerdict:
     name, shown, stale, excluded, max_age = key
-    checks = [_freshness(idx, shown, stale, max_age), *ev.elig.checks]
+    fresh_key = (shown, stale, max_age)
+    cached = idx.fresh
+    if cached is not None and cached[0] == fresh_key:
+        fresh = cached[1]
+    else:
+        fresh = _freshness(idx, shown, stale, max_age)
+        idx.fresh = (fresh_key, fresh)
+    checks = [fresh, *ev.elig.checks]
     if excluded:
         checks[1] = _EXCLUDED  # the CLUSTER_NOT_ALLOWED check comes right after freshness
     ok = not stale and not excluded and ev.elig.ok
@@ -1277,13 +1292,13 @@ def _decide(
         first = min(eligible)  # (score, name): names are unique, so ties break by name
         _, best, ev = first
         assert ev.estimate is not None
-        summary = f"{best}: {_dur(ev.estimate.total)} to result ({ev.terms})"
+        summary = f"{best}: {_dur(ev.estimate.total)} to result ({_terms(ev, d)})"
         if d.pin is not None:
             summary = f"pinned to {d.pin[0]}/{d.pin[1]}; {summary}"
         if len(eligible) > 1:
             _, second, ev2 = min(e for e in eligible if e is not first)
             assert ev2.estimate is not None
-            summary += f" vs {second} {_dur(ev2.estimate.total)} ({ev2.terms})"
+            summary += f" vs {second} {_dur(ev2.estimate.total)} ({_terms(ev2, d)})"
             if len(eligible) > 2:
                 summary += f" and {len(eligible) - 2} more"
         ineligible = len(verdicts) - len(eligible)
