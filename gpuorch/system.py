@@ -148,13 +148,18 @@ class System:
         for s in services:
             self.wait_service_ready(s)
 
-    def start_service(self, name: str, env: dict[str, str] | None = None) -> Proc:
-        env = env or {**self.settings.to_env(), **self.env_extra}
-        return self._spawn(name, [sys.executable, "-m", MODULE[name]], env)
+    def start_service(self, name: str, env: dict[str, str] | None = None, instance: str | None = None) -> Proc:
+        """Start one service process; `instance` starts another replica (e.g. a second dispatcher)."""
+        env = dict(env or {**self.settings.to_env(), **self.env_extra})
+        key = name
+        if instance is not None:
+            env["GPUORCH_DISPATCHER_ID"] = instance
+            key = f"{name}-{instance}"
+        return self._spawn(key, [sys.executable, "-m", MODULE[name]], env)
 
     def wait_service_ready(self, name: str, timeout: float = 60) -> None:
         proc = self.procs[name]
-        marker = f"{name}.ready"
+        marker = f"{name.split('-')[0]}.ready"
 
         def ready() -> bool:
             if proc.popen is not None and proc.popen.poll() is not None:
@@ -218,12 +223,14 @@ class System:
         return out.stdout
 
     def restart(self, name: str) -> None:
-        self.start_service(name)
+        base, _, instance = name.partition("-")
+        self.start_service(base, instance=instance or None)
         self.wait_service_ready(name)
         self.save()
 
     def stop(self) -> None:
-        order = [s for s in ("fencer", "dispatcher", "router", "inventory") if s in self.procs] + [
+        services = [n for n in self.procs if n.split("-")[0] in SERVICES]
+        order = sorted(services, key=lambda n: SERVICES.index(n.split("-")[0]), reverse=True) + [
             n for n in ("localkube", "nats") if n in self.procs
         ]
         for name in order:

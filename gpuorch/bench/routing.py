@@ -183,12 +183,14 @@ def make_workload(shape: int, trial: int, runtime: str = "2h", cpu: str = "8") -
     )
 
 
-def _stats(case: str, lat: Sequence[float]) -> list[Row]:
+def _stats(case: str, timing: _Timing) -> list[Row]:
+    lat = timing.latencies
     ordered = sorted(lat)
     p50 = ordered[len(ordered) // 2]
     p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
     return [
-        Row("routing", case, "decisions/s", len(lat) / sum(lat), "1/s"),
+        Row("routing", case, "decisions/s (CPU time)", len(lat) / timing.cpu, "1/s"),
+        Row("routing", case, "decisions/s (wall)", len(lat) / sum(lat), "1/s"),
         Row("routing", case, "p50 latency", p50 * 1e6, "us"),
         Row("routing", case, "p99 latency", p99 * 1e6, "us"),
     ]
@@ -207,13 +209,14 @@ def _run(
     step: float,
     churn: int = 0,
     max_age: float = 120.0,
-) -> list[float]:
+) -> _Timing:
     """Route every workload once, `now` advancing by `step`; every `churn` decisions one cluster
     republishes (a new snapshot object, so a new index is built inside the timed decision)."""
     names = sorted(world)
     lat: list[float] = []
     clock = time.perf_counter
     gc.collect()
+    cpu0 = time.process_time()
     for i, wl in enumerate(workloads):
         now = NOW + i * step
         if churn and i and i % churn == 0:
@@ -222,116 +225,106 @@ def _run(
         t0 = clock()
         route(wl, f"w{i}", world, now, max_snapshot_age=max_age)
         lat.append(clock() - t0)
-    return lat
+    return _Timing(lat, time.process_time() - cpu0)
 
 
-def _scenario(
-    base: dict[str, ClusterSnapshot],
-    make: Callable[[int], list[Workload]],
-    *,
-    repeats: int,
-    warm_shapes: bool,
-    step: float,
-    churn: int = 0,
-    max_age: float = 120.0,
-) -> list[float]:
-    """Run a scenario `repeats` times on fresh copies of the world; the run of median throughput."""
-    runs = []
-    for r in range(repeats):
-        world = _jittered(base, r)
-        route(make_workload(0, -1), "warmup", world, NOW)  # indexes built before timing
-        if warm_shapes:
-            for shape in range(len(SHAPES)):
-                route(make_workload(shape, -1), "warmup", world, NOW)
-        runs.append(_run(world, make(r), step=step, churn=churn, max_age=max_age))
-    runs.sort(key=sum)
-    return runs[len(runs) // 2]
+@dataclass(frozen=True)
+class _Timing:
+    latencies: list[float]  # wall seconds per decision
+    cpu: float  # process CPU seconds for the whole run (robust to a busy machine)
 
 
-def bench_world(
-    n_clusters: int, n_nodes: int, decisions: int, cold_decisions: int, repeats: int
-) -> tuple[list[Row], dict[str, float]]:
-    case = f"{n_clusters}x{n_nodes}"
-    base = make_world(n_clusters, n_nodes)
-    gc.collect()
-    gc.freeze()  # the generated world is long-lived: keep full collections from rescanning it
-    try:
-        rows: list[Row] = []
-        builds = []
-        for snap in list(base.values())[:30]:
-            t0 = time.perf_counter()
-            SnapshotIndex(snap)
-            builds.append(time.perf_counter() - t0)
-        build = statistics.median(builds)
-        classes = statistics.mean(len(SnapshotIndex(s).classes) for s in base.values())
-        rows.append(Row("routing", case, "index build / snapshot (p50)", build * 1e3, "ms"))
-        rows.append(Row("routing", case, "node classes / cluster", classes, ""))
-        facts: dict[str, float] = {"build_ms": build * 1e3}
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    make: Callable[[int], list[Workload]]  # repeat number -> the workloads to route
+    warm_shapes: bool  # route each of the 5 shapes once before timing
+    step: float  # seconds `now` advances per decision
+    churn: int = 0  # one snapshot republished every `churn` decisions
+    max_age: float = 120.0
 
-        def trials(n: int) -> Callable[[int], list[Workload]]:
-            return lambda r: [make_workload(i % len(SHAPES), r * n + i) for i in range(n)]
 
-        scenarios: list[tuple[str, list[float]]] = [
-            # sweep trials; one snapshot republished every 100 decisions (its index built inline)
-            (
-                "steady",
-                _scenario(base, trials(decisions), repeats=repeats, warm_shapes=True, step=0.001, churn=100),
-            ),
-            # every decision at new snapshot ages: every verdict rebuilt, checks and estimates memoised
-            (
-                "new ages",
-                _scenario(
-                    base, trials(decisions // 4), repeats=repeats, warm_shapes=True, step=1.001, max_age=1e12
-                ),
-            ),
-            # a new run time each decision: checks memoised, every eligible cluster's estimate computed
-            (
-                "new estimate",
-                _scenario(
-                    base,
-                    lambda r: [
-                        make_workload(i % len(SHAPES), i, runtime=f"{3600 + r * cold_decisions + i}s")
-                        for i in range(cold_decisions)
-                    ],
-                    repeats=repeats,
-                    warm_shapes=True,
-                    step=0.001,
-                ),
-            ),
-            # a resource shape never seen before each decision: every check of every cluster computed
-            (
-                "cold",
-                _scenario(
-                    base,
-                    lambda r: [
-                        make_workload(i % len(SHAPES), i, cpu=f"{4000 + r * cold_decisions + i}m")
-                        for i in range(cold_decisions)
-                    ],
-                    repeats=repeats,
-                    warm_shapes=False,
-                    step=0.001,
-                ),
-            ),
-        ]
-        for name, lat in scenarios:
-            rows += _stats(f"{case} {name}", lat)
-            facts[name] = len(lat) / sum(lat)
-        decision = route(make_workload(0, 0), "w", base, NOW)
-        facts["eligible"] = float(sum(1 for v in decision.verdicts if v.eligible))
-        return rows, facts
-    finally:
-        gc.unfreeze()
+def _scenarios(decisions: int, cold: int) -> list[Scenario]:
+    def trials(n: int) -> Callable[[int], list[Workload]]:
+        return lambda r: [make_workload(i % len(SHAPES), r * n + i) for i in range(n)]
+
+    return [
+        # sweep trials; one snapshot republished every 100 decisions (its index built inline)
+        Scenario("steady", trials(decisions), warm_shapes=True, step=0.001, churn=100),
+        # every decision at new snapshot ages: every verdict rebuilt, checks and estimates memoised
+        Scenario("new ages", trials(decisions // 4), warm_shapes=True, step=1.001, max_age=1e12),
+        # a new run time each decision: checks memoised, every eligible cluster's estimate computed
+        Scenario(
+            "new estimate",
+            lambda r: [
+                make_workload(i % len(SHAPES), i, runtime=f"{3600 + r * cold + i}s") for i in range(cold)
+            ],
+            warm_shapes=True,
+            step=0.001,
+        ),
+        # a resource shape never seen before each decision: every check of every cluster computed
+        Scenario(
+            "cold",
+            lambda r: [make_workload(i % len(SHAPES), i, cpu=f"{4000 + r * cold + i}m") for i in range(cold)],
+            warm_shapes=False,
+            step=0.001,
+        ),
+    ]
+
+
+def _once(base: dict[str, ClusterSnapshot], sc: Scenario, r: int) -> _Timing:
+    world = _jittered(base, r)
+    route(make_workload(0, -1), "warmup", world, NOW)  # indexes built before timing
+    if sc.warm_shapes:
+        for shape in range(len(SHAPES)):
+            route(make_workload(shape, -1), "warmup", world, NOW)
+    return _run(world, sc.make(r), step=sc.step, churn=sc.churn, max_age=sc.max_age)
 
 
 def run(quick: bool = False) -> list[Row]:
-    """The routing bench at 100 x 1,000 and 100 x 100 nodes; ratios show cost independent of nodes."""
+    """The routing bench at 100 x 1,000 and 100 x 100 nodes; ratios show cost independent of nodes.
+
+    Both world sizes run interleaved, repeat by repeat, so a busy machine disturbs both alike; each
+    scenario reports its run of median CPU time.
+    """
     n, n_cold, repeats = (1000, 60, 1) if quick else (20000, 300, 3)
-    rows_big, big = bench_world(100, 1000, n, n_cold, repeats)
-    rows_small, small = bench_world(100, 100, n, n_cold, repeats)
-    rows = rows_big + rows_small
-    cmp = "1000 vs 100 nodes"
-    for key in ("steady", "new ages", "new estimate", "cold"):
-        rows.append(Row("routing", cmp, f"{key} rate ratio", big[key] / small[key], "x"))
-    rows.append(Row("routing", cmp, "index build ratio", big["build_ms"] / small["build_ms"], "x"))
-    rows.append(Row("routing", "100x1000", "eligible clusters (shape 0)", big["eligible"], ""))
+    sizes = (1000, 100)
+    worlds = {size: make_world(100, size) for size in sizes}
+    gc.collect()
+    gc.freeze()  # the generated worlds are long-lived: keep full collections from rescanning them
+    rows: list[Row] = []
+    rates: dict[tuple[int, str], float] = {}
+    try:
+        builds: dict[int, float] = {}
+        for size in sizes:
+            base = worlds[size]
+            times = []
+            for snap in list(base.values())[:30]:
+                t0 = time.perf_counter()
+                SnapshotIndex(snap)
+                times.append(time.perf_counter() - t0)
+            builds[size] = statistics.median(times) * 1e3
+            classes = statistics.mean(len(SnapshotIndex(s).classes) for s in base.values())
+            rows.append(Row("routing", f"100x{size}", "index build / snapshot (p50)", builds[size], "ms"))
+            rows.append(Row("routing", f"100x{size}", "node classes / cluster", classes, ""))
+        for sc in _scenarios(n, n_cold):
+            runs: dict[int, list[_Timing]] = {size: [] for size in sizes}
+            for r in range(repeats):
+                for size in sizes:
+                    runs[size].append(_once(worlds[size], sc, r))
+            for size in sizes:
+                ordered = sorted(runs[size], key=lambda t: t.cpu)
+                timing = ordered[len(ordered) // 2]
+                rows += _stats(f"100x{size} {sc.name}", timing)
+                rates[(size, sc.name)] = len(timing.latencies) / timing.cpu
+        cmp = "1000 vs 100 nodes"
+        for sc in _scenarios(0, 0):
+            ratio = rates[(1000, sc.name)] / rates[(100, sc.name)]
+            rows.append(Row("routing", cmp, f"{sc.name} rate ratio (CPU)", ratio, "x"))
+        rows.append(Row("routing", cmp, "index build ratio", builds[1000] / builds[100], "x"))
+        decision = route(make_workload(0, 0), "w", worlds[1000], NOW)
+        eligible = float(sum(1 for v in decision.verdicts if v.eligible))
+        rows.append(Row("routing", "100x1000", "eligible clusters (shape 0)", eligible, ""))
+    finally:
+        gc.unfreeze()
     return rows

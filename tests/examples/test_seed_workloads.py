@@ -35,6 +35,7 @@ def test_eval_short_and_finetune():
     assert [t.key for t in ev.requirements.tolerations] == ["gpuorch.io/short-only"]
     ft = load("seed/finetune-40g.yaml").spec
     assert (ft.resources.gpus, ft.resources.gpu_memory_gib, ft.resources.same_node) == (4, 40, True)
+    assert ft.output.store == "prod"  # the 40 GB cluster of deploy/local reaches prod only
 
 
 @pytest.mark.parametrize("rel", sorted(str(p.relative_to(EXAMPLES)) for p in (EXAMPLES / "seed").glob("*.yaml")))

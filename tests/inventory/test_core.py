@@ -466,3 +466,19 @@ def test_timestamps_in_both_spellings():
 def test_node_and_gpu_names_are_taken_verbatim():
     s = snap([make_node("b", product=A100_80), make_node("a", product=A100_40)], [])
     assert [(n.name, n.gpu_product) for n in s.nodes] == [("a", A100_40), ("b", A100_80)]
+
+
+def test_pod_starts_carry_gpuorchs_labels_and_trace_context():
+    from gpuorch_inventory.core import observe_pod_starts
+
+    tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    pod = make_pod("att-pod", node="g", gpus=2, queue="training", created=T0 - 30, started=T0 - 20)
+    pod["metadata"]["labels"] |= {"gpuorch.io/workload": "wl-1", "gpuorch.io/attempt": "wl-1-a1"}
+    pod["spec"]["containers"][0]["env"] = [{"name": "A", "value": "b"}, {"name": "TRACEPARENT", "value": tp}]
+    cpu = make_pod("cpu", node="g", created=T0 - 30, started=T0 - 29)
+    starts, seen = observe_pod_starts([pod, cpu], make_registry("training"), time_scale=10.0)
+    first = starts[0]
+    assert (first.workload, first.attempt, first.traceparent, first.queue) == ("wl-1", "wl-1-a1", tp, "training")
+    assert (first.created, first.started, first.delay_s, first.gpus) == (T0 - 30, T0 - 20, 100.0, 2)
+    assert starts[1].workload is None and starts[1].traceparent is None
+    assert observe_pod_starts([pod, cpu], make_registry("training"), time_scale=10.0, seen=seen)[0] == []

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuorch.projection import AttemptView, WorkloadView
-from gpuorch_proto import ClusterRegistryEntry, Event, Workload, event_id
+from gpuorch_proto import ClusterRegistryEntry, Event, OwnerLease, Workload, event_id
 from gpuorch_proto import events as ev
 from gpuorch_proto.units import parse_duration, parse_quantity
 
@@ -235,6 +235,10 @@ def build_job(
     if entry.admission in SCHEDULER_FOR:
         pod_spec["schedulerName"] = SCHEDULER_FOR[entry.admission]
     annotations = {"gpuorch.io/gang": "true"} if pods > 1 else {}
+    if queue:
+        annotations["gpuorch.io/queue"] = queue
+    if spec.expected_runtime:  # lets inventory estimate when these GPUs free up (simulated seconds)
+        annotations["gpuorch.io/expected-duration-seconds"] = f"{parse_duration(spec.expected_runtime):g}"
     job_spec: dict[str, Any] = {
         "parallelism": pods,
         "completions": pods,
@@ -446,3 +450,48 @@ def on_cancel(view: WorkloadView | None, workload_id: str, reason: str, now: flo
     if not live:
         out.append(Emit(ev.Cancelled(event_id=event_id(workload_id, "cancelled"), workload_id=workload_id, at=now, reason=reason)))
     return out
+
+
+def reconcile(view: WorkloadView, now: float, env: Environment, traceparent: str | None = None) -> list[Action]:
+    """Level-triggered: what the workload's state still needs, whatever events were missed.
+
+    A dispatcher that takes over a workload (its owner died) calls this to re-drive it; every
+    action it returns carries the same deterministic event id as the one the old owner would
+    have published, so nothing happens twice.
+    """
+    wl = view.workload
+    if wl is None or view.terminal:
+        return []
+    if view.cancel_requested:
+        return on_cancel(view, view.workload_id, "cancel (re-driven)", now, env)
+    out: list[Action] = []
+    for a in view.attempts.values():
+        if a.status == "succeeded" and not a.fenced and "promote-requested" not in a.times:
+            out.append(Emit(ev.PromoteRequested(event_id=_eid(a, "promote-requested"), workload_id=view.workload_id, at=now, attempt_id=a.attempt_id, epoch=a.epoch, cluster=a.cluster, output_path=a.output_path)))
+        if a.promoted and view.status != "completed" and view.result_path:
+            out.append(Emit(ev.Completed(event_id=event_id(view.workload_id, "completed"), workload_id=view.workload_id, at=now, attempt_id=a.attempt_id, result_path=view.result_path)))
+    latest = view.latest_attempt
+    wanted = max(view.routed_attempts | {0})
+    if wanted and (latest is None or latest.number < wanted) and view.decision is not None and view.decision.cluster:
+        routed = ev.Routed(event_id=event_id(view.workload_id, "routed", wanted), workload_id=view.workload_id, at=now, decision=view.decision, attempt_number=wanted)
+        out.extend(on_routed(view, routed, now, env, traceparent))
+    elif latest is not None and latest.status in ("failed", "lost"):
+        if "fence-requested" not in latest.times:
+            reason = f"attempt {latest.status}: {latest.reason}" if latest.status == "failed" else f"lost: {latest.reason}"
+            out.append(_fence(view, latest, now, reason, env.time_scale))
+        elif latest.fenced and _replacement_due(view, latest):
+            strict_wait = latest.status == "lost" and wl.spec.fencing == "strict" and latest.cancel_confirmed is None
+            if not strict_wait and not (latest.status == "failed" and _budget_spent(view, wl)):
+                out.append(_request_route(view, latest, now, f"replacing {latest.attempt_id} ({latest.status}), re-driven"))
+    return out
+
+
+def _budget_spent(view: WorkloadView, wl: Workload) -> bool:
+    return failed_attempts(view) > wl.spec.retry.budget
+
+
+def claim(current: OwnerLease | None, me: str, now: float, ttl: float) -> OwnerLease | None:
+    """One dispatch owner per workload: claim when free or expired, renew when ours; else None."""
+    if current is None or current.owner == me or current.expires_at <= now:
+        return OwnerLease(owner=me, expires_at=now + ttl)
+    return None

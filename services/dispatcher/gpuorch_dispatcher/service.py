@@ -18,6 +18,7 @@ from typing import Any
 
 import structlog
 from kubernetes.client.exceptions import ApiException
+from nats.js.errors import KeyNotFoundError
 
 from gpuorch.config import Settings, load_registry
 from gpuorch.follow import Follower
@@ -25,6 +26,7 @@ from gpuorch.kube import TIMEOUT, ClusterClient, make_clients, unreachable
 from gpuorch.projection import AttemptView, WorkloadView
 from gpuorch.runtime import bus
 from gpuorch.runtime.shell import Incoming, Publisher, Retry, consume, run_service
+from gpuorch_proto import OwnerLease, decode_owner, encode
 from gpuorch_proto import events as ev
 
 from . import core
@@ -82,6 +84,10 @@ class Dispatcher:
         self.lost_after = float(os.environ.get("GPUORCH_LOST_AFTER", "3"))
         self.publisher: Publisher | None = None
         self.kv_staged: Any = None
+        self.kv_owners: Any = None
+        self.me = os.environ.get("GPUORCH_DISPATCHER_ID", "0")
+        self.owner_ttl = float(os.environ.get("GPUORCH_OWNER_TTL", "6"))
+        self.owned: dict[str, int] = {}  # workload id -> revision of our lease in the owners bucket
 
     def environment(self, attempts: Sequence[AttemptView] = ()) -> core.Environment:
         reg = self.registry.clusters if self.registry else {}
@@ -137,6 +143,78 @@ class Dispatcher:
         except Exception as exc:
             log.warning("job.delete_unreachable", cluster=act.cluster, job=act.job_name, error=str(exc))
 
+    # --- one dispatch owner per workload (KV compare-and-set with a lease) -------------------
+    async def owns(self, workload_id: str) -> bool:
+        """Do we own this workload? Claims it when it is free or its owner's lease ran out."""
+        if workload_id in self.owned:
+            return True
+        return await self._claim(workload_id) is not None
+
+    async def _claim(self, workload_id: str) -> str | None:
+        """Try to (re)claim; returns the previous owner ("" if none) on success, None otherwise."""
+        try:
+            entry = await self.kv_owners.get(workload_id)
+            current, rev = decode_owner(entry.value), entry.revision
+        except KeyNotFoundError:
+            current, rev = None, 0
+        lease = core.claim(current, self.me, time.time(), self.owner_ttl)
+        if lease is None:
+            return None
+        try:
+            if rev == 0:
+                new_rev = await self.kv_owners.create(workload_id, encode(lease))
+            else:
+                new_rev = await self.kv_owners.update(workload_id, encode(lease), last=rev)
+        except Exception as exc:  # someone else won the compare-and-set
+            log.info("ownership.lost_race", workload=workload_id, error=type(exc).__name__)
+            return None
+        self.owned[workload_id] = int(new_rev)
+        previous = current.owner if current else ""
+        if previous and previous != self.me:
+            log.info("ownership.takeover", workload=workload_id, previous=previous)
+        return previous
+
+    async def renew(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            for wid, rev in list(self.owned.items()):
+                view = self.follower.projection.get(wid)
+                if view is not None and view.terminal:
+                    self.owned.pop(wid, None)
+                    continue
+                lease = OwnerLease(owner=self.me, expires_at=time.time() + self.owner_ttl)
+                try:
+                    self.owned[wid] = int(await self.kv_owners.update(wid, encode(lease), last=rev))
+                except Exception as exc:
+                    log.warning("ownership.renew_failed", workload=wid, error=type(exc).__name__)
+                    self.owned.pop(wid, None)
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=self.owner_ttl / 3)
+            except TimeoutError:
+                pass
+
+    async def take_over(self, stop: asyncio.Event) -> None:
+        """Workloads whose owner's lease ran out (it died) are claimed and re-driven."""
+        assert self.publisher is not None
+        while not stop.is_set():
+            for wid, view in list(self.follower.projection.workloads.items()):
+                if view.terminal or view.workload is None or not view.routed_attempts or wid in self.owned:
+                    continue
+                if await self._claim(wid) is None:
+                    continue
+                await self.redrive(view)
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=self.owner_ttl / 2)
+            except TimeoutError:
+                pass
+
+    async def redrive(self, view: WorkloadView) -> None:
+        assert self.publisher is not None
+        env = self.environment(list(view.attempts.values()))
+        actions = core.reconcile(view, time.time(), env, self.follower.traceparent(view.workload_id))
+        if actions:
+            log.info("workload.redriven", workload=view.workload_id, actions=len(actions))
+            await self.publisher.publish(await self.execute(actions, view.workload_id), context=self.follower.context(view.workload_id))
+
     # --- handlers --------------------------------------------------------------------------
     async def on_event(self, msg: Incoming) -> Sequence[ev.Base]:
         e = msg.event
@@ -148,6 +226,8 @@ class Dispatcher:
         if isinstance(e, ev.Routed):
             env = self.environment(list(view.attempts.values()))
             actions = core.on_routed(view, e, now, env, traceparent=self.follower.traceparent(e.workload_id))
+            if not actions or not await self.owns(e.workload_id):
+                return []
             try:
                 return await self.execute(actions, e.workload_id)
             except Exception as exc:
@@ -161,9 +241,11 @@ class Dispatcher:
                     out.append(c.created)
                     out.append(ev.Lost(event_id=f"{c.created.attempt_id}.lost", workload_id=e.workload_id, at=now, attempt_id=c.created.attempt_id, epoch=c.created.epoch, cluster=c.cluster, reason=f"cluster did not answer the create: {exc}"))
                 return out
+        actions = core.on_event(view, e, now, self.environment())
+        if not actions or not await self.owns(e.workload_id):
+            return []
         if isinstance(e, ev.Running):
             await self.record_staged(view, e)
-        actions = core.on_event(view, e, now, self.environment())
         return await self.execute(actions, e.workload_id)
 
     async def on_command(self, msg: Incoming) -> Sequence[ev.Base]:
@@ -203,6 +285,8 @@ class Dispatcher:
         while not stop.is_set():
             live: dict[str, list[tuple[WorkloadView, AttemptView]]] = {}
             for view in self.follower.projection.workloads.values():
+                if view.workload_id not in self.owned:
+                    continue
                 for a in view.attempts.values():
                     if a.live or (a.status == "lost" and not a.gone):
                         live.setdefault(a.cluster, []).append((view, a))
@@ -241,11 +325,17 @@ class Dispatcher:
             js = nc.jetstream()
             await bus.ensure_topology(js, self.names)
             self.kv_staged = await js.key_value(self.names.kv_staged)
+            self.kv_owners = await js.key_value(self.names.kv_owners)
             self.publisher = Publisher(js, self.names)
             n = await self.follower.catch_up(js, self.names.stream_evt, self.names.evt_all)
-            log.info("dispatcher.caught_up", events=n)
+            log.info("dispatcher.caught_up", events=n, instance=self.me)
+            for wid, view in list(self.follower.projection.workloads.items()):
+                if not view.terminal and view.routed_attempts and await self._claim(wid) is not None:
+                    await self.redrive(view)  # whatever a crash interrupted
             tasks = [
-                asyncio.create_task(consume(js, stream=self.names.stream_evt, durable=self.names.durable("dispatcher", "events"), filter_subject=self.names.evt_all, handler=self.on_event, publisher=self.publisher, names=self.names, stop=stop)),
+                asyncio.create_task(self.renew(stop)),
+                asyncio.create_task(self.take_over(stop)),
+                asyncio.create_task(consume(js, stream=self.names.stream_evt, durable=self.names.durable("dispatcher", f"events-{self.me}"), filter_subject=self.names.evt_all, handler=self.on_event, publisher=self.publisher, names=self.names, stop=stop)),
                 asyncio.create_task(consume(js, stream=self.names.stream_cmd, durable=self.names.durable("dispatcher", "cancel"), filter_subject=self.names.cmd_cancel, handler=self.on_command, publisher=self.publisher, names=self.names, stop=stop)),
                 asyncio.create_task(self.watch(stop)),
             ]

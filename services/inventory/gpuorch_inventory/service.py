@@ -35,10 +35,11 @@ import structlog
 from kubernetes.client.exceptions import ApiException
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
+from opentelemetry.trace import SpanKind
 
 from gpuorch.config import Registry, Settings, load_registry
 from gpuorch.kube import TIMEOUT, ClusterClient, make_clients, unreachable
-from gpuorch.runtime import bus
+from gpuorch.runtime import bus, telemetry
 from gpuorch.runtime.shell import run_service
 from gpuorch_proto import ClusterRegistryEntry, ClusterSnapshot, Names, encode
 from gpuorch_proto.subjects import valid_token
@@ -68,6 +69,41 @@ def describe_failure(exc: BaseException) -> str:
     cause = reason if isinstance(reason, BaseException) else exc
     text = str(cause).split(": ", 1)[-1] if ">: " in str(cause) else str(cause)
     return f"unreachable: {type(cause).__name__}: {text}"[:300]
+
+
+def trace_cluster_queue(cluster: str, start: core.PodStart) -> None:
+    """The time an attempt's pod waited on its cluster, as a span in the workload's trace.
+
+    Inventory is the component that sees it: from the pod's creation to its start, as the
+    cluster reports them. The parent is the trace context the dispatcher gave the pod
+    (``TRACEPARENT`` in its env), so the span lands in the workload's one trace.
+    """
+    parent = telemetry.extract({"traceparent": start.traceparent or ""})
+    begin = int(start.created * 1e9)
+    span = telemetry.tracer().start_span(
+        "cluster.queue_wait",
+        context=parent,
+        kind=SpanKind.INTERNAL,
+        start_time=begin,
+        attributes={
+            "gpuorch.workload": start.workload or "",
+            "gpuorch.attempt": start.attempt or "",
+            "gpuorch.cluster": cluster,
+            "gpuorch.queue": start.queue,
+            "gpuorch.gpus": start.gpus,
+            "gpuorch.queue_wait_simulated_s": start.delay_s,
+            "k8s.pod.name": start.name,
+        },
+    )
+    span.end(end_time=max(begin, int(start.started * 1e9)))
+    log.info(
+        "attempt.started_on_cluster",
+        cluster=cluster,
+        workload=start.workload,
+        attempt=start.attempt,
+        queue=start.queue,
+        queue_wait_simulated_s=round(start.delay_s, 3),
+    )
 
 
 @dataclass
@@ -126,11 +162,14 @@ class Inventory:
         self, state: ClusterState, nodes: list[dict[str, Any]], pods: list[dict[str, Any]], now: float
     ) -> ClusterSnapshot:
         entry = self.entry(state.name)
-        delays, state.seen_started = core.measure_queue_delays(
+        starts, state.seen_started = core.observe_pod_starts(
             pods, entry, time_scale=self.registry.time_scale, seen=state.seen_started
         )
-        for queue, delay in delays:
-            self.history = core.observe(self.history, state.name, queue, delay)
+        for start in starts:
+            if start.gpus > 0:  # CPU pods do not wait for GPUs
+                self.history = core.observe(self.history, state.name, start.queue, start.delay_s)
+            if start.workload and start.traceparent:
+                trace_cluster_queue(state.name, start)
         return core.build_snapshot(
             state.name,
             nodes,
