@@ -11,16 +11,19 @@ promoted output and the time of each phase, then stops everything it started.
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
 from gpuorch.client import Client
 from gpuorch.config import load_registry
 from gpuorch.projection import WorkloadView
 from gpuorch.system import System
-from gpuorch_proto import ContractError, load_workload_yaml
+from gpuorch_proto import ContractError, load_workload_yaml, workload_id_for
 from gpuorch_proto.units import format_duration
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,18 +54,18 @@ def phases(v: WorkloadView, scale: float) -> str:
 
 def outcome_table(views: list[tuple[str, WorkloadView]], scale: float) -> str:
     rows = []
+    whys = []
     for label, v in views:
         a = v.latest_attempt
         cluster = (a.cluster if a else (v.decision.cluster if v.decision else None)) or "-"
-        why = v.decision.summary if v.decision else v.reason
-        rows.append([label, cluster, why, str(len(v.attempts)), v.status, v.result_path or "-", phases(v, scale)])
-    head = ["WORKLOAD", "CLUSTER", "WHY", "ATTEMPTS", "OUTCOME", "PROMOTED OUTPUT", "PHASES (simulated)"]
-    limits = [22, 8, 80, 8, 9, 70, 90]
-    widths = [min(max(len(h), *(len(r[i]) for r in rows)), limits[i]) for i, h in enumerate(head)]
+        rows.append([label, cluster, str(len(v.attempts)), v.status, v.result_path or "-", phases(v, scale)])
+        whys.append(f"  {label} -> {cluster}: {v.decision.summary if v.decision and v.status != 'rejected' else v.reason}")
+    head = ["WORKLOAD", "CLUSTER", "ATTEMPTS", "OUTCOME", "PROMOTED OUTPUT", "PHASES (simulated time)"]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
     lines = ["  ".join(h.ljust(widths[i]) for i, h in enumerate(head))]
     for r in rows:
-        lines.append("  ".join(c[: widths[i]].ljust(widths[i]) for i, c in enumerate(r)))
-    return "\n".join(lines)
+        lines.append("  ".join(c.ljust(widths[i]) for i, c in enumerate(r)))
+    return "\n".join([*lines, "", "Why each went where it went (or did not go at all):", *whys])
 
 
 async def scenario(system: System, files: list[Path]) -> list[tuple[str, WorkloadView]]:
@@ -71,16 +74,21 @@ async def scenario(system: System, files: list[Path]) -> list[tuple[str, Workloa
     async with Client(s.nats_url, s.names) as c:
         ids: list[tuple[str, str]] = []
         for f in files:
+            key = f"demo-{f.stem}-{time.time_ns()}"
             try:
                 wl = load_workload_yaml(f.read_text())
             except ContractError as exc:
-                # the CLI refuses it before it reaches the bus; show the same on the bus too
-                print(f"  {f.name}: refused locally: {exc}")
+                # `gpuorch submit` refuses it before it reaches the bus; another system might not:
+                # publish it raw and let the router answer with a `rejected` event
+                print(f"  {f.relative_to(ROOT)}: refused by the CLI ({exc.errors[0].path}); publishing it raw to the bus")
+                doc = yaml.safe_load(f.read_text())
+                await c.js.publish(s.names.cmd_submit, json.dumps({"type": "submit", "workload": doc}).encode(), headers={"Nats-Msg-Id": key})
+                ids.append((f.stem, workload_id_for(key, doc["metadata"]["name"])))
                 continue
             for inp in wl.spec.inputs:  # the embedded data locations hold a small synthetic copy
                 for loc in inp.locations:
                     system.ensure_dataset(loc, inp.ref)
-            wid = await c.submit(wl, idempotency_key=f"demo-{f.stem}-{time.time_ns()}")
+            wid = await c.submit(wl, idempotency_key=key)
             print(f"  submitted {f.relative_to(ROOT)} as {wid}")
             ids.append((f.stem, wid))
         for label, wid in ids:

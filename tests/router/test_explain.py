@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpuorch_proto.inventory import ClusterSnapshot
 from gpuorch_router.explain import render_explain
 from gpuorch_router.policy import route
 from tests.support.builders import (
@@ -18,7 +19,7 @@ from tests.support.builders import (
 )
 
 
-def _seed_world() -> dict[str, object]:
+def _seed_world() -> dict[str, ClusterSnapshot]:
     return snapshots(
         make_snapshot(
             "primary",

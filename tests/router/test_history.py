@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from gpuorch_proto.inventory import ClusterSnapshot
 from gpuorch_router.history import (
     EWMA_ALPHA,
     MeasuredTimeline,
@@ -27,8 +30,8 @@ from tests.support.builders import (
 H = 3600.0
 
 
-def timeline(**kw: float | str | None) -> MeasuredTimeline:
-    base: dict[str, float | str | None] = {
+def timeline(**kw: Any) -> MeasuredTimeline:
+    base: dict[str, Any] = {
         "cluster": "spare",
         "workload_key": "resnet",
         "gpu_product": A100_80,
@@ -41,7 +44,7 @@ def timeline(**kw: float | str | None) -> MeasuredTimeline:
         "promoted_at": 3 * H + 120,
     }
     base.update(kw)
-    return MeasuredTimeline(**base)  # type: ignore[arg-type]
+    return MeasuredTimeline(**base)
 
 
 @pytest.mark.parametrize(
@@ -85,7 +88,7 @@ def test_update_history_is_pure_and_learns_each_term() -> None:
     assert h2.samples["spare"] == 2
 
 
-def _queued_with_copy() -> dict[str, object]:
+def _queued_with_copy() -> dict[str, ClusterSnapshot]:
     # one cluster: 2 h queue and a 1 h copy (360 GB at 100 MB/s)
     return snapshots(
         make_snapshot(
@@ -99,8 +102,8 @@ def _queued_with_copy() -> dict[str, object]:
 
 def test_learnt_overlap_hides_staging_behind_the_queue() -> None:
     wl = make_workload(inputs=[make_input("ds@1", 360, ["s3"])])
-    plain = route(wl, "w", _queued_with_copy(), NOW)  # type: ignore[arg-type]
-    learnt = route(wl, "w", _queued_with_copy(), NOW, history=update_history(None, timeline()))  # type: ignore[arg-type]
+    plain = route(wl, "w", _queued_with_copy(), NOW)
+    learnt = route(wl, "w", _queued_with_copy(), NOW, history=update_history(None, timeline()))
     p, q = plain.verdicts[0].estimate, learnt.verdicts[0].estimate
     assert p is not None and q is not None
     assert p.staging_overlap == 0 and p.total == pytest.approx(2 * H + 1 * H + 60 + 1 * H + 60)

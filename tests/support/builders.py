@@ -60,7 +60,7 @@ def _input(value: InputLike) -> DatasetInput:
         return make_input(value)
     if len(value) == 2:
         return make_input(value[0], value[1])
-    return make_input(value[0], value[1], value[2])  # type: ignore[misc]
+    return make_input(value[0], value[1], value[2])
 
 
 def make_workload(
