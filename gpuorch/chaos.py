@@ -37,7 +37,7 @@ DIGEST = "example.org/gpuorch/train@sha256:" + "c4" * 32
 
 
 def workload(i: int, rng: random.Random) -> Workload:
-    steps = rng.randint(10, 60)
+    steps = rng.randint(40, 120)
     return workload_from_obj({
         "metadata": {"name": f"chaos-{i}", "owner": "chaos"},
         "spec": {

@@ -303,3 +303,7 @@ def main(argv: list[str] | None = None) -> None:
     except OSError as exc:
         print(f"cannot reach NATS at {s.nats_url}: {exc} (is the system up? `gpuorch up`)", file=sys.stderr)
         raise SystemExit(1) from exc
+
+
+if __name__ == "__main__":
+    main()

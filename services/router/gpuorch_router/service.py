@@ -29,7 +29,7 @@ from gpuorch_proto import (
 )
 from gpuorch_proto import events as ev
 
-from .policy import route
+from .policy import SnapshotIndex, build_index, route
 
 log = structlog.get_logger("gpuorch.router")
 
@@ -50,13 +50,14 @@ class Router:
         self.names = settings.names
         self.follower = Follower()
         self.snapshots: dict[str, ClusterSnapshot] = {}
+        self.indexes: dict[str, SnapshotIndex] = {}  # built once per snapshot, not per decision
         self.exclude: dict[str, list[str]] = {}
         self.inventory_changed = asyncio.Event()
         self.publisher: Publisher | None = None
 
     # --- pure-ish helpers -------------------------------------------------------------
     def decide(self, wl: Workload, wid: str, attempt_number: int, now: float) -> RoutingDecision:
-        return route(wl, wid, dict(self.snapshots), now, exclude=self.exclude.get(wid, ()))
+        return route(wl, wid, self.indexes, now, exclude=self.exclude.get(wid, ()))
 
     def pending_attempt(self, wid: str) -> int | None:
         """The attempt number this workload waits a decision for (None = none)."""
@@ -131,6 +132,7 @@ class Router:
             return
         old = self.snapshots.get(snap.cluster)
         self.snapshots[snap.cluster] = snap
+        self.indexes[snap.cluster] = build_index(snap)
         if old is None or old.reachable != snap.reachable or old.observed_at != snap.observed_at:
             self.inventory_changed.set()
 

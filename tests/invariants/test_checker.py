@@ -1,0 +1,54 @@
+"""The invariant checker finds each kind of violation (and passes a clean history)."""
+
+from __future__ import annotations
+
+from gpuorch.invariants import check
+from gpuorch_proto import RoutingDecision, workload_from_obj
+from gpuorch_proto import events as ev
+
+W = "w-0000000001"
+WL = workload_from_obj({"metadata": {"name": "w"}, "spec": {"image": "x@sha256:" + "0" * 64, "command": ["true"]}})
+
+
+def a(n: int, epoch: int) -> dict[str, object]:
+    return {"workload_id": W, "at": float(n), "attempt_id": f"{W}-a{n}", "epoch": epoch, "cluster": "c"}
+
+
+def base() -> list[ev.Base]:
+    d = RoutingDecision(workload_id=W, decided_at=0.0, outcome="routed", cluster="c", summary="s")
+    return [ev.Submitted(workload_id=W, at=0.0, workload=WL), ev.Routed(workload_id=W, at=0.0, decision=d)]
+
+
+def seq(events: list[ev.Base]) -> list[tuple[int, ev.Base]]:
+    return list(enumerate(events, start=1))
+
+
+def test_clean_history_has_no_violation() -> None:
+    h = [*base(), ev.Promoted(output_path="/o", result_path="/r", **a(1, 1)), ev.Completed(workload_id=W, at=3.0, attempt_id=f"{W}-a1", result_path="/r")]
+    assert check(seq(h)) == []
+
+
+def test_two_promotions_are_a_violation() -> None:
+    h = [*base(), ev.Promoted(output_path="/o", result_path="/r", **a(1, 1)), ev.Promoted(output_path="/o", result_path="/r", **a(2, 1)),
+         ev.Completed(workload_id=W, at=3.0, attempt_id=f"{W}-a1", result_path="/r")]
+    assert [v.invariant for v in check(seq(h))] == ["one-promotion"]
+
+
+def test_promotion_after_fence_is_a_violation() -> None:
+    h = [*base(), ev.Fenced(new_epoch=2, **a(1, 1)), ev.Promoted(output_path="/o", result_path="/r", **a(1, 1)),
+         ev.Completed(workload_id=W, at=3.0, attempt_id=f"{W}-a1", result_path="/r")]
+    assert [v.invariant for v in check(seq(h))] == ["no-stale-promotion"]
+
+
+def test_workload_neither_terminal_nor_waiting_is_a_violation() -> None:
+    h = [*base(), ev.AttemptCreated(attempt_number=1, job_name="j", output_path="/o", checkpoint_path="/c", **a(1, 1))]
+    assert [v.invariant for v in check(seq(h))] == ["terminal-or-waiting"]
+    d = RoutingDecision(workload_id=W, decided_at=0.0, outcome="waiting", summary="all clusters unreachable")
+    waiting = [ev.Submitted(workload_id=W, at=0.0, workload=WL), ev.Unroutable(workload_id=W, at=0.0, decision=d)]
+    assert check(seq(waiting)) == []
+
+
+def test_job_left_after_cancellation_is_an_orphan() -> None:
+    h = [*base(), ev.Cancelled(workload_id=W, at=2.0)]
+    assert [v.invariant for v in check(seq(h), jobs={"c": [(W, f"{W}-a1")]})] == ["no-orphans"]
+    assert check(seq(h), jobs={"c": []}) == []
