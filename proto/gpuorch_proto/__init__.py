@@ -13,6 +13,7 @@ from .codec import (
     load_workload_yaml,
     workload_from_obj,
     workload_id_for,
+    workload_to_builtins,
 )
 from .events import EVENT_TYPES, TERMINAL_TYPES, Base, Event, FieldError, event_id, type_tag
 from .inventory import ClusterRegistryEntry, ClusterSnapshot, NodeInfo, QueueInfo, Taint
@@ -54,4 +55,5 @@ __all__ = [
     "type_tag",
     "workload_from_obj",
     "workload_id_for",
+    "workload_to_builtins",
 ]

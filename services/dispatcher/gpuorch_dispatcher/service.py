@@ -241,11 +241,11 @@ class Dispatcher:
                     out.append(c.created)
                     out.append(ev.Lost(event_id=f"{c.created.attempt_id}.lost", workload_id=e.workload_id, at=now, attempt_id=c.created.attempt_id, epoch=c.created.epoch, cluster=c.cluster, reason=f"cluster did not answer the create: {exc}"))
                 return out
+        if isinstance(e, ev.Running) and e.workload_id in self.owned:
+            await self.record_staged(view, e)
         actions = core.on_event(view, e, now, self.environment())
         if not actions or not await self.owns(e.workload_id):
             return []
-        if isinstance(e, ev.Running):
-            await self.record_staged(view, e)
         return await self.execute(actions, e.workload_id)
 
     async def on_command(self, msg: Incoming) -> Sequence[ev.Base]:

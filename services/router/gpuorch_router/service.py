@@ -15,8 +15,9 @@ from typing import Any
 import structlog
 from nats.js.api import DeliverPolicy
 
-from gpuorch.config import Settings
+from gpuorch.config import Settings, load_registry
 from gpuorch.follow import Follower
+from gpuorch.projection import WorkloadView
 from gpuorch.runtime import bus
 from gpuorch.runtime.shell import Incoming, Publisher, Retry, consume, run_service
 from gpuorch_proto import (
@@ -29,6 +30,7 @@ from gpuorch_proto import (
 )
 from gpuorch_proto import events as ev
 
+from .history import MeasuredTimeline, RoutingHistory, update_history
 from .policy import SnapshotIndex, build_index, route
 
 log = structlog.get_logger("gpuorch.router")
@@ -52,12 +54,47 @@ class Router:
         self.snapshots: dict[str, ClusterSnapshot] = {}
         self.indexes: dict[str, SnapshotIndex] = {}  # built once per snapshot, not per decision
         self.exclude: dict[str, list[str]] = {}
+        self.history: RoutingHistory | None = None  # learnt from measured attempt timelines
+        self.time_scale = load_registry(settings.registry).time_scale if settings.registry else 1.0
         self.inventory_changed = asyncio.Event()
         self.publisher: Publisher | None = None
 
     # --- pure-ish helpers -------------------------------------------------------------
     def decide(self, wl: Workload, wid: str, attempt_number: int, now: float) -> RoutingDecision:
-        return route(wl, wid, self.indexes, now, exclude=self.exclude.get(wid, ()))
+        return route(wl, wid, self.indexes, now, history=self.history, exclude=self.exclude.get(wid, ()))
+
+    def learn(self, view: WorkloadView) -> None:
+        """Fold a completed workload's promoted attempt into the routing history."""
+        if view.workload is None or view.promoted_attempt is None:
+            return
+        a = view.attempts.get(view.promoted_attempt)
+        if a is None:
+            return
+        snap = self.snapshots.get(a.cluster)
+        scale = snap.time_scale if snap else self.time_scale  # estimates are in simulated seconds
+        products = {n.gpu_product for n in snap.nodes if n.gpu_product} if snap else set()
+        staged = False
+        if view.decision is not None:
+            for v in view.decision.verdicts:
+                if v.cluster == a.cluster and v.estimate is not None:
+                    staged = v.estimate.data_staging > 0 or v.estimate.image_staging > 0
+
+        def sim(key: str, times: dict[str, float]) -> float | None:
+            t = times.get(key)
+            return t * scale if t is not None else None
+
+        self.history = update_history(self.history, MeasuredTimeline(
+            cluster=a.cluster,
+            workload_key=view.workload.metadata.workload_class or view.workload.metadata.name,
+            gpu_product=next(iter(products)) if len(products) == 1 else None,
+            routed_at=sim("routed", view.times),
+            admitted_at=sim("admitted", a.times),
+            staging_started_at=sim("admitted", a.times) if staged else None,
+            staging_finished_at=sim("running", a.times) if staged else None,
+            compute_started_at=sim("running", a.times),
+            finished_at=sim("finished", a.times),
+            promoted_at=sim("promoted", a.times),
+        ))
 
     def pending_attempt(self, wid: str) -> int | None:
         """The attempt number this workload waits a decision for (None = none)."""
@@ -91,8 +128,11 @@ class Router:
 
     async def on_event(self, msg: Incoming) -> Sequence[ev.Base]:
         e = msg.event
-        self.follower.projection.apply(e, msg.stream_seq)
+        fresh = msg.stream_seq > self.follower.projection.last_seq
+        view = self.follower.projection.apply(e, msg.stream_seq)
         self.follower.remember(e.workload_id, msg.headers)
+        if isinstance(e, ev.Completed) and fresh and view is not None:
+            self.learn(view)
         if not isinstance(e, ev.RouteRequested):
             return []
         view = self.follower.projection.get(e.workload_id)
@@ -143,6 +183,9 @@ class Router:
             await bus.ensure_topology(js, self.names)
             self.publisher = Publisher(js, self.names)
             n = await self.follower.catch_up(js, self.names.stream_evt, self.names.evt_all)
+            for view in self.follower.projection.workloads.values():
+                if view.status == "completed":
+                    self.learn(view)
             log.info("router.caught_up", events=n)
             sub = await js.subscribe(
                 self.names.inventory_all, cb=self.on_snapshot, ordered_consumer=True,

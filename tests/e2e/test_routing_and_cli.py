@@ -1,0 +1,70 @@
+"""Routing facts that need the whole system: staged data becomes a cache hit; the CLI explains."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuorch.client import Client
+from gpuorch.system import System
+from gpuorch_proto import workload_to_builtins
+from tests.e2e.workloads import train
+from tests.support.wait import assert_eventually
+
+pytestmark = pytest.mark.e2e
+
+
+async def test_dataset_staged_to_a_cluster_is_a_cache_hit_for_later_runs(system: System, client: Client) -> None:
+    first = await client.submit(train("stage-beta", steps=3, requirements={"clusters": ["beta"]}))
+    view = await client.wait(first, timeout=120)
+    assert view.status == "completed" and view.latest_attempt is not None and view.latest_attempt.cluster == "beta"
+    beta_verdict = next(v for v in view.decision.verdicts if v.cluster == "beta")  # type: ignore[union-attr]
+    assert beta_verdict.estimate is not None and beta_verdict.estimate.data_staging > 0, "beta had to copy mnist@v1"
+
+    async def cached_on_beta() -> bool:
+        snaps = await client.snapshots()
+        return "mnist@v1" in snaps["beta"].registry.datasets_cached
+
+    await assert_eventually(cached_on_beta, timeout=30)
+    second = await client.submit(train("after-stage", steps=3, requirements={"clusters": ["beta"]}))
+    view2 = await client.wait(second, timeout=120)
+    verdict2 = next(v for v in view2.decision.verdicts if v.cluster == "beta")  # type: ignore[union-attr]
+    assert verdict2.estimate is not None and verdict2.estimate.data_staging == 0, verdict2
+
+
+def gpuorch(system: System, *args: str) -> subprocess.CompletedProcess[str]:
+    cli = Path(sys.executable).parent / "gpuorch"
+    return subprocess.run([str(cli), "--state", str(system.state_dir), *args], capture_output=True, text=True, timeout=180)
+
+
+def test_cli_submit_get_list_explain_events_clusters(system: System, tmp_path: Path) -> None:
+    system.save()
+    f = tmp_path / "w.yaml"
+    f.write_text(yaml.safe_dump(workload_to_builtins(train("cli", steps=3))))
+    out = gpuorch(system, "submit", str(f), "--wait", "-o", "json")
+    assert out.returncode == 0, out.stderr
+    wid = json.loads(out.stdout)["id"]
+    got = json.loads(gpuorch(system, "get", wid, "-o", "json").stdout)
+    assert got["status"] == "completed" and got["promoted"] == f"{wid}-a1"
+    assert any(r["id"] == wid for r in json.loads(gpuorch(system, "list", "-o", "json").stdout))
+    explain = gpuorch(system, "explain", wid)
+    assert explain.returncode == 0 and "alpha" in explain.stdout and "beta" in explain.stdout
+    exp_json = json.loads(gpuorch(system, "explain", wid, "-o", "json").stdout)
+    assert exp_json["decision"]["cluster"] == got["cluster"] and len(exp_json["decision"]["verdicts"]) == 2
+    events = [json.loads(line)["type"] for line in gpuorch(system, "events", wid, "-o", "json").stdout.splitlines()]
+    assert events[0] == "submitted" and events[-1] == "completed"
+    clusters = json.loads(gpuorch(system, "clusters", "-o", "json").stdout)
+    assert set(clusters) == {"alpha", "beta"} and clusters["alpha"]["reachable"]
+    doc = workload_to_builtins(train("cli-bad", steps=3))
+    doc["spec"]["resources"]["gpus"] = 0.5
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    refused = gpuorch(system, "submit", str(bad))
+    assert refused.returncode == 2 and "spec.resources.gpus: 0.5 is not a whole number" in refused.stderr
+    missing = gpuorch(system, "get", "no-such-0000000000")
+    assert missing.returncode == 1 and "no workload" in missing.stderr
