@@ -93,6 +93,7 @@ def on_promote_requested(rec: FenceRecord | None, e: ev.PromoteRequested, now: f
     )
 
 
+ORPHAN_GRACE_UNKNOWN = 5.0  # placeholder
 ConfirmHow = Literal["deleted", "already-gone", "lease-expired"]
 
 
