@@ -86,6 +86,11 @@ async def test_cancel_while_waiting_for_a_reachable_cluster(system: System, clie
     system.fault("alpha", "partition")
     system.fault("beta", "partition")
     try:
+        async def unreachable() -> bool:  # so that it is never routed to a cluster that stopped answering
+            snaps = await client.snapshots()
+            return set(snaps) == {"alpha", "beta"} and not any(s.reachable for s in snaps.values())
+
+        await assert_eventually(unreachable, timeout=30)
         wid = await client.submit(train("cancel-waiting", steps=3))
         await eventually(client, wid, state(client, wid, lambda v: v.status == "waiting"), timeout=30)
         view = await cancel_and_wait(client, wid, timeout=30)

@@ -146,3 +146,32 @@ async def test_permanent_exit_code_fails_without_retry(system: System, client: C
     kinds = [type_tag(e) for _, e in await client.events(wid)]
     assert "workload-failed" in kinds and "promoted" not in kinds
     assert ev.WorkloadFailed  # the terminal type exists in the contract
+
+
+async def test_no_allocatable_gpus_waits_then_runs_when_capacity_frees(system: System, client: Client) -> None:
+    nodes = ["alpha-gpu-0", "alpha-gpu-1", "beta-gpu-0", "beta-gpu-1"]
+    for node in nodes:
+        system.fault(node.split("-")[0], "capacity", node, "0")
+    try:
+
+        async def inventory_sees_it() -> bool:
+            snaps = await client.snapshots()
+            return all(n.gpus_allocatable == 0 for c in ("alpha", "beta") for n in snaps[c].nodes)
+
+        await assert_eventually(inventory_sees_it, timeout=30)
+        wid = await client.submit(train("capacity", steps=3))
+
+        async def waiting() -> str:
+            v = await client.view(wid)
+            assert v is not None and v.status == "waiting", v and (v.status, v.reason)
+            return v.reason
+
+        reason = await assert_eventually(waiting, timeout=30)
+        assert "GPU_CAPACITY" in reason, reason
+    finally:
+        for node in nodes:
+            system.fault(node.split("-")[0], "capacity", node, "4")
+    view = await client.wait(wid, timeout=120)
+    assert view.status == "completed"
+    kinds = [type_tag(e) for _, e in await client.events(wid)]
+    assert kinds.index("unroutable") < kinds.index("routed"), kinds

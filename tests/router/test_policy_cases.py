@@ -653,3 +653,15 @@ def test_route(case: Case) -> None:
         assert by_name[d.cluster].eligible  # type: ignore[index]
     if case.extra is not None:
         case.extra(d)
+
+
+def test_gpus_installed_but_not_allocatable_is_waiting_not_rejected() -> None:
+    """A node whose device plugin reports 0 GPUs (GFD still says 8) is lost capacity: wait for it."""
+    from gpuorch_router.policy import route
+
+    wl = make_workload(gpus=2)
+    degraded = make_snapshot("a", nodes=[make_node("n1", gpus=0, free=0, labels={"nvidia.com/gpu.count": "8"})])
+    d = route(wl, "w-degraded", {"a": degraded}, NOW)
+    assert d.outcome == "waiting", d.summary
+    no_gpus = make_snapshot("a", nodes=[make_node("n1", gpus=0, free=0)])
+    assert route(wl, "w-cpu-only", {"a": no_gpus}, NOW).outcome == "rejected"

@@ -203,6 +203,21 @@ class NodeClass:
         return f"{gpu} in pool {self.pool or '-'} ({_plural(self.nodes, 'node')}, {self.ready} Ready)"
 
 
+GFD_COUNT: Final = "nvidia.com/gpu.count"
+
+
+def installed_gpus(node: NodeInfo) -> int:
+    """GPUs the node has (GPU Feature Discovery's count), even while fewer are allocatable.
+
+    The shape a cluster can ever hold is judged on installed GPUs; a node whose device plugin
+    currently reports none (maintenance, a failing GPU) is lost capacity, not a smaller node.
+    """
+    try:
+        return max(node.gpus_allocatable, int(node.labels.get(GFD_COUNT, "0")))
+    except ValueError:
+        return node.gpus_allocatable
+
+
 def _class_key(node: NodeInfo) -> tuple[object, ...]:
     """Nodes with equal keys are interchangeable for routing (volatile labels left out)."""
     labels = node.labels
@@ -214,7 +229,7 @@ def _class_key(node: NodeInfo) -> tuple[object, ...]:
         node.pool,
         node.gpu_product,
         node.gpu_memory_mib,
-        node.gpus_allocatable,
+        installed_gpus(node),
         frozenset(labels.items()) if labels else None,
         tuple(node.taints) if node.taints else None,  # order only ever splits a class, never merges
         tuple(node.sharing) if node.sharing else None,
@@ -231,7 +246,7 @@ def _classes(nodes: Iterable[NodeInfo]) -> tuple[NodeClass, ...]:
                 pool=node.pool,
                 product=node.gpu_product,
                 memory_mib=node.gpu_memory_mib,
-                allocatable=node.gpus_allocatable,
+                allocatable=installed_gpus(node),
                 labels={k: v for k, v in node.labels.items() if k not in VOLATILE_LABELS},
                 taints=tuple(t for t in node.taints if t.effect in _SCHEDULING_EFFECTS),
                 sharing=frozenset(node.sharing),
@@ -239,7 +254,7 @@ def _classes(nodes: Iterable[NodeInfo]) -> tuple[NodeClass, ...]:
             entry = groups[key] = (cls, {}, [])
         cls, hist, members = entry
         members.append(node)
-        if node.ready:
+        if node.ready and (node.gpus_allocatable > 0 or cls.allocatable == 0):
             alloc = node.gpus_allocatable
             free = node.gpus_free
             if free > alloc:
@@ -814,7 +829,7 @@ def _node_checks(idx: SnapshotIndex, d: _Demand) -> tuple[list[Check], list[Node
                 _fail(
                     "GPU_CAPACITY",
                     f"only {ready} of {_plural(nodes, 'suitable node')} are Ready: "
-                    f"{ready_slots} placement slots for {d.units} needed (the rest are lost or NotReady)",
+                    f"{ready_slots} placement slots for {d.units} needed (the rest are lost, NotReady or have no allocatable GPUs)",
                     capacity_only=True,
                 )
             )
