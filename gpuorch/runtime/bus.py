@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from typing import Any
 
 import nats
@@ -86,8 +87,14 @@ async def connect(
     return nc
 
 
+def replicas() -> int:
+    """Stream and bucket replicas: 1 on one server, 3 (or 5) on a JetStream cluster."""
+    return max(1, int(os.environ.get("GPUORCH_REPLICAS", "1")))
+
+
 def _stream_config(spec: StreamSpec) -> StreamConfig:
     return StreamConfig(
+        num_replicas=replicas(),
         name=spec.name,
         subjects=list(spec.subjects),
         retention=RetentionPolicy.LIMITS,
@@ -113,7 +120,7 @@ async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
 
 async def ensure_kv(js: JetStreamContext, bucket: str, history: int = KV_HISTORY) -> None:
     """Create the KV bucket (idempotent; an existing bucket with another config is updated)."""
-    cfg = KeyValueConfig(bucket=bucket, history=history, storage=StorageType.FILE)
+    cfg = KeyValueConfig(bucket=bucket, history=history, storage=StorageType.FILE, replicas=replicas())
     try:
         await js.create_key_value(cfg)
         return
