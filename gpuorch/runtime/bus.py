@@ -66,7 +66,7 @@ async def connect(
     try:
         await asyncio.wait_for(
             nc.connect(
-                servers=[url],
+                servers=[u.strip() for u in url.split(",") if u.strip()],  # a cluster: "nats://a:4222,nats://b:4222"
                 name=name,
                 connect_timeout=connect_timeout,  # type: ignore[arg-type]  # nats-py annotates int; floats work
                 reconnect_time_wait=reconnect_time_wait,  # type: ignore[arg-type]
