@@ -133,9 +133,9 @@ def _fold(view: WorkloadView, e: Event) -> None:
             view.idempotency_key = e.idempotency_key
             if view.status == "submitted":
                 view.reason = "submitted; waiting for a routing decision"
-        case ev.Rejected() if e.source_subject and ".evt." in e.source_subject:
-            # a dead-lettered lifecycle event: recorded, but the workload is not over
-            view.reason = f"dead letter: {e.reason}"
+        case ev.Rejected() if e.source_subject and not e.source_subject.endswith(".cmd.submit"):
+            # a dead-lettered lifecycle event or a refused cancel: recorded, the workload goes on
+            view.reason = f"{e.reason} (from {e.source_subject})"
         case ev.Rejected():
             view.status = "rejected"
             view.reason = e.reason + (

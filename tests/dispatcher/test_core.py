@@ -10,6 +10,7 @@ from gpuorch_dispatcher import core
 from gpuorch_proto import ClusterRegistryEntry, RoutingDecision, Workload, workload_from_obj
 from gpuorch_proto import events as ev
 from gpuorch_proto.inventory import QueueRegistry
+from gpuorch_proto.subjects import valid_token
 
 DIGEST = "example.org/train@sha256:" + "ab" * 32
 W = "train-0123456789"
@@ -197,3 +198,195 @@ def test_cancel_in_every_state() -> None:
     acts = core.on_cancel(running.workloads[W], W, "user", 1.0, env())
     assert [type(a.event) for a in acts if isinstance(a, core.Emit)] == [ev.CancelRequested, ev.FenceRequested]
     assert isinstance(core.on_cancel(None, "nope-1", "user", 1.0, env())[0].event, ev.Rejected)  # type: ignore[union-attr]
+
+
+# --- cancellation in every state -----------------------------------------------------------------
+
+A1 = f"{W}-a1"
+
+
+def _emitted(actions: list[core.Action]) -> list[ev.Base]:
+    return [a.event for a in actions if isinstance(a, core.Emit)]
+
+
+def _kinds(actions: list[core.Action]) -> list[type]:
+    return [type(e) for e in _emitted(actions)]
+
+
+def _lost(n: int = 1) -> ev.Lost:
+    return ev.Lost(workload_id=W, at=2.0, attempt_id=f"{W}-a{n}", epoch=1, cluster="primary", reason="partition")
+
+
+def _fence_req(n: int = 1, at: float = 2.0) -> ev.FenceRequested:
+    return ev.FenceRequested(workload_id=W, at=at, attempt_id=f"{W}-a{n}", epoch=1, cluster="primary", reason="x", lease_expires_at=at + 60)
+
+
+def _fenced(n: int = 1, new_epoch: int = 2, at: float = 3.0) -> ev.Fenced:
+    return ev.Fenced(workload_id=W, at=at, attempt_id=f"{W}-a{n}", epoch=1, cluster="primary", new_epoch=new_epoch)
+
+
+def _confirmed(n: int = 1, how: str = "deleted", at: float = 4.0) -> ev.CancelConfirmed:
+    return ev.CancelConfirmed(workload_id=W, at=at, attempt_id=f"{W}-a{n}", epoch=1, cluster="primary", how=how)  # type: ignore[arg-type]
+
+
+def _failed(n: int = 1, at: float = 100.0, code: int = 3) -> ev.Failed:
+    return ev.Failed(workload_id=W, at=at, attempt_id=f"{W}-a{n}", epoch=n, cluster="primary", exit_code=code, reason="boom")
+
+
+def _cancel_requested() -> ev.CancelRequested:
+    return ev.CancelRequested(workload_id=W, at=5.0, reason="user")
+
+
+def test_cancel_of_a_lost_attempt_waits_for_its_confirmation_and_asks_no_second_fence() -> None:
+    p = history(routed(1), _created(1, 1), _lost(), _fence_req(), _fenced())
+    v = p.workloads[W]
+    acts = core.on_cancel(v, W, "user", 5.0, env())
+    assert _kinds(acts) == [ev.CancelRequested], "already fenced and pursued: no new fence, and not cancelled yet"
+    p.apply(_cancel_requested(), 20)
+    assert core.reconcile(v, 6.0, env()) == [], "nothing more to ask while the lost attempt is unconfirmed"
+    confirmed = _confirmed(how="deleted")
+    p.apply(confirmed, 21)
+    emitted = _emitted(core.on_event(v, confirmed, 7.0, env()))
+    assert [type(e) for e in emitted] == [ev.Cancelled]
+    assert "route-requested" not in [k for _, k, _ in v.history], "never a replacement for a cancelled workload"
+
+
+def test_cancel_while_pending_fences_the_attempt_and_ends_on_its_confirmation() -> None:
+    p = history(routed(1), _created(1, 1))
+    v = p.workloads[W]
+    acts = core.on_cancel(v, W, "user", 5.0, env())
+    assert _kinds(acts) == [ev.CancelRequested, ev.FenceRequested]
+    for i, e in enumerate(_emitted(acts), start=20):
+        p.apply(e, i)  # type: ignore[arg-type]
+    assert core.on_cancel(v, W, "again", 6.0, env()) == [], "a second cancel asks nothing new"
+    assert core.reconcile(v, 6.0, env()) == []
+    p.apply(_fenced(), 30)
+    assert core.on_event(v, _fenced(), 7.0, env()) == [], "no replacement after a cancel's fence"
+    p.apply(_confirmed(), 31)
+    assert _kinds(core.on_event(v, _confirmed(), 8.0, env())) == [ev.Cancelled]
+
+
+def test_cancel_after_success_but_before_promotion_fences_the_attempt_and_a_promotion_still_wins() -> None:
+    succeeded = ev.Succeeded(workload_id=W, at=3.0, attempt_id=A1, epoch=1, cluster="primary", output_path="/o")
+    p = history(routed(1), _created(1, 1), succeeded)
+    v = p.workloads[W]
+    acts = core.on_cancel(v, W, "user", 5.0, env())
+    assert _kinds(acts) == [ev.CancelRequested, ev.FenceRequested], "it could still publish: the fencer decides by CAS"
+    p.apply(_cancel_requested(), 20)
+    promoted = ev.Promoted(workload_id=W, at=6.0, attempt_id=A1, epoch=1, cluster="primary", output_path="/o", result_path="/r")
+    p.apply(promoted, 21)
+    assert _kinds(core.on_event(v, promoted, 6.0, env())) == [ev.Completed]
+    # the fencer then deletes its Job: that confirmation must not add a second terminal event
+    p.apply(_confirmed(), 22)
+    assert core.on_event(v, _confirmed(), 7.0, env()) == []
+    assert core.on_cancel(v, W, "late", 8.0, env()) == []
+
+
+def test_attempt_created_after_a_cancel_is_fenced_at_once() -> None:
+    p = history(routed(1))
+    v = p.workloads[W]
+    for i, e in enumerate(_emitted(core.on_cancel(v, W, "user", 2.0, env())), start=10):
+        p.apply(e, i)  # type: ignore[arg-type]
+    assert v.status == "cancelled"
+    created = _created(1, 1)
+    p.apply(created, 20)  # the Job was being created while the cancel was decided
+    emitted = _emitted(core.on_event(v, created, 3.0, env()))
+    assert [type(e) for e in emitted] == [ev.FenceRequested] and emitted[0].attempt_id == A1  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("workload_id", ["nope-1", "Not A Workload!"])
+def test_cancel_of_an_unknown_id_is_rejected_on_a_valid_subject_token(workload_id: str) -> None:
+    (act,) = core.on_cancel(None, workload_id, "user", 1.0, env())
+    assert isinstance(act, core.Emit) and isinstance(act.event, ev.Rejected)
+    assert "unknown workload" in act.event.reason and workload_id in act.event.reason
+    assert valid_token(act.event.workload_id)
+    assert act.event.event_id == f"{act.event.workload_id}.rejected.cancel"
+
+
+def test_cancel_of_a_finished_workload_does_nothing() -> None:
+    completed = ev.Completed(workload_id=W, at=9.0, attempt_id=A1, result_path="/r")
+    failed = ev.WorkloadFailed(workload_id=W, at=9.0, reason="permanent")
+    for terminal in (completed, failed):
+        p = history(routed(1), _created(1, 1), terminal)
+        assert core.on_cancel(p.workloads[W], W, "user", 10.0, env()) == []
+
+
+# --- retry backoff -------------------------------------------------------------------------------
+
+
+def backoff_history(*events: ev.Base, backoff: str = "30s", budget: int = 5) -> Projection:
+    p = Projection()
+    w = wl(retry={"backoff": backoff, "budget": budget})
+    p.apply(ev.Submitted(workload_id=W, at=0.0, workload=w), 1)
+    for i, e in enumerate(events, start=2):
+        p.apply(e, i)  # type: ignore[arg-type]
+    return p
+
+
+def test_retry_backoff_doubles_per_failed_attempt_and_is_capped() -> None:
+    w = wl(retry={"backoff": "30s"})
+    assert [core.retry_backoff(w, n) for n in range(5)] == [0.0, 30.0, 60.0, 120.0, 240.0]
+    assert core.retry_backoff(w, 100) == core.BACKOFF_CAP
+    assert core.retry_backoff(wl(retry={"backoff": "2h"}), 3) == 7200.0, "a backoff longer than the cap is the cap"
+    assert core.retry_backoff(wl(retry={"backoff": "0s"}), 3) == 0.0
+
+
+def test_replacement_after_a_failure_waits_for_the_backoff_then_reconcile_requests_it() -> None:
+    e = env()  # time scale 600: 30 simulated seconds are 0.05 real ones; use 1h to see it
+    p = backoff_history(routed(1), _created(1, 1), _failed(1, at=100.0), _fence_req(1, at=100.1), backoff="1h")
+    v = p.workloads[W]
+    not_before = core.replacement_not_before(v, v.attempts[A1], e.time_scale)
+    assert not_before == pytest.approx(100.0 + 3600 / 600)
+    fenced = _fenced(1, at=100.2)
+    p.apply(fenced, 20)
+    assert core.on_event(v, fenced, 100.2, e) == [], "not before failed.at + backoff"
+    assert core.reconcile(v, not_before - 0.01, e) == []
+    emitted = _emitted(core.reconcile(v, not_before, e))
+    assert [type(x) for x in emitted] == [ev.RouteRequested]
+    rr = emitted[0]
+    assert isinstance(rr, ev.RouteRequested) and rr.attempt_number == 2 and rr.exclude == [] and "backoff of 1h" in rr.reason
+    # the same request, whoever asks (the event path after the backoff, or a second reconcile)
+    assert _emitted(core.on_event(v, fenced, not_before + 1, e))[0].event_id == rr.event_id
+    p.apply(rr, 21)
+    assert core.reconcile(v, not_before + 5, e) == [], "asked once"
+
+
+def test_second_failure_backs_off_twice_as_long() -> None:
+    e = env()
+    p = backoff_history(
+        routed(1), _created(1, 1), _failed(1, at=100.0), _fence_req(1), _fenced(1),
+        ev.RouteRequested(workload_id=W, at=101.0, attempt_number=2), routed(2), _created(2, 2),
+        _failed(2, at=200.0), _fence_req(2, at=200.0), _fenced(2, new_epoch=3, at=200.1), backoff="10m",
+    )
+    v = p.workloads[W]
+    assert core.replacement_not_before(v, v.attempts[A1], e.time_scale) == pytest.approx(100.0 + 600 / 600)
+    assert core.replacement_not_before(v, v.attempts[f"{W}-a2"], e.time_scale) == pytest.approx(200.0 + 2 * 600 / 600)
+    assert core.reconcile(v, 201.9, e) == []
+    emitted = _emitted(core.reconcile(v, 202.0, e))
+    assert [type(x) for x in emitted] == [ev.RouteRequested] and emitted[0].attempt_number == 3  # type: ignore[attr-defined]
+
+
+def test_a_lost_attempt_is_replaced_without_backoff() -> None:
+    p = backoff_history(routed(1), _created(1, 1), _lost(), _fence_req(), backoff="10h")
+    v = p.workloads[W]
+    assert core.replacement_not_before(v, v.attempts[A1], 600) == 0.0
+    p.apply(_fenced(), 20)
+    p.apply(_confirmed(how="lease-expired"), 21)
+    assert _kinds(core.on_event(v, _confirmed(how="lease-expired"), 3.0, env())) == [ev.RouteRequested]
+
+
+def test_cancel_during_backoff_requests_no_replacement() -> None:
+    p = backoff_history(routed(1), _created(1, 1), _failed(1, at=100.0), _fence_req(1), _fenced(1), _confirmed(1, at=100.5), backoff="1h")
+    v = p.workloads[W]
+    acts = core.on_cancel(v, W, "user", 101.0, env())
+    assert _kinds(acts) == [ev.CancelRequested, ev.Cancelled], "the failed attempt is already confirmed gone"
+    for i, x in enumerate(_emitted(acts), start=30):
+        p.apply(x, i)  # type: ignore[arg-type]
+    assert core.reconcile(v, 1000.0, env()) == []
+
+
+def test_reconcile_fails_the_workload_when_the_budget_is_spent() -> None:
+    # e.g. the owner died between publishing `failed` and acting on it
+    p = backoff_history(routed(1), _created(1, 1), _failed(1), _fence_req(1), _fenced(1), budget=0)
+    emitted = _emitted(core.reconcile(p.workloads[W], 200.0, env()))
+    assert [type(x) for x in emitted] == [ev.WorkloadFailed] and "budget" in emitted[0].reason  # type: ignore[attr-defined]

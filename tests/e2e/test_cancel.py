@@ -124,8 +124,7 @@ async def test_cancel_while_routed_and_pending_behind_other_work(system: System,
             return True
 
         await eventually(client, wid, pending, timeout=30)
-        v = await client.view(wid)
-        assert v is not None and [a.status for a in v.attempts.values()] == ["created"], v and v.attempts
+        await eventually(client, wid, state(client, wid, lambda v: [a.status for a in v.attempts.values()] == ["created"]), timeout=15)
         view = await cancel_and_wait(client, wid)
         assert_cancelled_and_gone(view, kube)
         assert [a.cancel_confirmed for a in view.attempts.values()] == ["deleted"]
@@ -200,7 +199,9 @@ async def test_cancel_of_an_unknown_id_is_rejected_and_of_a_finished_workload_ch
     assert "unknown workload" in r.reason and unknown in r.reason, r.reason
     view = await client.view(done)
     assert view is not None and view.status == "completed" and not view.cancel_requested
-    assert [type_tag(e) for _, e in await client.events(done)] == before
+    after = [type_tag(e) for _, e in await client.events(done)]
+    # (the fencer may still record its Job as collected: nothing about the cancel, nothing terminal)
+    assert after[: len(before)] == before and set(after[len(before):]) <= {"orphan-deleted"}, after
 
 
 def failures(events: list[tuple[int, Event]]) -> tuple[list[float], list[float]]:

@@ -57,14 +57,21 @@ async def no_jobs(kube: dict, wid: str) -> None:
 async def test_partition_mid_run_replaces_elsewhere_resumes_and_promotes_exactly_once(system: System, client: Client, kube: dict, fencing: str) -> None:
     # fast: the replacement may start right after the epoch bump, long before the lease runs out
     wid = await client.submit(train(f"part-{fencing}", steps=60, fencing=fencing, lease="10m" if fencing == "strict" else "10h"))
-    await running_on(client, wid, "alpha", with_checkpoint=True)
-    system.fault("alpha", "partition")
+
+    async def first_cluster() -> str | None:
+        v = await client.view(wid)
+        return v.latest_attempt.cluster if v is not None and v.latest_attempt is not None else None
+
+    home = await assert_eventually(first_cluster, timeout=60)
+    other = "beta" if home == "alpha" else "alpha"
+    await running_on(client, wid, home, with_checkpoint=True)
+    system.fault(home, "partition")
     try:
-        await running_on(client, wid, "beta")
+        await running_on(client, wid, other)
         v = await client.view(wid)
         assert v is not None
-        a1 = next(a for a in v.attempts.values() if a.cluster == "alpha")
-        a2 = next(a for a in v.attempts.values() if a.cluster == "beta")
+        a1 = next(a for a in v.attempts.values() if a.cluster == home)
+        a2 = next(a for a in v.attempts.values() if a.cluster == other)
         assert a1.status == "lost" and a1.fenced and a2.epoch > a1.epoch
         assert a2.mode == "resume" and a2.resume_from, a2.mode_reason
         if fencing == "strict":
@@ -72,7 +79,7 @@ async def test_partition_mid_run_replaces_elsewhere_resumes_and_promotes_exactly
         else:
             assert a1.cancel_confirmed is None, "fast: replacement before any confirmation"
     finally:
-        system.fault("alpha", "heal")
+        system.fault(home, "heal")
     view = await client.wait(wid, timeout=120)
     assert view.status == "completed", view.reason
     assert view.promoted_attempt == a2.attempt_id

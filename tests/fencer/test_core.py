@@ -118,3 +118,43 @@ def test_any_interleaving_promotes_at_most_one_attempt_and_never_a_stale_one(ste
             assert rec.epoch >= epochs[-1], "the epoch never goes back"
             epochs.append(rec.epoch)
     assert len(promoted) <= 1
+
+
+def _reason(rec: FenceRecord | None = None, *, attempt: int = 1, epoch: int = 1, known_attempt: bool = False, known_workload: bool = False, age: float = 0.0, status: str | None = None) -> str | None:
+    return core.orphan_reason(rec, f"{W}-a{attempt}", epoch, known_attempt=known_attempt, known_workload=known_workload, age=age, workload_status=status)
+
+
+def test_a_job_of_a_workload_the_log_never_saw_goes_after_the_short_grace() -> None:
+    assert _reason(age=core.ORPHAN_GRACE_UNKNOWN - 0.1) is None
+    why = _reason(age=core.ORPHAN_GRACE_UNKNOWN)
+    assert why is not None and why.startswith("unknown workload")
+
+
+def test_an_unknown_attempt_of_a_known_workload_gets_the_long_grace() -> None:
+    # its attempt-created may still be on its way from the dispatcher
+    assert core.ORPHAN_GRACE > core.ORPHAN_GRACE_UNKNOWN
+    assert _reason(known_workload=True, age=core.ORPHAN_GRACE_UNKNOWN + 1) is None
+    assert _reason(known_workload=True, age=core.ORPHAN_GRACE) == f"unknown attempt {W}-a1 (30s old)"
+
+
+def test_known_attempts_are_judged_by_epoch_and_by_the_workloads_end() -> None:
+    rec = FenceRecord(epoch=2, current_attempt=f"{W}-a2")
+    assert _reason(rec, attempt=2, epoch=2, known_attempt=True, known_workload=True, status="running") is None
+    assert _reason(rec, attempt=1, epoch=1, known_attempt=True, known_workload=True, status="running") == "stale epoch 1 < 2"
+    for status in ("cancelled", "completed", "failed"):
+        assert _reason(rec, attempt=2, epoch=2, known_attempt=True, known_workload=True, status=status) == f"workload {status}"
+
+
+def test_orphans_are_recorded_under_a_valid_workload_id() -> None:
+    assert core.orphan_workload_id("ghost-123", "beta", "gpuorch", "ghost-123-a1") == "ghost-123"
+    derived = core.orphan_workload_id("Not/A Token", "beta", "gpuorch", "x")
+    assert derived.startswith("orphan-") and derived == core.orphan_workload_id("", "beta", "gpuorch", "x")
+    assert derived != core.orphan_workload_id("", "alpha", "gpuorch", "x")
+    evt = core.orphan_deleted(derived, "x", 0, "beta", "x", "unknown workload", 1.0)
+    assert evt.event_id == f"{derived}.orphan-deleted.x"
+
+
+def test_lease_after_a_restart_runs_from_the_fence_request_not_from_now() -> None:
+    assert core.lease_expires_at(1000.0, "10h", 600) == 1000.0 + 60.0
+    assert not core.cancellation_due(core.lease_expires_at(1000.0, "10h", 600), 1059.0)
+    assert core.cancellation_due(core.lease_expires_at(1000.0, "10h", 600), 1060.0)

@@ -6,6 +6,7 @@ and `DeleteJob` through the Kubernetes client and publishes `Emit`ted events.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,7 +14,8 @@ from typing import Any
 from gpuorch.projection import AttemptView, WorkloadView
 from gpuorch_proto import ClusterRegistryEntry, Event, OwnerLease, Workload, event_id
 from gpuorch_proto import events as ev
-from gpuorch_proto.units import parse_duration, parse_quantity
+from gpuorch_proto.subjects import valid_token
+from gpuorch_proto.units import format_duration, parse_duration, parse_quantity
 
 NAMESPACE = "gpuorch"
 LABEL_WORKLOAD = "gpuorch.io/workload"
@@ -23,6 +25,7 @@ LABEL_MANAGED = "gpuorch.io/managed"
 LABEL_POOL = "gpuorch.io/pool"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 SCHEDULER_FOR = {"kai": "kai-scheduler", "volcano": "volcano"}
+BACKOFF_CAP = 3600.0  # simulated seconds: the longest wait between a failed attempt and its replacement
 
 
 @dataclass(frozen=True)
@@ -333,14 +336,18 @@ def on_observation(view: WorkloadView, a: AttemptView, obs: JobObservation, now:
         out.append(Emit(ev.Succeeded(event_id=_eid(a, "succeeded"), output_path=a.output_path, **base)))
         out.append(Emit(ev.PromoteRequested(event_id=_eid(a, "promote-requested"), output_path=a.output_path, **base)))
     elif obs.failed:
-        spec = view.workload.spec
         code = obs.exit_code
-        permanent = code is not None and code in spec.retry.permanent_exit_codes
-        listed = not spec.retry.retryable_exit_codes or (code in spec.retry.retryable_exit_codes)
         out.append(
-            Emit(ev.Failed(event_id=_eid(a, "failed"), exit_code=code, reason=obs.reason or "job failed", retryable=not permanent and listed, **base))
+            Emit(ev.Failed(event_id=_eid(a, "failed"), exit_code=code, reason=obs.reason or "job failed", retryable=retryable(view.workload, code), **base))
         )
     return out
+
+
+def retryable(wl: Workload, code: int | None) -> bool:
+    """May a failure with this exit code be retried (spec.retry's exit code lists)?"""
+    permanent = code is not None and code in wl.spec.retry.permanent_exit_codes
+    listed = not wl.spec.retry.retryable_exit_codes or (code in wl.spec.retry.retryable_exit_codes)
+    return not permanent and listed
 
 
 def lost(view: WorkloadView, a: AttemptView, now: float, reason: str) -> list[Action]:
@@ -361,8 +368,33 @@ def _fence(view: WorkloadView, a: AttemptView, now: float, reason: str, time_sca
     )
 
 
-def failed_attempts(view: WorkloadView) -> int:
-    return sum(1 for a in view.attempts.values() if a.status == "failed")
+def failed_attempts(view: WorkloadView, up_to: int | None = None) -> int:
+    """Failed attempts (with a number <= `up_to`, if given)."""
+    return sum(1 for a in view.attempts.values() if a.status == "failed" and (up_to is None or a.number <= up_to))
+
+
+def retry_backoff(wl: Workload, failures: int) -> float:
+    """Simulated seconds between the `failures`-th failed attempt and its replacement.
+
+    `spec.retry.backoff` doubles per failed attempt (backoff x 2^(n-1)), capped at
+    `BACKOFF_CAP` (or at the backoff itself, if that is longer).
+    """
+    base = parse_duration(wl.spec.retry.backoff)
+    if failures <= 0 or base <= 0:
+        return 0.0
+    return min(base * 2.0 ** min(failures - 1, 32), max(base, BACKOFF_CAP))
+
+
+def replacement_not_before(view: WorkloadView, a: AttemptView, time_scale: float) -> float:
+    """Unix time before which no replacement of `a` may be requested (0.0: at once).
+
+    Only a *failed* attempt backs off (from when it failed); a lost one is replaced as soon as
+    fencing allows: losing a cluster says nothing about the workload.
+    """
+    if a.status != "failed" or view.workload is None:
+        return 0.0
+    delay = retry_backoff(view.workload, failed_attempts(view, up_to=a.number))
+    return a.times.get("finished", 0.0) + delay / max(time_scale, 1e-9)
 
 
 def _replacement_due(view: WorkloadView, a: AttemptView) -> bool:
@@ -381,6 +413,11 @@ def _replacement_due(view: WorkloadView, a: AttemptView) -> bool:
 def _request_route(view: WorkloadView, a: AttemptView, now: float, why: str) -> Emit:
     n = view.next_attempt_number
     exclude = [a.cluster] if a.status == "lost" else []
+    if a.status == "failed" and view.workload is not None:
+        n_failed = failed_attempts(view, up_to=a.number)
+        wait = retry_backoff(view.workload, n_failed)
+        if wait > 0:
+            why += f"; after a backoff of {format_duration(wait)} (failed attempt {n_failed})"
     return Emit(ev.RouteRequested(event_id=event_id(view.workload_id, "route-requested", n), workload_id=view.workload_id, at=now, attempt_number=n, exclude=exclude, reason=why))
 
 
@@ -407,26 +444,40 @@ def on_event(view: WorkloadView, e: Event, now: float, env: Environment) -> list
             if a is None:
                 return []
             return [_fence(view, a, now, f"lost: {e.reason}", env.time_scale)]
+        case ev.AttemptCreated():
+            a = view.attempts.get(e.attempt_id)
+            if a is None or not (view.cancel_requested or view.terminal) or not a.live or "fence-requested" in a.times:
+                return []
+            # created while a cancel was being decided (or after the workload ended): stop it too
+            when = f"the workload was {view.status}" if view.terminal else "a cancel was requested"
+            return [_fence(view, a, now, f"cancel: attempt created after {when}", env.time_scale)]
         case ev.Fenced():
             a = view.attempts.get(e.attempt_id)
             if a is None or not _replacement_due(view, a):
                 return []
             if a.status == "lost" and wl.spec.fencing == "strict":
                 return []  # strict: wait for cancel-confirmed or lease expiry
+            if now < replacement_not_before(view, a, env.time_scale):
+                return []  # retry backoff: the dispatcher's periodic reconcile requests it once due
             return [_request_route(view, a, now, f"replacing {a.attempt_id} ({a.status}) after the epoch moved to {e.new_epoch}")]
         case ev.CancelConfirmed():
             a = view.attempts.get(e.attempt_id)
             if a is None:
                 return []
-            if view.cancel_requested and not view.terminal and not view.live_attempts:
-                return [Emit(ev.Cancelled(event_id=event_id(view.workload_id, "cancelled"), workload_id=view.workload_id, at=now, reason="cancelled; every attempt confirmed gone"))]
-            if a.fenced and _replacement_due(view, a):
+            if _cancel_complete(view):
+                return [_cancelled(view, now, "cancelled; every attempt confirmed gone")]
+            if a.fenced and _replacement_due(view, a) and now >= replacement_not_before(view, a, env.time_scale):
                 return [_request_route(view, a, now, f"replacing {a.attempt_id} ({a.status}); cancellation confirmed ({e.how})")]
             return []
+        case ev.OrphanDeleted() | ev.PromotionRejected():
+            # the attempt can no longer publish (or is gone): that may have been the last one a cancel waited for
+            return [_cancelled(view, now, "cancelled; every attempt confirmed gone")] if _cancel_complete(view) else []
         case ev.Promoted():
             if view.status == "completed":
                 return []
             a = view.attempts.get(e.attempt_id)
+            if view.terminal:  # never a second terminal event; only the Job goes
+                return [DeleteJob(a.cluster, a.namespace, a.job_name, f"promoted after the workload was {view.status}")] if a else []
             out = [Emit(ev.Completed(event_id=event_id(view.workload_id, "completed"), workload_id=view.workload_id, at=now, attempt_id=e.attempt_id, result_path=e.result_path))]
             if a is not None:
                 out.append(DeleteJob(a.cluster, a.namespace, a.job_name, "completed and promoted"))
@@ -435,41 +486,86 @@ def on_event(view: WorkloadView, e: Event, now: float, env: Environment) -> list
             return []
 
 
+def unknown_cancel(workload_id: str, now: float) -> Emit:
+    """A cancel for an id no workload has: a `rejected` event that says so (on a subject token)."""
+    wid, shown = workload_id, workload_id
+    if not valid_token(workload_id):
+        wid = "invalid-" + hashlib.sha256(workload_id.encode()).hexdigest()[:16]
+        shown = f"{workload_id!r} (not a workload id)"
+    return Emit(ev.Rejected(event_id=event_id(wid, "rejected", "cancel"), workload_id=wid, at=now, reason=f"cancel: unknown workload {shown}"))
+
+
+def to_stop(view: WorkloadView) -> list[AttemptView]:
+    """Attempts a cancel must see confirmed gone before the workload is `cancelled`.
+
+    Any that may still run (live, lost included), any failed one whose Job is not yet deleted,
+    and any that succeeded but could still publish (not promoted, not fenced). Each of these is
+    pursued by the fencer with a lease, so each is confirmed gone eventually, even on a cluster
+    that never answers again. (A stale attempt is collected as an orphan, without a lease: a
+    cancel does not wait for it.)
+    """
+    return [
+        a for a in view.attempts.values()
+        if not a.gone and (
+            a.live
+            or a.status == "failed"
+            or (a.status == "succeeded" and not a.promoted and not a.promotion_rejected and not a.fenced)
+        )
+    ]
+
+
+def _cancel_complete(view: WorkloadView) -> bool:
+    """Cancelled only once nothing can run or publish any more; a promoted result wins over a cancel."""
+    return view.cancel_requested and not view.terminal and view.promoted_attempt is None and not to_stop(view)
+
+
+def _cancelled(view: WorkloadView, now: float, reason: str) -> Emit:
+    return Emit(ev.Cancelled(event_id=event_id(view.workload_id, "cancelled"), workload_id=view.workload_id, at=now, reason=reason))
+
+
 def on_cancel(view: WorkloadView | None, workload_id: str, reason: str, now: float, env: Environment) -> list[Action]:
-    """`gpuorch cancel` in any state: fence every live attempt; done when all are confirmed gone."""
-    if view is None:
-        return [Emit(ev.Rejected(event_id=event_id(workload_id, "rejected", "cancel"), workload_id=workload_id, at=now, reason=f"cancel: unknown workload {workload_id!r}"))]
-    if view.terminal:
+    """`gpuorch cancel` in any state: fence every attempt that may still run or publish; done when all are gone.
+
+    Unknown id: `rejected`. Finished workload (or one whose result is already promoted): nothing.
+    Idempotent: an attempt whose fence was already requested (lost, failed, an earlier cancel) is
+    not asked again; the fencer is already pursuing it.
+    """
+    if view is None or (view.workload is None and not view.terminal):
+        return [unknown_cancel(workload_id, now)]
+    if view.terminal or view.promoted_attempt is not None:
         return []
     out: list[Action] = []
     if not view.cancel_requested:
         out.append(Emit(ev.CancelRequested(event_id=event_id(workload_id, "cancel-requested"), workload_id=workload_id, at=now, reason=reason)))
-    live = view.live_attempts
-    for a in live:
-        out.append(_fence(view, a, now, f"cancel: {reason}", env.time_scale))
-    if not live:
-        out.append(Emit(ev.Cancelled(event_id=event_id(workload_id, "cancelled"), workload_id=workload_id, at=now, reason=reason)))
+    stopping = to_stop(view)
+    for a in stopping:
+        if "fence-requested" not in a.times:
+            out.append(_fence(view, a, now, f"cancel: {reason}", env.time_scale))
+    if not stopping:
+        out.append(_cancelled(view, now, reason))
     return out
 
 
 def reconcile(view: WorkloadView, now: float, env: Environment, traceparent: str | None = None) -> list[Action]:
     """Level-triggered: what the workload's state still needs, whatever events were missed.
 
-    A dispatcher that takes over a workload (its owner died) calls this to re-drive it; every
-    action it returns carries the same deterministic event id as the one the old owner would
-    have published, so nothing happens twice.
+    A dispatcher that takes over a workload (its owner died) calls this to re-drive it, and the
+    owner calls it periodically for what is due by time alone (a replacement after its retry
+    backoff). Every action carries the same deterministic event id as the one the event-driven
+    path would have published, and nothing that the state already shows is asked again, so
+    calling it any number of times changes nothing once the workload is where it should be.
     """
     wl = view.workload
     if wl is None or view.terminal:
         return []
-    if view.cancel_requested:
-        return on_cancel(view, view.workload_id, "cancel (re-driven)", now, env)
     out: list[Action] = []
     for a in view.attempts.values():
-        if a.status == "succeeded" and not a.fenced and "promote-requested" not in a.times:
+        if a.status == "succeeded" and not a.fenced and "promote-requested" not in a.times and not view.cancel_requested:
             out.append(Emit(ev.PromoteRequested(event_id=_eid(a, "promote-requested"), workload_id=view.workload_id, at=now, attempt_id=a.attempt_id, epoch=a.epoch, cluster=a.cluster, output_path=a.output_path)))
         if a.promoted and view.status != "completed" and view.result_path:
             out.append(Emit(ev.Completed(event_id=event_id(view.workload_id, "completed"), workload_id=view.workload_id, at=now, attempt_id=a.attempt_id, result_path=view.result_path)))
+    if view.cancel_requested:
+        return out + on_cancel(view, view.workload_id, "cancel (re-driven)", now, env)
     latest = view.latest_attempt
     wanted = max(view.routed_attempts | {0})
     if wanted and (latest is None or latest.number < wanted) and view.decision is not None and view.decision.cluster:
@@ -477,11 +573,14 @@ def reconcile(view: WorkloadView, now: float, env: Environment, traceparent: str
         out.extend(on_routed(view, routed, now, env, traceparent))
     elif latest is not None and latest.status in ("failed", "lost"):
         if "fence-requested" not in latest.times:
-            reason = f"attempt {latest.status}: {latest.reason}" if latest.status == "failed" else f"lost: {latest.reason}"
+            reason = f"attempt failed: {latest.reason}" if latest.status == "failed" else f"lost: {latest.reason}"
             out.append(_fence(view, latest, now, reason, env.time_scale))
+        if latest.status == "failed" and (_budget_spent(view, wl) or (latest.exit_code is not None and not retryable(wl, latest.exit_code))):
+            why = f"retry budget of {wl.spec.retry.budget} spent" if _budget_spent(view, wl) else f"permanent failure (exit code {latest.exit_code})"
+            out.append(Emit(ev.WorkloadFailed(event_id=event_id(view.workload_id, "workload-failed"), workload_id=view.workload_id, at=now, reason=f"{why} in {latest.attempt_id}: {latest.reason}", attempts=len(view.attempts))))
         elif latest.fenced and _replacement_due(view, latest):
             strict_wait = latest.status == "lost" and wl.spec.fencing == "strict" and latest.cancel_confirmed is None
-            if not strict_wait and not (latest.status == "failed" and _budget_spent(view, wl)):
+            if not strict_wait and now >= replacement_not_before(view, latest, env.time_scale):
                 out.append(_request_route(view, latest, now, f"replacing {latest.attempt_id} ({latest.status}), re-driven"))
     return out
 

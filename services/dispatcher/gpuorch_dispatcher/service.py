@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 from kubernetes.client.exceptions import ApiException
-from nats.js.errors import KeyNotFoundError
+from nats.js.errors import KeyNotFoundError, NotFoundError
 
 from gpuorch.config import Settings, load_registry
 from gpuorch.follow import Follower
@@ -28,6 +28,7 @@ from gpuorch.runtime import bus
 from gpuorch.runtime.shell import Incoming, Publisher, Retry, consume, run_service
 from gpuorch_proto import OwnerLease, decode_owner, encode
 from gpuorch_proto import events as ev
+from gpuorch_proto.subjects import valid_token
 
 from . import core
 
@@ -88,6 +89,11 @@ class Dispatcher:
         self.me = os.environ.get("GPUORCH_DISPATCHER_ID", "0")
         self.owner_ttl = float(os.environ.get("GPUORCH_OWNER_TTL", "6"))
         self.owned: dict[str, int] = {}  # workload id -> revision of our lease in the owners bucket
+        self.busy: dict[str, int] = {}  # workload id -> handlers now acting on it (creating its Job, ...)
+        self.reconcile_every = float(os.environ.get("GPUORCH_RECONCILE_INTERVAL", "1.0"))
+        self.unknown_cancel_retries = 3  # deliveries of a cancel for an id we do not know before `rejected`
+        self.js: Any = None
+        self.created: dict[str, set[str]] = {}  # workload id -> attempts whose Job this process created
 
     def environment(self, attempts: Sequence[AttemptView] = ()) -> core.Environment:
         reg = self.registry.clusters if self.registry else {}
@@ -114,6 +120,7 @@ class Dispatcher:
                 out.append(act.event)
             elif isinstance(act, core.CreateJob):
                 await self.create_job(act)
+                self.created.setdefault(workload_id, set()).add(act.created.attempt_id)
                 out.append(act.created)
             elif isinstance(act, core.DeleteJob):
                 await self.delete_job(act)
@@ -207,16 +214,49 @@ class Dispatcher:
             except TimeoutError:
                 pass
 
+    async def reconcile_owned(self, stop: asyncio.Event) -> None:
+        """Level-triggered upkeep of the workloads we own: whatever is due by time alone (a
+        replacement once its retry backoff has passed) or was missed. `core.reconcile` asks for
+        nothing the state already shows, so this is a no-op for a workload that is on track."""
+        while not stop.is_set():
+            for wid in list(self.owned):
+                view = self.follower.projection.get(wid)
+                if view is None or view.terminal or view.workload is None or self.busy.get(wid):
+                    continue
+                try:
+                    await self.redrive(view)
+                except Exception as exc:  # e.g. a cluster that does not answer a create: next round
+                    log.warning("reconcile.failed", workload=wid, error=str(exc))
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=self.reconcile_every)
+            except TimeoutError:
+                pass
+
     async def redrive(self, view: WorkloadView) -> None:
         assert self.publisher is not None
-        env = self.environment(list(view.attempts.values()))
-        actions = core.reconcile(view, time.time(), env, self.follower.traceparent(view.workload_id))
+        now, tp = time.time(), self.follower.traceparent(view.workload_id)
+        actions = core.reconcile(view, now, self.environment(), tp)
+        if any(isinstance(a, core.CreateJob) for a in actions):  # only then read the checkpoints (file I/O)
+            actions = core.reconcile(view, now, self.environment(list(view.attempts.values())), tp)
+        # an attempt we created ourselves is on its way to our projection: never create it twice
+        mine = self.created.get(view.workload_id, set())
+        actions = [a for a in actions if not (isinstance(a, core.CreateJob) and a.created.attempt_id in mine)]
         if actions:
             log.info("workload.redriven", workload=view.workload_id, actions=len(actions))
             await self.publisher.publish(await self.execute(actions, view.workload_id), context=self.follower.context(view.workload_id))
 
     # --- handlers --------------------------------------------------------------------------
     async def on_event(self, msg: Incoming) -> Sequence[ev.Base]:
+        wid = msg.event.workload_id
+        self.busy[wid] = self.busy.get(wid, 0) + 1
+        try:
+            return await self._on_event(msg)
+        finally:
+            self.busy[wid] -= 1
+            if not self.busy[wid]:
+                del self.busy[wid]
+
+    async def _on_event(self, msg: Incoming) -> Sequence[ev.Base]:
         e = msg.event
         view = self.follower.projection.apply(e, msg.stream_seq)
         self.follower.remember(e.workload_id, msg.headers)
@@ -252,9 +292,33 @@ class Dispatcher:
         e = msg.event
         if not isinstance(e, ev.Cancel):
             return []
-        view = self.follower.projection.get(e.workload_id)
-        actions = core.on_cancel(view, e.workload_id, e.reason, time.time(), self.environment())
-        return await self.execute(actions, e.workload_id)
+        wid = e.workload_id
+        view = self.follower.projection.get(wid)
+        if self.busy.get(wid) or self.unrecorded(view, wid):
+            # e.g. its Job is being created: decide once the attempt is in our projection, not before
+            raise Retry(0.5, "an attempt of this workload is being created")
+        if view is None or view.workload is None:
+            if await self.in_log(wid):
+                raise Retry(0.5, "our projection is behind the event log")
+            if msg.delivered < self.unknown_cancel_retries:
+                raise Retry(1.0, "unknown workload: its submit may still be on its way")
+        actions = core.on_cancel(view, wid, e.reason, time.time(), self.environment())
+        return await self.execute(actions, wid)
+
+    def unrecorded(self, view: WorkloadView | None, workload_id: str) -> set[str]:
+        """Attempts whose Job we created but whose `attempt-created` our projection has not applied yet."""
+        mine = self.created.get(workload_id, set())
+        return mine - set(view.attempts) if view is not None else set(mine)
+
+    async def in_log(self, workload_id: str) -> bool:
+        """Does the event log hold this workload's `submitted` (whatever our projection has seen)?"""
+        if self.js is None or not valid_token(workload_id):
+            return False
+        try:
+            await self.js.get_last_msg(self.names.stream_evt, self.names.evt(workload_id, "submitted"))
+            return True
+        except NotFoundError:
+            return False
 
     async def record_staged(self, view: WorkloadView, e: ev.Running) -> None:
         """After an attempt's staging init containers ran, its inputs are cached on that cluster."""
@@ -322,7 +386,7 @@ class Dispatcher:
     async def run(self, stop: asyncio.Event) -> None:
         nc = await bus.connect(self.settings.nats_url, "gpuorch-dispatcher")
         try:
-            js = nc.jetstream()
+            js = self.js = nc.jetstream()
             await bus.ensure_topology(js, self.names)
             self.kv_staged = await js.key_value(self.names.kv_staged)
             self.kv_owners = await js.key_value(self.names.kv_owners)
@@ -335,8 +399,9 @@ class Dispatcher:
             tasks = [
                 asyncio.create_task(self.renew(stop)),
                 asyncio.create_task(self.take_over(stop)),
+                asyncio.create_task(self.reconcile_owned(stop)),
                 asyncio.create_task(consume(js, stream=self.names.stream_evt, durable=self.names.durable("dispatcher", f"events-{self.me}"), filter_subject=self.names.evt_all, handler=self.on_event, publisher=self.publisher, names=self.names, stop=stop)),
-                asyncio.create_task(consume(js, stream=self.names.stream_cmd, durable=self.names.durable("dispatcher", "cancel"), filter_subject=self.names.cmd_cancel, handler=self.on_command, publisher=self.publisher, names=self.names, stop=stop)),
+                asyncio.create_task(consume(js, stream=self.names.stream_cmd, durable=self.names.durable("dispatcher", "cancel"), filter_subject=self.names.cmd_cancel, handler=self.on_command, publisher=self.publisher, names=self.names, stop=stop, max_deliver=40)),
                 asyncio.create_task(self.watch(stop)),
             ]
             log.info("dispatcher.ready", clusters=sorted(self.clients))

@@ -11,6 +11,7 @@ promoted; an attempt whose epoch is not the current one never is.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -18,6 +19,18 @@ from msgspec.structs import replace
 
 from gpuorch_proto import FenceRecord, event_id
 from gpuorch_proto import events as ev
+from gpuorch_proto.subjects import valid_token
+from gpuorch_proto.units import parse_duration
+
+# How long a managed Job without a known attempt may exist before it is collected (real seconds).
+# A Job of a workload the event log knows may be an attempt whose `attempt-created` is still on
+# its way (the dispatcher creates the Job, then publishes; a crash in between is re-driven by
+# redelivery or takeover within tens of seconds): it gets the long grace. A Job of a workload the
+# log has never seen cannot be: every Job gpuorch creates follows its workload's `routed` event.
+# It only gets a short grace, so that a Job is never judged in the instant it appears.
+ORPHAN_GRACE = 30.0
+ORPHAN_GRACE_UNKNOWN = 5.0
+TERMINAL = frozenset({"completed", "cancelled", "failed", "rejected"})
 
 
 @dataclass(frozen=True)
@@ -93,12 +106,19 @@ def on_promote_requested(rec: FenceRecord | None, e: ev.PromoteRequested, now: f
     )
 
 
-ORPHAN_GRACE_UNKNOWN = 5.0  # placeholder
 ConfirmHow = Literal["deleted", "already-gone", "lease-expired"]
 
 
 def cancel_confirmed(e: ev.AttemptEvent, now: float, how: ConfirmHow) -> ev.CancelConfirmed:
     return ev.CancelConfirmed(event_id=f"{e.attempt_id}.cancel-confirmed", how=how, **_base(e, now))
+
+
+def orphan_workload_id(label: str, cluster: str, namespace: str, job_name: str) -> str:
+    """The workload id to record an orphan under: its label if that is a valid id, else one derived
+    from where the Job was (events go on a subject per workload id)."""
+    if valid_token(label):
+        return label
+    return "orphan-" + hashlib.sha256(f"{cluster}/{namespace}/{job_name}".encode()).hexdigest()[:16]
 
 
 def orphan_deleted(workload_id: str, attempt_id: str, epoch: int, cluster: str, job_name: str, reason: str, now: float) -> ev.OrphanDeleted:
@@ -119,6 +139,42 @@ def is_orphan(rec: FenceRecord | None, attempt_id: str, epoch: int, known_attemp
     if epoch < rec.epoch:
         return f"stale epoch {epoch} < {rec.epoch}"
     return None
+
+
+def orphan_reason(
+    rec: FenceRecord | None,
+    attempt_id: str,
+    epoch: int,
+    *,
+    known_attempt: bool,
+    known_workload: bool,
+    age: float,
+    workload_status: str | None = None,
+    grace: float = ORPHAN_GRACE,
+    grace_unknown: float = ORPHAN_GRACE_UNKNOWN,
+) -> str | None:
+    """Why a managed Job found on a cluster must go now (None = leave it, for now or for good).
+
+    `known_attempt`: our projection has its attempt; `known_workload`: the event log has its
+    workload; `age`: real seconds since the Job was created; `workload_status`: the workload's
+    status in our projection (a terminal workload keeps no Job).
+    """
+    if not known_attempt:
+        if age < (grace if known_workload else grace_unknown):
+            return None  # its attempt-created may still be on its way
+        if not known_workload:
+            return f"unknown workload: no event of it in the log (attempt {attempt_id}, {age:.0f}s old)"
+        return f"unknown attempt {attempt_id} ({age:.0f}s old)"
+    reason = is_orphan(rec, attempt_id, epoch, True)
+    if reason is None and workload_status in TERMINAL:
+        return f"workload {workload_status}"  # its result (if any) is published: the Job has no use left
+    return reason
+
+
+def lease_expires_at(fence_requested_at: float, lease: str, time_scale: float) -> float:
+    """When an unreachable attempt fenced at `fence_requested_at` may be presumed dead (as the
+    dispatcher computes it for `fence-requested`; `lease` is simulated time)."""
+    return fence_requested_at + parse_duration(lease) / max(time_scale, 1e-9)
 
 
 def cancellation_due(lease_expires_at: float, now: float) -> bool:

@@ -15,15 +15,16 @@ from typing import Any
 
 import structlog
 from kubernetes.client.exceptions import ApiException
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
-from gpuorch.config import Settings
+from gpuorch.config import Settings, load_registry
 from gpuorch.follow import Follower
 from gpuorch.kube import TIMEOUT, ClusterClient, make_clients, unreachable
 from gpuorch.runtime import bus
 from gpuorch.runtime.shell import Incoming, Publisher, consume, run_service
 from gpuorch_proto import FenceRecord, decode_fence, encode
 from gpuorch_proto import events as ev
+from gpuorch_proto.subjects import valid_token
 
 from . import core
 
@@ -33,6 +34,7 @@ LABEL_MANAGED = "gpuorch.io/managed"
 LABEL_WORKLOAD = "gpuorch.io/workload"
 LABEL_ATTEMPT = "gpuorch.io/attempt"
 LABEL_EPOCH = "gpuorch.io/epoch"
+LABEL_JOB_NAME = "job-name"  # set on a Job's pods by the Job controller (every Kubernetes version)
 
 
 @dataclass
@@ -76,7 +78,10 @@ class Fencer:
         self.kv: Any = None
         self.publisher: Publisher | None = None
         self.interval = float(os.environ.get("GPUORCH_FENCE_INTERVAL", "0.5"))
-        self.orphan_grace = float(os.environ.get("GPUORCH_ORPHAN_GRACE", "30"))
+        self.orphan_grace = float(os.environ.get("GPUORCH_ORPHAN_GRACE", str(core.ORPHAN_GRACE)))
+        self.orphan_grace_unknown = float(os.environ.get("GPUORCH_ORPHAN_GRACE_UNKNOWN", str(core.ORPHAN_GRACE_UNKNOWN)))
+        self.time_scale = load_registry(settings.registry).time_scale if settings.registry else 1.0
+        self.js: Any = None
 
     # --- compare-and-set on the fence record ------------------------------------------------
     async def cas(self, workload_id: str, decide: Callable[[FenceRecord | None], core.Decision]) -> core.Decision:
@@ -106,6 +111,20 @@ class Fencer:
             return decode_fence((await self.kv.get(workload_id)).value)
         except KeyNotFoundError:
             return None
+
+    async def in_log(self, workload_id: str) -> bool:
+        """Does the event log hold this workload's `submitted`? (True when it cannot tell: the
+        cautious answer, it keeps the long grace.)"""
+        if not valid_token(workload_id):
+            return False
+        try:
+            await self.js.get_last_msg(self.names.stream_evt, self.names.evt(workload_id, "submitted"))
+            return True
+        except NotFoundError:
+            return False
+        except Exception as exc:
+            log.warning("orphan.log_lookup_failed", workload=workload_id, error=str(exc))
+            return True
 
     def pursue(self, e: ev.AttemptEvent, lease_expires_at: float, orphan_reason: str | None = None) -> None:
         view = self.follower.projection.get(e.workload_id)
@@ -152,7 +171,7 @@ class Fencer:
         except ApiException as exc:
             if exc.status != 404:
                 raise
-        pods = cc.sanitize(cc.core.list_namespaced_pod(p.namespace, label_selector=f"{LABEL_ATTEMPT}={p.attempt_id}", _request_timeout=TIMEOUT))
+        pods = cc.sanitize(cc.core.list_namespaced_pod(p.namespace, label_selector=f"{LABEL_JOB_NAME}={p.job_name}", _request_timeout=TIMEOUT))
         if pods.get("items"):
             for pod in pods["items"]:  # a pod left behind by an orphan-propagation delete
                 try:
@@ -170,73 +189,98 @@ class Fencer:
         return "deleted" if p.deleted else "already-gone"
 
     async def pursue_loop(self, stop: asyncio.Event) -> None:
-        assert self.publisher is not None
         while not stop.is_set():
             for key, p in list(self.pursuits.items()):
-                cc = self.clients.get(p.cluster)
-                now = time.time()
-                how: core.ConfirmHow | None = None
                 try:
-                    if cc is None:
-                        how = "already-gone"
-                    else:
-                        how = await asyncio.to_thread(self._delete_and_check, cc, p)
-                except Exception as exc:
-                    if not unreachable(exc):
-                        log.warning("pursuit.error", attempt=p.attempt_id, error=str(exc))
-                    view = self.follower.projection.get(p.workload_id)
-                    a = view.attempts.get(p.attempt_id) if view else None
-                    if p.orphan_reason is None and core.cancellation_due(p.lease_expires_at, now) and a is not None and a.cancel_confirmed is None:
-                        evt = core.cancel_confirmed(_attempt_event(p), now, "lease-expired")
-                        await self.publisher.publish([evt], context=self.follower.context(p.workload_id))
-                        # keep pursuing: the orphan collector deletes it once the cluster answers
-                        p.orphan_reason = "lease expired while unreachable"
-                    continue
-                if how is None:
-                    continue
-                del self.pursuits[key]
-                if p.orphan_reason:
-                    evt2: ev.Base = core.orphan_deleted(p.workload_id, p.attempt_id, p.epoch, p.cluster, p.job_name, p.orphan_reason, now)
-                else:
-                    evt2 = core.cancel_confirmed(_attempt_event(p), now, how)
-                log.info("pursuit.confirmed", attempt=p.attempt_id, how=how, orphan=bool(p.orphan_reason))
-                await self.publisher.publish([evt2], context=self.follower.context(p.workload_id))
+                    await self.pursue_one(key, p)
+                except Exception as exc:  # never let one pursuit stop the others: try again next round
+                    log.warning("pursuit.failed", attempt=p.attempt_id, error=str(exc))
             try:
                 await asyncio.wait_for(stop.wait(), timeout=self.interval)
             except TimeoutError:
                 pass
 
+    async def pursue_one(self, key: str, p: Pursuit) -> None:
+        assert self.publisher is not None
+        cc = self.clients.get(p.cluster)
+        now = time.time()
+        how: core.ConfirmHow | None = None
+        try:
+            if cc is None:
+                how = "already-gone"
+            else:
+                how = await asyncio.to_thread(self._delete_and_check, cc, p)
+        except Exception as exc:
+            if not unreachable(exc):
+                log.warning("pursuit.error", attempt=p.attempt_id, error=str(exc))
+            view = self.follower.projection.get(p.workload_id)
+            a = view.attempts.get(p.attempt_id) if view else None
+            if p.orphan_reason is None and core.cancellation_due(p.lease_expires_at, now) and a is not None and a.cancel_confirmed is None:
+                evt = core.cancel_confirmed(_attempt_event(p), now, "lease-expired")
+                await self.publisher.publish([evt], context=self.follower.context(p.workload_id))
+                # keep pursuing: the orphan collector deletes it once the cluster answers
+                p.orphan_reason = "lease expired while unreachable"
+            return
+        if how is None:
+            return
+        if p.orphan_reason:
+            evt2: ev.Base = core.orphan_deleted(p.workload_id, p.attempt_id, p.epoch, p.cluster, p.job_name, p.orphan_reason, now)
+        else:
+            evt2 = core.cancel_confirmed(_attempt_event(p), now, how)
+        log.info("pursuit.confirmed", attempt=p.attempt_id, how=how, orphan=bool(p.orphan_reason))
+        await self.publisher.publish([evt2], context=self.follower.context(p.workload_id))
+        self.pursuits.pop(key, None)  # only once it is on record
+
     async def collect_orphans(self, stop: asyncio.Event) -> None:
-        """When a cluster answers, every Job of a stale epoch or an unknown attempt is deleted."""
+        """When a cluster answers, every Job of a stale epoch, an unknown attempt or a finished
+        workload is deleted (and recorded as `orphan-deleted`)."""
         while not stop.is_set():
             for cluster, cc in self.clients.items():
                 try:
                     listed = await asyncio.to_thread(cc.batch.list_namespaced_job, "gpuorch", label_selector=f"{LABEL_MANAGED}=true", _request_timeout=TIMEOUT)
                 except Exception:
                     continue
-                now = time.time()
                 for j in cc.sanitize(listed).get("items") or []:
-                    meta = j["metadata"]
-                    labels = meta.get("labels") or {}
-                    aid, wid = labels.get(LABEL_ATTEMPT, ""), labels.get(LABEL_WORKLOAD, "")
-                    if not aid or aid in self.pursuits:
-                        continue
-                    epoch = int(labels.get(LABEL_EPOCH, "0") or 0)
-                    view = self.follower.projection.get(wid)
-                    known = view is not None and aid in view.attempts
-                    stamp = meta.get("creationTimestamp")
-                    created = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else now
-                    if not known and now - created < self.orphan_grace:
-                        continue  # its attempt-created event may still be on its way
-                    reason = core.is_orphan(await self.record(wid), aid, epoch, known)
-                    if reason is None:
-                        continue
-                    log.info("orphan.found", cluster=cluster, job=meta["name"], reason=reason)
-                    self.pursuits[aid] = Pursuit(wid, aid, epoch, cluster, meta.get("namespace", "gpuorch"), meta["name"], now, reason)
+                    try:
+                        await self.judge(cluster, j)
+                    except Exception as exc:
+                        log.warning("orphan.judge_failed", cluster=cluster, job=(j.get("metadata") or {}).get("name"), error=str(exc))
             try:
                 await asyncio.wait_for(stop.wait(), timeout=max(2.0, self.interval * 4))
             except TimeoutError:
                 pass
+
+    async def judge(self, cluster: str, job: dict[str, Any]) -> None:
+        """One managed Job found on a cluster: leave it, or start pursuing it as an orphan."""
+        meta = job["metadata"]
+        name, ns = meta["name"], meta.get("namespace", "gpuorch")
+        if meta.get("deletionTimestamp"):
+            return  # already going
+        labels = meta.get("labels") or {}
+        aid = labels.get(LABEL_ATTEMPT) or name
+        wid = core.orphan_workload_id(labels.get(LABEL_WORKLOAD, ""), cluster, ns, name)
+        if aid in self.pursuits:
+            return
+        try:
+            epoch = int(labels.get(LABEL_EPOCH) or 0)
+        except ValueError:
+            epoch = 0
+        now = time.time()
+        view = self.follower.projection.get(wid)
+        known_attempt = view is not None and aid in view.attempts
+        known_workload = known_attempt or (view is not None and view.workload is not None) or await self.in_log(wid)
+        stamp = meta.get("creationTimestamp")
+        created = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else now
+        reason = core.orphan_reason(
+            await self.record(wid) if known_workload else None, aid, epoch,
+            known_attempt=known_attempt, known_workload=known_workload, age=now - created,
+            workload_status=view.status if view is not None else None,
+            grace=self.orphan_grace, grace_unknown=self.orphan_grace_unknown,
+        )
+        if reason is None:
+            return
+        log.info("orphan.found", cluster=cluster, job=name, workload=wid, reason=reason)
+        self.pursuits[aid] = Pursuit(wid, aid, epoch, cluster, ns, name, now, reason)
 
     def resume_pursuits(self) -> None:
         """After a restart: every fenced attempt not yet confirmed gone is pursued again."""
@@ -247,13 +291,15 @@ class Fencer:
                 if a.promotion_rejected:
                     self.pursuits.setdefault(a.attempt_id, Pursuit(view.workload_id, a.attempt_id, a.epoch, a.cluster, a.namespace, a.job_name, 0.0, "promotion rejected"))
                 elif a.fenced:
-                    lease = a.times.get("fence-requested", 0.0)
+                    # the lease runs from the fence request, as the dispatcher computed it (never "now")
+                    asked = a.times.get("fence-requested", a.times.get("fenced", 0.0))
+                    lease = core.lease_expires_at(asked, view.workload.spec.lease, self.time_scale) if view.workload else asked
                     self.pursuits.setdefault(a.attempt_id, Pursuit(view.workload_id, a.attempt_id, a.epoch, a.cluster, a.namespace, a.job_name, lease))
 
     async def run(self, stop: asyncio.Event) -> None:
         nc = await bus.connect(self.settings.nats_url, "gpuorch-fencer")
         try:
-            js = nc.jetstream()
+            js = self.js = nc.jetstream()
             await bus.ensure_topology(js, self.names)
             self.kv = await js.key_value(self.names.kv_fence)
             self.publisher = Publisher(js, self.names)
