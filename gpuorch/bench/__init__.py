@@ -8,4 +8,5 @@ from __future__ import annotations
 
 BENCHES: list[str] = [
     "gpuorch.bench.routing:run",
+    "gpuorch.bench.faults:run",
 ]

@@ -24,7 +24,7 @@ async def running_on(client: Client, wid: str, cluster: str, with_checkpoint: bo
         if v is None:
             return False
         for a in v.attempts.values():
-            if a.cluster == cluster and a.status == "running":
+            if a.cluster == cluster and (a.status == "running" or (a.status == "succeeded" and not with_checkpoint)):
                 if not with_checkpoint:
                     return True
                 ck = Path(a.checkpoint_path)

@@ -300,10 +300,10 @@ class SnapshotIndex:
         "datasets_cached",
         "elig_memo",
         "error",
-        "fresh",
         "images_cached",
         "memo",
         "node_count",
+        "node_memo",
         "observed_at",
         "pending_gpus",
         "price",
@@ -311,6 +311,7 @@ class SnapshotIndex:
         "queue_info",
         "queue_owners",
         "reachable",
+        "reg_memo",
         "snapshot",
         "startup",
     )
@@ -355,7 +356,8 @@ class SnapshotIndex:
         self.pending_gpus = snapshot.pending_gpus
         self.memo: dict[int, _Eval] = {}
         self.elig_memo: dict[int, _Elig] = {}
-        self.fresh: tuple[tuple[float, bool, float], Check] | None = None  # last freshness check
+        self.node_memo: dict[tuple[object, ...], tuple[tuple[Check, ...], tuple[NodeClass, ...]]] = {}
+        self.reg_memo: dict[tuple[object, ...], tuple[_Staging, tuple[Check, ...], tuple[str, ...]]] = {}
 
 
 _INDEXES: dict[int, tuple[ClusterSnapshot, SnapshotIndex]] = {}
@@ -413,6 +415,8 @@ class _Demand:
     history: RoutingHistory | None
     sig: int = 0  # full signature id (memo of the evaluation with its estimate)
     elig_sig: int = 0  # eligibility signature id (memo of the checks)
+    node_key: tuple[object, ...] = ()  # what the node-filter prefix reads (pool .. sharing)
+    reg_key: tuple[object, ...] = ()  # what the registry checks and data staging read
 
 
 _SIG_IDS = itertools.count(1)
@@ -488,7 +492,7 @@ def _parse(
     if spec.queue:
         agent, _, queue = spec.queue.partition("/")
         pin = (agent, queue)
-    return _Demand(
+    d = _Demand(
         gpus=gpus,
         workers=workers,
         same_node=res.same_node,
@@ -523,6 +527,28 @@ def _parse(
         cost_weight=prefs.cost_weight,
         history=history,
     )
+    d.node_key = (
+        d.pools,
+        d.selector,
+        d.tolerations,
+        d.per_worker == 0,
+        d.accelerators,
+        d.gpu_memory_mib,
+        d.sharing,
+        d.fractional,
+        d.gpus if (d.sharing is not None or d.fractional) else None,
+    )
+    d.reg_key = (
+        d.connections,
+        d.credentials,
+        d.output_store,
+        _ENC.encode(d.inputs) if d.inputs else b"",
+        d.checkpoint_store,
+        d.checkpoint_location,
+        d.pin,
+        d.owner,
+    )
+    return d
 
 
 # ---- per-cluster evaluation (memoised per index and signature) ----------------------------------
@@ -539,6 +565,10 @@ class _Elig:
     queue: str = ""  # "" = the cluster has no admission queues
     product: str | None = None  # GPU model the run time is scaled to
     pools: frozenset[str] = frozenset()  # pools of the suitable nodes (for the pool preference)
+    # the last ineligible verdict built from these checks (it has no estimate, so every full
+    # signature sharing these checks shares it)
+    verdict_key: tuple[str, float, bool, bool, float] | None = None
+    verdict: ClusterVerdict | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -547,7 +577,9 @@ class _Eval:
 
     elig: _Elig
     estimate: Estimate | None = None
+    score: float = 0.0  # estimate.score
     queue: str | None = None
+    terms: str = ""  # the estimate in a few words, built the first time it is summarised
     verdict_key: tuple[str, float, bool, bool, float] | None = None
     verdict: ClusterVerdict | None = None
 
@@ -631,29 +663,8 @@ def _summary_of(classes: Sequence[NodeClass], attr: Callable[[NodeClass], str]) 
     return _listing(f"{k} ({_plural(v, 'node')})" for k, v in sorted(counts.items()))
 
 
-def _node_checks(idx: SnapshotIndex, d: _Demand) -> tuple[list[Check], list[NodeClass]]:
-    """Node-level checks; returns the checks and the suitable classes."""
-    classes: Sequence[NodeClass] = idx.classes
-    if d.selector and any(k in VOLATILE_LABELS for k, _ in d.selector):
-        wanted = {k: v for k, v in d.selector if k in VOLATILE_LABELS}
-        classes = _classes(
-            n for c in idx.classes for n in c.members if all(n.labels.get(k) == v for k, v in wanted.items())
-        )
-    if idx.classes and not classes:
-        sel = ", ".join(f"{k}={v}" for k, v in d.selector)
-        return [_fail("NODE_SELECTOR", f"none of {_plural(idx.node_count, 'node')} has labels {sel}")], []
-    if not idx.classes:
-        if not idx.reachable:
-            return [
-                _fail(
-                    "GPU_CAPACITY",
-                    f"no node facts: {idx.cluster} has not been observed (it may come back)",
-                    capacity_only=True,
-                )
-            ], []
-        return [_fail("GPU_CAPACITY", f"{idx.cluster} reports no nodes at all")], []
-    total = idx.node_count
-    chain = _Chain(classes)
+def _node_filter(chain: _Chain, d: _Demand) -> None:
+    """The node checks that depend on the node classes and the demand's `node_key` only."""
     if d.pools:
         pools = sorted(d.pools)
         chain.step(
@@ -755,6 +766,47 @@ def _node_checks(idx: SnapshotIndex, d: _Demand) -> tuple[list[Check], list[Node
         )
     else:
         chain.checks.append(_const("SHARING", "whole GPUs: no sharing needed"))
+
+
+def _node_checks(idx: SnapshotIndex, d: _Demand) -> tuple[list[Check], list[NodeClass]]:
+    """Node-level checks; returns the checks and the suitable classes."""
+    classes: Sequence[NodeClass] = idx.classes
+    if d.selector and any(k in VOLATILE_LABELS for k, _ in d.selector):
+        wanted = {k: v for k, v in d.selector if k in VOLATILE_LABELS}
+        classes = _classes(
+            n for c in idx.classes for n in c.members if all(n.labels.get(k) == v for k, v in wanted.items())
+        )
+    if idx.classes and not classes:
+        sel = ", ".join(f"{k}={v}" for k, v in d.selector)
+        return [_fail("NODE_SELECTOR", f"none of {_plural(idx.node_count, 'node')} has labels {sel}")], []
+    if not idx.classes:
+        if not idx.reachable:
+            return [
+                _fail(
+                    "GPU_CAPACITY",
+                    f"no node facts: {idx.cluster} has not been observed (it may come back)",
+                    capacity_only=True,
+                )
+            ], []
+        return [_fail("GPU_CAPACITY", f"{idx.cluster} reports no nodes at all")], []
+    total = idx.node_count
+    if classes is idx.classes:
+        # the node-filter prefix (pool .. sharing) reads only these demand fields: memoised per
+        # index on them, so a new CPU request, GPU count or registry need reuses it
+        prefix = idx.node_memo.get(d.node_key)
+        if prefix is None:
+            chain = _Chain(classes)
+            _node_filter(chain, d)
+            prefix = (tuple(chain.checks), tuple(chain.left))
+            if len(idx.node_memo) >= _MEMO_SIZE:
+                idx.node_memo.clear()
+            idx.node_memo[d.node_key] = prefix
+        chain = _Chain(classes)
+        chain.checks = list(prefix[0])
+        chain.left = list(prefix[1])
+    else:
+        chain = _Chain(classes)
+        _node_filter(chain, d)
     if idx.cpu_reported:
         cpu, mem = d.cpu_node, d.memory_node
         what = f"{cpu:g} cores / {_gib(mem)}" + (" per node (whole gang)" if d.same_node else " per worker")
@@ -1064,6 +1116,12 @@ def _estimate(idx: SnapshotIndex, d: _Demand, elig: _Elig) -> Estimate:
 
 def _terms(ev: _Eval, d: _Demand) -> str:
     """The estimate in a few words, for the summary (built only for the winner and runner-up)."""
+    if not ev.terms:
+        ev.terms = _build_terms(ev, d)
+    return ev.terms
+
+
+def _build_terms(ev: _Eval, d: _Demand) -> str:
     est, elig = ev.estimate, ev.elig
     assert est is not None
     terms = [f"queue {_dur(est.queue_wait)}" if est.queue_wait > 0 else "starts now"]
@@ -1089,8 +1147,15 @@ def _eligibility(idx: SnapshotIndex, d: _Demand) -> _Elig:
         checks.append(_const("CLUSTER_NOT_ALLOWED", "any cluster allowed"))
     node_checks, suitable = _node_checks(idx, d)
     checks.extend(node_checks)
-    staging = _data(idx, d)
-    reg_checks, queues = _registry_checks(idx, d, staging)
+    reg = idx.reg_memo.get(d.reg_key)
+    if reg is None:
+        staging = _data(idx, d)
+        reg_list, queue_list = _registry_checks(idx, d, staging)
+        reg = (staging, tuple(reg_list), tuple(queue_list))
+        if len(idx.reg_memo) >= _MEMO_SIZE:
+            idx.reg_memo.clear()
+        idx.reg_memo[d.reg_key] = reg
+    staging, reg_checks, queues = reg
     checks.extend(reg_checks)
     elig = _Elig(checks=checks, ok=all(c.ok for c in checks), staging=staging)
     if elig.ok:
@@ -1109,6 +1174,7 @@ def _evaluate(idx: SnapshotIndex, d: _Demand) -> _Eval:
     ev = _Eval(elig=elig)
     if elig.ok:
         ev.estimate = _estimate(idx, d, elig)
+        ev.score = ev.estimate.score
         ev.queue = elig.queue or None
     if len(idx.memo) >= _MEMO_SIZE:
         idx.memo.clear()
@@ -1135,26 +1201,17 @@ _EXCLUDED: Final = Check(
 )
 
 
-def _verdict(ev: _Eval, idx: SnapshotIndex, key: tuple[str, float, bool, bool, float]) -> ClusterVerdict:
-    name, shown, stale, excluded, max_age = key
-    fresh_key = (shown, stale, max_age)
-    cached = idx.fresh
-    if cached is not None and cached[0] == fresh_key:
-        fresh = cached[1]
-    else:
-        fresh = _freshness(idx, shown, stale, max_age)
-        idx.fresh = (fresh_key, fresh)
-    checks = [fresh, *ev.elig.checks]
-    if excluded:
-        checks[1] = _EXCLUDED  # the CLUSTER_NOT_ALLOWED check comes right after freshness
-    ok = not stale and not excluded and ev.elig.ok
-    return ClusterVerdict(
-        cluster=name,
-        eligible=ok,
-        checks=checks,
-        estimate=ev.estimate if ok else None,
-        snapshot_age=shown,
-    )
+# freshness checks by (reachable, error, shown age, stale, max age): shared between clusters
+_FRESH: dict[tuple[bool, str | None, float, bool, float], Check] = {}
+
+
+def _fresh_check(idx: SnapshotIndex, shown: float, stale: bool, max_age: float) -> Check:
+    """The CLUSTER_UNREACHABLE check, memoised in `_FRESH` (clusters of equal age share it)."""
+    fresh = _freshness(idx, shown, stale, max_age)
+    if len(_FRESH) >= _MEMO_SIZE:
+        _FRESH.clear()
+    _FRESH[(idx.reachable, idx.error, shown, stale, max_age)] = fresh
+    return fresh
 
 
 def _reasons(v: ClusterVerdict, *, permanent_only: bool = False) -> str:
@@ -1180,8 +1237,11 @@ class _Result:
 class _World:
     """The clusters of one snapshots mapping, resolved to indexes and sorted by name."""
 
-    items: tuple[tuple[str, ClusterSnapshot | SnapshotIndex], ...]
+    names: tuple[str, ...]  # the mapping's keys and values, in its order (to recognise it)
+    values: tuple[ClusterSnapshot | SnapshotIndex, ...]
     entries: list[tuple[str, SnapshotIndex]]
+    # per cluster, by name: (name, index, its memo, observed_at, reachable, error)
+    rows: list[tuple[str, SnapshotIndex, dict[int, _Eval], float, bool, str | None]]
     results: dict[int, _Result] = field(default_factory=dict)
 
 
@@ -1192,16 +1252,151 @@ _EPS: Final = 1e-6
 
 def _world(snapshots: Mapping[str, ClusterSnapshot | SnapshotIndex]) -> _World:
     """The last few worlds are remembered by item identity (the service re-sends the same objects)."""
-    items = tuple(snapshots.items())
+    values = tuple(snapshots.values())
+    names = tuple(snapshots)
     for world in _WORLDS:
-        if world.items == items:  # tuple equality tries identity first: snapshots are not compared
+        # tuple equality tries identity first: snapshots are not compared field by field
+        if world.values == values and world.names == names:
             return world
-    entries = [(n, i if isinstance(i, SnapshotIndex) else build_index(i)) for n, i in items]
+    entries = [
+        (n, i if isinstance(i, SnapshotIndex) else build_index(i)) for n, i in zip(names, values, strict=True)
+    ]
     entries.sort(key=lambda e: e[0])
-    world = _World(items=items, entries=entries)
+    rows = [(n, i, i.memo, i.observed_at, i.reachable, i.error) for n, i in entries]
+    world = _World(names=names, values=values, entries=entries, rows=rows)
     _WORLDS.insert(0, world)
     del _WORLDS[4:]
     return world
+
+
+def _sweep(
+    d: _Demand,
+    rows: Iterable[tuple[str, SnapshotIndex, dict[int, _Eval], float, bool, str | None]],
+    now: float,
+    ex: frozenset[str],
+    max_age: float,
+) -> tuple[list[ClusterVerdict], list[tuple[float, str, _Eval]], float, float]:
+    """Every cluster's verdict at `now`, the eligible ones, and the interval (lo, hi] of `now` over
+    which every verdict stays the same.
+
+    The hot loop of a decision that is not memoised as a whole: checks and estimates come from the
+    per-index memos, so what is left per cluster is the snapshot age and the verdict record (built
+    again only when its age, staleness or exclusion changed; an ineligible verdict is shared by
+    every workload with the same checks).
+    """
+    verdicts: list[ClusterVerdict] = []
+    eligible: list[tuple[float, str, _Eval]] = []
+    lo, hi = -math.inf, math.inf
+    sig = d.sig
+    ceil = math.ceil
+    append = verdicts.append
+    fresh_get = _FRESH.get
+    for name, idx, memo, base, reachable, error in rows:
+        ev = memo.get(sig)
+        if ev is None:
+            ev = _evaluate(idx, d)
+        age = now - base
+        # the record shows whole seconds, rounded up so that a shown age within the limit is fresh
+        if age > 0:
+            shown = float(ceil(age))
+            t = base + shown - 1 + _EPS
+            if t > lo:
+                lo = t
+            t = base + shown - _EPS
+            if t < hi:
+                hi = t
+        else:
+            shown = 0.0
+            if base < hi:
+                hi = base
+        limit = base + max_age
+        if now <= limit:
+            if limit < hi:
+                hi = limit
+        else:
+            t = limit + _EPS
+            if t > lo:
+                lo = t
+        stale = not reachable or age > max_age
+        excluded = name in ex if ex else False
+        key = (name, shown, stale, excluded, max_age)
+        elig = ev.elig
+        if elig.ok and not stale and not excluded:  # eligible: the verdict carries the estimate
+            verdict = ev.verdict
+            if verdict is None or ev.verdict_key != key:
+                fresh = fresh_get((reachable, error, shown, False, max_age))
+                if fresh is None:
+                    fresh = _fresh_check(idx, shown, False, max_age)
+                verdict = ev.verdict = ClusterVerdict(
+                    cluster=name,
+                    eligible=True,
+                    checks=[fresh, *elig.checks],
+                    estimate=ev.estimate,
+                    snapshot_age=shown,
+                )
+                ev.verdict_key = key
+            append(verdict)
+            eligible.append((ev.score, name, ev))
+        else:  # ineligible: no estimate, so the verdict depends on the checks only
+            verdict = elig.verdict
+            if verdict is None or elig.verdict_key != key:
+                fresh = fresh_get((reachable, error, shown, stale, max_age))
+                if fresh is None:
+                    fresh = _fresh_check(idx, shown, stale, max_age)
+                checks = [fresh, *elig.checks]
+                if excluded:
+                    checks[1] = _EXCLUDED  # CLUSTER_NOT_ALLOWED comes right after freshness
+                verdict = elig.verdict = ClusterVerdict(
+                    cluster=name, eligible=False, checks=checks, snapshot_age=shown
+                )
+                elig.verdict_key = key
+            append(verdict)
+    return verdicts, eligible, lo, hi
+
+
+def _pinned(
+    d: _Demand,
+    world: _World,
+    snapshots: Mapping[str, ClusterSnapshot | SnapshotIndex],
+    now: float,
+    ex: frozenset[str],
+    max_age: float,
+) -> tuple[list[ClusterVerdict], list[tuple[float, str, _Eval]], float, float]:
+    """`_sweep` for a pinned workload: the pinned cluster is the only candidate."""
+    assert d.pin is not None
+    pinned = d.pin[0]
+    pin_check = _fail("PINNED_ELSEWHERE", f"spec.queue pins {d.pin[0]}/{d.pin[1]}")
+    verdicts: list[ClusterVerdict] = []
+    eligible: list[tuple[float, str, _Eval]] = []
+    lo, hi = -math.inf, math.inf
+    names = [name for name, _ in world.entries]
+    if pinned not in snapshots:
+        names = sorted([*names, pinned])
+    rows = {row[0]: row for row in world.rows}
+    for name in names:
+        if name != pinned:
+            verdicts.append(ClusterVerdict(cluster=name, eligible=False, checks=[pin_check]))
+            continue
+        row = rows.get(name)
+        if row is None:  # a pinned cluster inventory has never published
+            known = _listing(sorted(snapshots))
+            verdicts.append(
+                ClusterVerdict(
+                    cluster=name,
+                    eligible=False,
+                    checks=[
+                        _fail(
+                            "CLUSTER_UNREACHABLE",
+                            f"no snapshot of pinned cluster {name!r} (clusters known: {known})",
+                            capacity_only=True,
+                        )
+                    ],
+                )
+            )
+            continue
+        (verdict,), eligible, lo, hi = _sweep(d, (row,), now, ex, max_age)
+        verdicts.append(verdict)
+    return verdicts, eligible, lo, hi
 
 
 def route(
@@ -1232,68 +1427,41 @@ def route(
         return msgspec.structs.replace(
             res.decision, workload_id=workload_id, decided_at=now, verdicts=list(res.decision.verdicts)
         )
-    pinned = d.pin[0] if d.pin is not None else None
-    pin_check = (
-        _fail("PINNED_ELSEWHERE", f"spec.queue pins {d.pin[0]}/{d.pin[1]}") if d.pin is not None else None
-    )
-    verdicts: list[ClusterVerdict] = []
-    eligible: list[tuple[float, str, _Eval]] = []
-    lo, hi = -math.inf, math.inf  # the interval of `now` over which every verdict stays the same
-    entries: Sequence[tuple[str, SnapshotIndex | None]] = world.entries
-    if pinned is not None and pinned not in snapshots:
-        entries = sorted([*entries, (pinned, None)], key=lambda e: e[0])
-    for name, idx in entries:
-        if pin_check is not None and name != pinned:
-            verdicts.append(ClusterVerdict(cluster=name, eligible=False, checks=[pin_check]))
-            continue
-        if idx is None:  # a pinned cluster inventory has never published
-            known = _listing(sorted(snapshots))
-            verdicts.append(
-                ClusterVerdict(
-                    cluster=name,
-                    eligible=False,
-                    checks=[
-                        _fail(
-                            "CLUSTER_UNREACHABLE",
-                            f"no snapshot of pinned cluster {name!r} (clusters known: {known})",
-                            capacity_only=True,
-                        )
-                    ],
-                )
-            )
-            continue
-        ev = idx.memo.get(d.sig)
-        if ev is None:
-            ev = _evaluate(idx, d)
-        base = idx.observed_at
-        age = now - base
-        # the record shows whole seconds, rounded up so that a shown age within the limit is fresh
-        if age > 0:
-            shown = float(math.ceil(age))
-            lo = max(lo, base + shown - 1 + _EPS)
-            hi = min(hi, base + shown - _EPS)
-        else:
-            shown = 0.0
-            hi = min(hi, base)
-        limit = base + max_snapshot_age
-        if now <= limit:
-            hi = min(hi, limit)
-        else:
-            lo = max(lo, limit + _EPS)
-        key = (name, shown, not idx.reachable or age > max_snapshot_age, name in ex, max_snapshot_age)
-        verdict = ev.verdict
-        if verdict is None or ev.verdict_key != key:
-            verdict = ev.verdict = _verdict(ev, idx, key)
-            ev.verdict_key = key
-        verdicts.append(verdict)
-        if verdict.eligible:
-            eligible.append((ev.estimate.score, name, ev))  # type: ignore[union-attr]
+    if d.pin is not None:
+        verdicts, eligible, lo, hi = _pinned(d, world, snapshots, now, ex, max_snapshot_age)
+    else:
+        verdicts, eligible, lo, hi = _sweep(d, world.rows, now, ex, max_snapshot_age)
     decision = _decide(d, workload_id, now, verdicts, eligible)
     if lo < now <= hi:
         if len(world.results) >= _MEMO_SIZE:
             world.results.clear()
         world.results[d.sig] = _Result(lo=lo, hi=hi, exclude=ex, max_age=max_snapshot_age, decision=decision)
     return msgspec.structs.replace(decision, verdicts=list(verdicts))
+
+
+def _best_two(
+    eligible: list[tuple[float, str, _Eval]],
+) -> tuple[tuple[float, str, _Eval], tuple[float, str, _Eval] | None]:
+    """The smallest and second smallest (score, name) entries; names are unique."""
+    scores = [e[0] for e in eligible]
+    total = sum(scores)
+    if total != total:  # a NaN score: compare exactly as tuples do
+        first = min(eligible)
+        rest = [e for e in eligible if e is not first]
+        return first, (min(rest) if rest else None)
+    low = min(scores)
+    if scores.count(low) > 1:  # rare: equal scores, the name breaks the tie
+        tied = sorted((e for e in eligible if e[0] == low), key=lambda e: e[1])
+        return tied[0], tied[1]
+    i = scores.index(low)
+    first = eligible[i]
+    if len(eligible) == 1:
+        return first, None
+    scores[i] = math.inf
+    low2 = min(scores)
+    if scores.count(low2) > 1:
+        return first, min((e for e in eligible if e[0] == low2 and e is not first), key=lambda e: e[1])
+    return first, eligible[scores.index(low2)]
 
 
 def _decide(
@@ -1304,14 +1472,14 @@ def _decide(
     eligible: list[tuple[float, str, _Eval]],
 ) -> RoutingDecision:
     if eligible:
-        first = min(eligible)  # (score, name): names are unique, so ties break by name
+        first, runner_up = _best_two(eligible)  # by (score, name): ties break by name
         _, best, ev = first
         assert ev.estimate is not None
         summary = f"{best}: {_dur(ev.estimate.total)} to result ({_terms(ev, d)})"
         if d.pin is not None:
             summary = f"pinned to {d.pin[0]}/{d.pin[1]}; {summary}"
-        if len(eligible) > 1:
-            _, second, ev2 = min(e for e in eligible if e is not first)
+        if runner_up is not None:
+            _, second, ev2 = runner_up
             assert ev2.estimate is not None
             summary += f" vs {second} {_dur(ev2.estimate.total)} ({_terms(ev2, d)})"
             if len(eligible) > 2:
