@@ -84,6 +84,9 @@ class Retry(Exception):
 Handler = Callable[[Incoming], Awaitable[Sequence[Base]]]
 
 
+BACKLOG_PROBE = 0.02  # seconds: how long to wait for more once one message arrived
+
+
 def default_backoff(delivered: int) -> float:
     """Nak delay after an unexpected handler error: 0.5 s, 1 s, 2 s, ... capped at 30 s."""
     return float(min(0.5 * 2 ** max(delivered - 1, 0), 30.0))
@@ -279,7 +282,13 @@ async def consume(
     try:
         while not stop.is_set():
             try:
-                msgs = await sub.fetch(batch, timeout=fetch_timeout)
+                # Wait for ONE message: a lingering pull for a whole batch is only answered when the
+                # batch is full or the request expires, which would delay an idle consumer's next
+                # message by up to `fetch_timeout`. Then take whatever backlog is already there.
+                msgs = await sub.fetch(1, timeout=fetch_timeout)
+                if batch > 1:
+                    with contextlib.suppress(TimeoutError, nats.errors.TimeoutError):
+                        msgs += await sub.fetch(batch - 1, timeout=BACKLOG_PROBE)
             except (TimeoutError, nats.errors.TimeoutError):
                 continue
             except nats.errors.ConnectionClosedError:
