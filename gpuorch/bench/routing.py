@@ -15,8 +15,10 @@ some workloads, as in production. Observation times carry fractional seconds. Sc
   verdict record) changes every decision; checks and estimates still come from the memo.
 * ``new estimate``: every decision declares a new run time: checks are memoised, every
   eligible cluster's estimate is computed.
-* ``cold``: every decision a resource shape never seen before: every check of every cluster is
-  computed from its node classes. The worst case.
+* ``cold``: every decision a resource shape never seen before (a new CPU request): a new
+  eligibility signature, so every cluster's checks are evaluated again. Sub-results keyed on fields
+  the CPU request does not touch (node filters up to sharing, GPU shape, registry checks, queue
+  placement) come from the index's memos; the CPU check and the verdicts are built anew.
 
 Numbers are per decision over all clusters (``route`` evaluates every cluster every time).
 """
@@ -262,7 +264,8 @@ def _scenarios(decisions: int, cold: int) -> list[Scenario]:
             warm_shapes=True,
             step=0.001,
         ),
-        # a resource shape never seen before each decision: every check of every cluster computed
+        # a resource shape (CPU request) never seen before each decision: every cluster's checks
+        # evaluated again (sub-results not reading the CPU request come from the index's memos)
         Scenario(
             "cold",
             lambda r: [make_workload(i % len(SHAPES), i, cpu=f"{4000 + r * cold + i}m") for i in range(cold)],

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from gpuorch_proto.inventory import ClusterSnapshot, NodeInfo, QueueRegistry, Taint
 from gpuorch_proto.routing import ClusterVerdict, RoutingDecision
 from gpuorch_proto.workload import Preferences, Workload
-from gpuorch_router.policy import build_index, route
+from gpuorch_router.policy import SnapshotIndex, build_index, route
 from tests.support.builders import (
     A100_40,
     A100_80,
@@ -125,6 +125,11 @@ def workload(draw: st.DrawFn, pin_to: list[str]) -> Workload:
     )
 
 
+def _new_index(s: ClusterSnapshot) -> SnapshotIndex:
+    """A never-used index of a copy of `s` (an equal snapshot would find the memoised world)."""
+    return SnapshotIndex(msgspec.json.decode(msgspec.json.encode(s), type=ClusterSnapshot))
+
+
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -211,6 +216,55 @@ def test_memoised_decisions_match_fresh_ones_at_any_time(
     exclude = data.draw(st.sampled_from([(), tuple(sorted(w))[:1]]))
     for t in sorted(times) + times:
         got = route(wl, "w", w, NOW + t, exclude=exclude)
-        fresh = {n: msgspec.json.decode(msgspec.json.encode(s), type=ClusterSnapshot) for n, s in w.items()}
+        fresh = {n: _new_index(s) for n, s in w.items()}
         copy = msgspec.json.decode(msgspec.json.encode(wl), type=Workload)
         assert got == route(copy, "w", fresh, NOW + t, exclude=exclude)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_workloads_sharing_memoised_parts_decide_as_if_alone(data: Any) -> None:
+    """Each index memoises parts of its checks by the fields they read (node filters, shape,
+    registry checks, placement, verdicts of ineligible clusters); a stream of workloads sharing
+    some fields decides exactly as each would on never-used indexes."""
+    w = data.draw(world(min_size=1))
+    stream = data.draw(st.lists(workload(sorted(w)), min_size=2, max_size=6))
+    ages = data.draw(
+        st.lists(st.sampled_from([0.0, 0.5, 1.0, 200.0]), min_size=len(stream), max_size=len(stream))
+    )
+    for wl, dt in zip(stream, ages, strict=True):
+        got = route(wl, "w", w, NOW + dt)
+        fresh = {n: _new_index(s) for n, s in w.items()}
+        copy = msgspec.json.decode(msgspec.json.encode(wl), type=Workload)
+        assert got == route(copy, "w", fresh, NOW + dt)
+
+
+def test_one_field_changes_through_shared_indexes_match_fresh_decisions() -> None:
+    """Deterministic companion: workloads differing in one field each, through the same indexes."""
+    from gpuorch.bench.routing import NOW as BNOW
+    from gpuorch.bench.routing import make_workload as bench_workload
+    from gpuorch.bench.routing import make_world
+
+    w = make_world(8, 40, seed=3)
+    r = msgspec.structs.replace
+    stream: list[Workload] = []
+    for shape in range(5):
+        base = bench_workload(shape, 0)
+        res, req = base.spec.resources, base.spec.requirements
+        stream += [
+            base,
+            r(base, spec=r(base.spec, resources=r(res, accelerators=["H100"]))),
+            r(base, spec=r(base.spec, resources=r(res, accelerators=["A100"]))),
+            r(base, spec=r(base.spec, resources=r(res, cpu="70"))),
+            r(base, spec=r(base.spec, resources=r(res, gpus=4))),
+            r(base, spec=r(base.spec, resources=r(res, gpu_memory_gib=80.0))),
+            r(base, spec=r(base.spec, requirements=r(req, pools=["inference"]))),
+            r(base, spec=r(base.spec, requirements=r(req, credentials=[]))),
+            r(base, spec=r(base.spec, expected_runtime="9h")),
+            r(base, metadata=r(base.metadata, owner="bob")),
+        ]
+    for i, wl in enumerate(stream):
+        got = route(wl, "w", w, BNOW + i)
+        fresh = {n: _new_index(s) for n, s in w.items()}
+        copy = msgspec.json.decode(msgspec.json.encode(wl), type=Workload)
+        assert got == route(copy, "w", fresh, BNOW + i), i

@@ -26,8 +26,12 @@ Performance: a :class:`SnapshotIndex` groups a snapshot's nodes into *classes* o
 (pool, model, memory, allocatable GPUs, labels, taints, sharing) with counts and a histogram of free
 GPUs, so checks cost O(classes), not O(nodes). Indexes are memoised by snapshot identity, and each
 index memoises its evaluation per workload *signature* (the fields that matter to routing), so a
-stream of similar workloads (a sweep's trials) costs a dictionary lookup per cluster. Memoisation
-does not change results: it is keyed on everything the evaluation reads.
+stream of similar workloads (a sweep's trials) costs a dictionary lookup per cluster. Below that,
+each index memoises parts of the checks by the demand fields they read (node filters, GPU shape,
+registry checks and staging, queue placement), so a new signature recomputes only what it changes;
+an ineligible cluster's verdict is shared by every signature with the same checks, and a new
+snapshot age rebuilds only the verdict record. Memoisation does not change results: each memo is
+keyed on everything its evaluation reads.
 """
 
 from __future__ import annotations
@@ -306,12 +310,14 @@ class SnapshotIndex:
         "node_memo",
         "observed_at",
         "pending_gpus",
+        "place_memo",
         "price",
         "published_at",
         "queue_info",
         "queue_owners",
         "reachable",
         "reg_memo",
+        "shape_memo",
         "snapshot",
         "startup",
     )
@@ -357,6 +363,8 @@ class SnapshotIndex:
         self.memo: dict[int, _Eval] = {}
         self.elig_memo: dict[int, _Elig] = {}
         self.node_memo: dict[tuple[object, ...], tuple[tuple[Check, ...], tuple[NodeClass, ...]]] = {}
+        self.shape_memo: dict[tuple[object, ...], tuple[tuple[Check, ...], tuple[NodeClass, ...]]] = {}
+        self.place_memo: dict[tuple[object, ...], tuple[float, str, str | None, frozenset[str]]] = {}
         self.reg_memo: dict[tuple[object, ...], tuple[_Staging, tuple[Check, ...], tuple[str, ...]]] = {}
 
 
@@ -569,6 +577,10 @@ class _Elig:
     # signature sharing these checks shares it)
     verdict_key: tuple[str, float, bool, bool, float] | None = None
     verdict: ClusterVerdict | None = None
+    ineligible: _Eval | None = None  # the evaluation of every full signature, when not ok
+    # the last freshness check and the verdict check list it heads: shared by the eligible
+    # verdicts of every full signature (estimate) with these checks
+    listed: tuple[Check, list[Check]] | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -768,61 +780,8 @@ def _node_filter(chain: _Chain, d: _Demand) -> None:
         chain.checks.append(_const("SHARING", "whole GPUs: no sharing needed"))
 
 
-def _node_checks(idx: SnapshotIndex, d: _Demand) -> tuple[list[Check], list[NodeClass]]:
-    """Node-level checks; returns the checks and the suitable classes."""
-    classes: Sequence[NodeClass] = idx.classes
-    if d.selector and any(k in VOLATILE_LABELS for k, _ in d.selector):
-        wanted = {k: v for k, v in d.selector if k in VOLATILE_LABELS}
-        classes = _classes(
-            n for c in idx.classes for n in c.members if all(n.labels.get(k) == v for k, v in wanted.items())
-        )
-    if idx.classes and not classes:
-        sel = ", ".join(f"{k}={v}" for k, v in d.selector)
-        return [_fail("NODE_SELECTOR", f"none of {_plural(idx.node_count, 'node')} has labels {sel}")], []
-    if not idx.classes:
-        if not idx.reachable:
-            return [
-                _fail(
-                    "GPU_CAPACITY",
-                    f"no node facts: {idx.cluster} has not been observed (it may come back)",
-                    capacity_only=True,
-                )
-            ], []
-        return [_fail("GPU_CAPACITY", f"{idx.cluster} reports no nodes at all")], []
-    total = idx.node_count
-    if classes is idx.classes:
-        # the node-filter prefix (pool .. sharing) reads only these demand fields: memoised per
-        # index on them, so a new CPU request, GPU count or registry need reuses it
-        prefix = idx.node_memo.get(d.node_key)
-        if prefix is None:
-            chain = _Chain(classes)
-            _node_filter(chain, d)
-            prefix = (tuple(chain.checks), tuple(chain.left))
-            if len(idx.node_memo) >= _MEMO_SIZE:
-                idx.node_memo.clear()
-            idx.node_memo[d.node_key] = prefix
-        chain = _Chain(classes)
-        chain.checks = list(prefix[0])
-        chain.left = list(prefix[1])
-    else:
-        chain = _Chain(classes)
-        _node_filter(chain, d)
-    if idx.cpu_reported:
-        cpu, mem = d.cpu_node, d.memory_node
-        what = f"{cpu:g} cores / {_gib(mem)}" + (" per node (whole gang)" if d.same_node else " per worker")
-        chain.step(
-            "CPU_MEMORY",
-            # a class fits if some Ready node has it free now, or if no node of it is idle (busy
-            # nodes free CPU when their pods end: that is queueing, not ineligibility)
-            lambda c: (c.cpu_max >= cpu and c.memory_max >= mem) or not c.has_idle,
-            lambda p, b: f"{_nodes(p)} of {_nodes(b)} nodes can host {what}",
-            lambda b: (
-                f"needs {what}; the most an idle suitable node has free is "
-                f"{max(c.cpu_max for c in b):g} cores / {_gib(max(c.memory_max for c in b))}"
-            ),
-        )
-    else:
-        chain.checks.append(_const("CPU_MEMORY", "free CPU/memory not reported by inventory: not checked"))
+def _shape_checks(chain: _Chain, d: _Demand, classes: Sequence[NodeClass], total: int) -> list[NodeClass]:
+    """GPU_SHAPE, GANG_SPLIT and GPU_CAPACITY after the other node checks; returns the suitable classes."""
     if d.per_worker == 0:
         chain.checks.append(_const("GPU_SHAPE", "no GPU requested"))
     else:
@@ -890,6 +849,80 @@ def _node_checks(idx: SnapshotIndex, d: _Demand) -> tuple[list[Check], list[Node
         chain.checks.append(
             _fail("GPU_CAPACITY", f"no suitable node among {total}: see the failed node checks")
         )
+    return suitable
+
+
+def _node_checks(idx: SnapshotIndex, d: _Demand) -> tuple[list[Check], list[NodeClass]]:
+    """Node-level checks; returns the checks and the suitable classes."""
+    classes: Sequence[NodeClass] = idx.classes
+    if d.selector and any(k in VOLATILE_LABELS for k, _ in d.selector):
+        wanted = {k: v for k, v in d.selector if k in VOLATILE_LABELS}
+        classes = _classes(
+            n for c in idx.classes for n in c.members if all(n.labels.get(k) == v for k, v in wanted.items())
+        )
+    if idx.classes and not classes:
+        sel = ", ".join(f"{k}={v}" for k, v in d.selector)
+        return [_fail("NODE_SELECTOR", f"none of {_plural(idx.node_count, 'node')} has labels {sel}")], []
+    if not idx.classes:
+        if not idx.reachable:
+            return [
+                _fail(
+                    "GPU_CAPACITY",
+                    f"no node facts: {idx.cluster} has not been observed (it may come back)",
+                    capacity_only=True,
+                )
+            ], []
+        return [_fail("GPU_CAPACITY", f"{idx.cluster} reports no nodes at all")], []
+    total = idx.node_count
+    if classes is idx.classes:
+        # the node-filter prefix (pool .. sharing) reads only these demand fields: memoised per
+        # index on them, so a new CPU request, GPU count or registry need reuses it
+        prefix = idx.node_memo.get(d.node_key)
+        if prefix is None:
+            chain = _Chain(classes)
+            _node_filter(chain, d)
+            prefix = (tuple(chain.checks), tuple(chain.left))
+            if len(idx.node_memo) >= _MEMO_SIZE:
+                idx.node_memo.clear()
+            idx.node_memo[d.node_key] = prefix
+        chain = _Chain(classes)
+        chain.checks = list(prefix[0])
+        chain.left = list(prefix[1])
+    else:
+        chain = _Chain(classes)
+        _node_filter(chain, d)
+    if idx.cpu_reported:
+        cpu, mem = d.cpu_node, d.memory_node
+        what = f"{cpu:g} cores / {_gib(mem)}" + (" per node (whole gang)" if d.same_node else " per worker")
+        chain.step(
+            "CPU_MEMORY",
+            # a class fits if some Ready node has it free now, or if no node of it is idle (busy
+            # nodes free CPU when their pods end: that is queueing, not ineligibility)
+            lambda c: (c.cpu_max >= cpu and c.memory_max >= mem) or not c.has_idle,
+            lambda p, b: f"{_nodes(p)} of {_nodes(b)} nodes can host {what}",
+            lambda b: (
+                f"needs {what}; the most an idle suitable node has free is "
+                f"{max(c.cpu_max for c in b):g} cores / {_gib(max(c.memory_max for c in b))}"
+            ),
+        )
+    else:
+        chain.checks.append(_const("CPU_MEMORY", "free CPU/memory not reported by inventory: not checked"))
+    if classes is idx.classes:
+        # the rest reads the classes left so far and the gang's shape only
+        shape_key = (tuple(chain.left), d.per_worker, d.per_node, d.units, d.workers, d.same_node)
+        tail = idx.shape_memo.get(shape_key)
+        if tail is None:
+            n0 = len(chain.checks)
+            suitable = _shape_checks(chain, d, classes, total)
+            tail = (tuple(chain.checks[n0:]), tuple(suitable))
+            if len(idx.shape_memo) >= _MEMO_SIZE:
+                idx.shape_memo.clear()
+            idx.shape_memo[shape_key] = tail
+        else:
+            chain.checks.extend(tail[0])
+            suitable = list(tail[1])
+    else:
+        suitable = _shape_checks(chain, d, classes, total)
     return chain.checks, suitable
 
 
@@ -1157,11 +1190,21 @@ def _eligibility(idx: SnapshotIndex, d: _Demand) -> _Elig:
         idx.reg_memo[d.reg_key] = reg
     staging, reg_checks, queues = reg
     checks.extend(reg_checks)
-    elig = _Elig(checks=checks, ok=all(c.ok for c in checks), staging=staging)
+    elig = _Elig(checks=checks, ok=all(map(_CHECK_OK, checks)), staging=staging)
     if elig.ok:
-        elig.queue_wait, elig.queue, elig.product = _placement(idx, d, suitable, queues)
-        elig.pools = frozenset(c.pool for c in suitable if c.pool)
+        key = (tuple(suitable), queues, d.per_node, d.units, d.per_worker, d.workers)
+        placed = idx.place_memo.get(key)
+        if placed is None:
+            queue_wait, queue, product = _placement(idx, d, suitable, queues)
+            placed = (queue_wait, queue, product, frozenset(c.pool for c in suitable if c.pool))
+            if len(idx.place_memo) >= _MEMO_SIZE:
+                idx.place_memo.clear()
+            idx.place_memo[key] = placed
+        elig.queue_wait, elig.queue, elig.product, elig.pools = placed
     return elig
+
+
+_CHECK_OK: Final = operator.attrgetter("ok")
 
 
 def _evaluate(idx: SnapshotIndex, d: _Demand) -> _Eval:
@@ -1171,11 +1214,14 @@ def _evaluate(idx: SnapshotIndex, d: _Demand) -> _Eval:
         if len(idx.elig_memo) >= _MEMO_SIZE:
             idx.elig_memo.clear()
         idx.elig_memo[d.elig_sig] = elig
-    ev = _Eval(elig=elig)
     if elig.ok:
+        ev = _Eval(elig=elig)
         ev.estimate = _estimate(idx, d, elig)
         ev.score = ev.estimate.score
         ev.queue = elig.queue or None
+    else:  # no estimate: one evaluation serves every full signature with these checks
+        ev = elig.ineligible or _Eval(elig=elig)
+        elig.ineligible = ev
     if len(idx.memo) >= _MEMO_SIZE:
         idx.memo.clear()
     idx.memo[d.sig] = ev
@@ -1327,10 +1373,13 @@ def _sweep(
                 fresh = fresh_get((reachable, error, shown, False, max_age))
                 if fresh is None:
                     fresh = _fresh_check(idx, shown, False, max_age)
+                listed = elig.listed
+                if listed is None or listed[0] is not fresh:
+                    listed = elig.listed = (fresh, [fresh, *elig.checks])
                 verdict = ev.verdict = ClusterVerdict(
                     cluster=name,
                     eligible=True,
-                    checks=[fresh, *elig.checks],
+                    checks=listed[1],
                     estimate=ev.estimate,
                     snapshot_age=shown,
                 )
