@@ -53,4 +53,6 @@ def test_fractional_gpu_is_rejected_with_the_field_path():
 
 def test_pinned_ineligible_is_a_valid_contract_that_routing_must_refuse():
     s = load("bad/pinned-ineligible.yaml").spec
-    assert s.queue == "short/experiments" and s.output.store == "prod"
+    # pinned to the short cluster's own queue (deploy/local/clusters.yaml), writing to `prod`,
+    # which that cluster cannot reach: an error with reasons, never a silent fallback
+    assert s.queue == "short/short" and s.output.store == "prod"
