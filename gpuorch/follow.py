@@ -12,9 +12,12 @@ still a span of the workload's one trace.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
 from opentelemetry.context import Context
 
 from gpuorch.projection import Projection
@@ -50,3 +53,13 @@ class Follower:
             self.remember(evt.workload_id, headers)
             n += 1
         return n
+
+
+async def run_until_stopped(service: str, stop: asyncio.Event, work: list[Coroutine[Any, Any, Any]], **ready: Any) -> None:
+    """Run a service's loops, say `<service>.ready`, and on `stop` cancel them and wait for them."""
+    tasks = [asyncio.create_task(c) for c in work]
+    structlog.get_logger(f"gpuorch.{service}").info(f"{service}.ready", **ready)
+    await stop.wait()
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

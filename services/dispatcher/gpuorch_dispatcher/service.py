@@ -21,7 +21,7 @@ from kubernetes.client.exceptions import ApiException
 from nats.js.errors import KeyNotFoundError, NotFoundError
 
 from gpuorch.config import Settings, load_registry
-from gpuorch.follow import Follower
+from gpuorch.follow import Follower, run_until_stopped
 from gpuorch.kube import TIMEOUT, ClusterClient, make_clients, unreachable
 from gpuorch.projection import AttemptView, WorkloadView
 from gpuorch.runtime import bus
@@ -396,19 +396,14 @@ class Dispatcher:
             for wid, view in list(self.follower.projection.workloads.items()):
                 if not view.terminal and view.routed_attempts and await self._claim(wid) is not None:
                     await self.redrive(view)  # whatever a crash interrupted
-            tasks = [
-                asyncio.create_task(self.renew(stop)),
-                asyncio.create_task(self.take_over(stop)),
-                asyncio.create_task(self.reconcile_owned(stop)),
-                asyncio.create_task(consume(js, stream=self.names.stream_evt, durable=self.names.durable("dispatcher", f"events-{self.me}"), filter_subject=self.names.evt_all, handler=self.on_event, publisher=self.publisher, names=self.names, stop=stop)),
-                asyncio.create_task(consume(js, stream=self.names.stream_cmd, durable=self.names.durable("dispatcher", "cancel"), filter_subject=self.names.cmd_cancel, handler=self.on_command, publisher=self.publisher, names=self.names, stop=stop, max_deliver=40)),
-                asyncio.create_task(self.watch(stop)),
-            ]
-            log.info("dispatcher.ready", clusters=sorted(self.clients))
-            await stop.wait()
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await run_until_stopped("dispatcher", stop, [
+                self.renew(stop),
+                self.take_over(stop),
+                self.reconcile_owned(stop),
+                consume(js, stream=self.names.stream_evt, durable=self.names.durable("dispatcher", f"events-{self.me}"), filter_subject=self.names.evt_all, handler=self.on_event, publisher=self.publisher, names=self.names, stop=stop),
+                consume(js, stream=self.names.stream_cmd, durable=self.names.durable("dispatcher", "cancel"), filter_subject=self.names.cmd_cancel, handler=self.on_command, publisher=self.publisher, names=self.names, stop=stop, max_deliver=40),
+                self.watch(stop),
+            ], clusters=sorted(self.clients), instance=self.me)
         finally:
             await nc.close()
 

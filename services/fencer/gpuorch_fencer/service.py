@@ -18,7 +18,7 @@ from kubernetes.client.exceptions import ApiException
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
 from gpuorch.config import Settings, load_registry
-from gpuorch.follow import Follower
+from gpuorch.follow import Follower, run_until_stopped
 from gpuorch.kube import TIMEOUT, ClusterClient, make_clients, unreachable
 from gpuorch.runtime import bus
 from gpuorch.runtime.shell import Incoming, Publisher, consume, run_service
@@ -306,16 +306,11 @@ class Fencer:
             n = await self.follower.catch_up(js, self.names.stream_evt, self.names.evt_all)
             self.resume_pursuits()
             log.info("fencer.caught_up", events=n, pursuits=len(self.pursuits))
-            tasks = [
-                asyncio.create_task(consume(js, stream=self.names.stream_evt, durable=self.names.durable("fencer", "events"), filter_subject=self.names.evt_all, handler=self.on_event, publisher=self.publisher, names=self.names, stop=stop)),
-                asyncio.create_task(self.pursue_loop(stop)),
-                asyncio.create_task(self.collect_orphans(stop)),
-            ]
-            log.info("fencer.ready", clusters=sorted(self.clients))
-            await stop.wait()
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await run_until_stopped("fencer", stop, [
+                consume(js, stream=self.names.stream_evt, durable=self.names.durable("fencer", "events"), filter_subject=self.names.evt_all, handler=self.on_event, publisher=self.publisher, names=self.names, stop=stop),
+                self.pursue_loop(stop),
+                self.collect_orphans(stop),
+            ], clusters=sorted(self.clients))
         finally:
             await nc.close()
 

@@ -16,7 +16,7 @@ import structlog
 from nats.js.api import DeliverPolicy
 
 from gpuorch.config import Settings, load_registry
-from gpuorch.follow import Follower
+from gpuorch.follow import Follower, run_until_stopped
 from gpuorch.projection import WorkloadView
 from gpuorch.runtime import bus
 from gpuorch.runtime.shell import Incoming, Publisher, Retry, consume, run_service
@@ -191,16 +191,11 @@ class Router:
                 self.names.inventory_all, cb=self.on_snapshot, ordered_consumer=True,
                 deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
             )
-            tasks = [
-                asyncio.create_task(consume(js, stream=self.names.stream_cmd, durable=self.names.durable("router", "submit"), filter_subject=self.names.cmd_submit, handler=self.on_command, publisher=self.publisher, names=self.names, stop=stop)),
-                asyncio.create_task(consume(js, stream=self.names.stream_evt, durable=self.names.durable("router", "events"), filter_subject=self.names.evt_all, handler=self.on_event, publisher=self.publisher, names=self.names, stop=stop)),
-                asyncio.create_task(self.reevaluate(stop)),
-            ]
-            log.info("router.ready")
-            await stop.wait()
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await run_until_stopped("router", stop, [
+                consume(js, stream=self.names.stream_cmd, durable=self.names.durable("router", "submit"), filter_subject=self.names.cmd_submit, handler=self.on_command, publisher=self.publisher, names=self.names, stop=stop),
+                consume(js, stream=self.names.stream_evt, durable=self.names.durable("router", "events"), filter_subject=self.names.evt_all, handler=self.on_event, publisher=self.publisher, names=self.names, stop=stop),
+                self.reevaluate(stop),
+            ])
             await sub.unsubscribe()
         finally:
             await nc.close()
