@@ -30,12 +30,16 @@ stream of similar workloads (a sweep's trials) costs a dictionary lookup per clu
 each index memoises parts of the checks by the demand fields they read (node filters, GPU shape,
 registry checks and staging, queue placement), so a new signature recomputes only what it changes;
 an ineligible cluster's verdict is shared by every signature with the same checks, and a new
-snapshot age rebuilds only the verdict record. Memoisation does not change results: each memo is
-keyed on everything its evaluation reads.
+snapshot age rebuilds only the verdict record. A signature decided again at another `now` gets a
+*plan* (per world, exclusion and max age): the verdicts with everything but the age prebuilt, the
+eligible clusters and, when routed, the decision itself, valid while no cluster's staleness changes;
+a decision at new ages then only fills in ages and shared freshness checks. Memoisation does not
+change results: each memo is keyed on everything its evaluation reads.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import operator
@@ -1289,6 +1293,164 @@ class _World:
     # per cluster, by name: (name, index, its memo, observed_at, reachable, error)
     rows: list[tuple[str, SnapshotIndex, dict[int, _Eval], float, bool, str | None]]
     results: dict[int, _Result] = field(default_factory=dict)
+    plans: dict[int, _Plan] = field(default_factory=dict)
+
+
+# freshness checks by (reachable, error, stale, max age), then whole seconds shown: a plan's
+# clusters hold their family; an entry is (the age shown, [the check]) (the list is never mutated:
+# a verdict's checks are that list + the rest)
+_FAMILIES: dict[tuple[bool, str | None, bool, float], dict[int, tuple[float, list[Check]]]] = {}
+
+
+@dataclass(slots=True, eq=False)
+class _Plan:
+    """One signature in one world, exclusion and max age, prepared for decisions at new `now`.
+
+    Valid while every snapshot age stays positive and no cluster's staleness changes: then every
+    verdict differs from the plan's only in its shown age and freshness check, and the eligible
+    clusters, their ranking and (when routed) the whole decision but its ages stay the same.
+    Per cluster, in name order: observed_at, a verdict with a placeholder age and check list, the
+    checks after freshness, the freshness family, the index and whether it is stale.
+    """
+
+    exclude: frozenset[str]
+    max_age: float
+    floor: float  # the youngest snapshot's observed_at: valid only for `now` above it
+    # observed_at of the oldest reachable fresh snapshot and of the youngest reachable stale one:
+    # staleness is monotonic in observed_at, so these two tell whether any cluster's flipped
+    fresh_oldest: float | None
+    stale_youngest: float | None
+    limits: list[float]  # sorted observed_at + max age of every cluster (the memo interval)
+    bases: list[float]
+    templates: list[ClusterVerdict]
+    tails: list[list[Check]]
+    families: list[dict[int, tuple[float, list[Check]]]]
+    indexes: list[SnapshotIndex]
+    stale: list[bool]
+    eligible: list[tuple[float, str, _Eval]]
+    routed: RoutingDecision | None  # the decision when routed (its summary does not show ages)
+    last: tuple[list[int], list[ClusterVerdict]] | None = None  # whole seconds and verdicts last built
+
+
+def _plan(d: _Demand, world: _World, now: float, ex: frozenset[str], max_age: float) -> _Plan:
+    """The plan of `d` in `world` with the staleness each cluster has at `now` (ages positive)."""
+    plan = _Plan(
+        exclude=ex,
+        max_age=max_age,
+        floor=max((row[3] for row in world.rows), default=-math.inf),
+        fresh_oldest=None,
+        stale_youngest=None,
+        limits=sorted(row[3] + max_age for row in world.rows),
+        bases=[],
+        templates=[],
+        tails=[],
+        families=[],
+        indexes=[],
+        stale=[],
+        eligible=[],
+        routed=None,
+    )
+    sig = d.sig
+    for name, idx, memo, base, reachable, error in world.rows:
+        ev = memo.get(sig)
+        if ev is None:
+            ev = _evaluate(idx, d)
+        stale = not reachable or now - base > max_age
+        if reachable:
+            if stale:
+                old = plan.stale_youngest
+                plan.stale_youngest = base if old is None else max(old, base)
+            else:
+                old = plan.fresh_oldest
+                plan.fresh_oldest = base if old is None else min(old, base)
+        excluded = name in ex if ex else False
+        fam_key = (reachable, error, stale, max_age)
+        fam = _FAMILIES.get(fam_key)
+        if fam is None:
+            if len(_FAMILIES) >= _MEMO_SIZE:
+                _FAMILIES.clear()
+            fam = _FAMILIES[fam_key] = {}
+        tail = list(ev.elig.checks)
+        if ev.elig.ok and not stale and not excluded:
+            verdict = ClusterVerdict(cluster=name, eligible=True, estimate=ev.estimate)
+            plan.eligible.append((ev.score, name, ev))
+        else:
+            if excluded:
+                tail[0] = _EXCLUDED  # CLUSTER_NOT_ALLOWED comes right after freshness
+            verdict = ClusterVerdict(cluster=name, eligible=False)
+        plan.bases.append(base)
+        plan.templates.append(verdict)
+        plan.tails.append(tail)
+        plan.families.append(fam)
+        plan.indexes.append(idx)
+        plan.stale.append(stale)
+    return plan
+
+
+def _planned(
+    d: _Demand, plan: _Plan, workload_id: str, now: float
+) -> tuple[RoutingDecision, list[ClusterVerdict], float, float]:
+    """The decision at `now` from a valid plan, its verdicts, and the interval (lo, hi] of `now`
+    over which it stays the same (as `_sweep` computes it). Loops run in C where they can."""
+    bases = plan.bases
+    # whole seconds, rounded up (every age is positive here)
+    whole = list(map(math.ceil, map(operator.sub, itertools.repeat(now, len(bases)), bases)))
+    try:
+        fresh = list(map(operator.getitem, plan.families, whole))
+    except KeyError:  # a new age: build the missing checks (usually a few clusters)
+        families = plan.families
+        missing = list(
+            itertools.compress(range(len(bases)), map(operator.not_, map(operator.contains, families, whole)))
+        )
+        full = [families[i] for i in missing if len(families[i]) >= _MEMO_SIZE]
+        if full:  # bounded: cleared, then every cluster of those families is missing too
+            for fam in full:
+                fam.clear()
+            missing = list(
+                itertools.compress(
+                    range(len(bases)), map(operator.not_, map(operator.contains, families, whole))
+                )
+            )
+        for i in missing:
+            fam, n = families[i], whole[i]
+            if n not in fam:
+                shown = float(n)
+                fam[n] = (shown, [_freshness(plan.indexes[i], shown, plan.stale[i], plan.max_age)])
+        fresh = list(map(operator.getitem, families, whole))
+    replace = msgspec.structs.replace
+    last = plan.last
+    if last is not None and any(map(operator.eq, whole, last[0])):
+        # clusters still showing the age of the plan's last decision keep its verdict record
+        verdicts = [
+            old if n == m else replace(tmpl, checks=head + tail, snapshot_age=shown)
+            for tmpl, tail, (shown, head), n, m, old in zip(
+                plan.templates, plan.tails, fresh, whole, last[0], last[1], strict=True
+            )
+        ]
+    else:
+        verdicts = [
+            replace(tmpl, checks=head + tail, snapshot_age=shown)
+            for tmpl, tail, (shown, head) in zip(plan.templates, plan.tails, fresh, strict=True)
+        ]
+    plan.last = (whole, verdicts)
+    # the interval, as `_sweep` computes it: float + int adds exactly as float + float(int)
+    ticks = list(map(operator.add, bases, whole))
+    lo = max(ticks) - 1 + _EPS
+    hi = min(ticks) - _EPS
+    limits = plan.limits
+    i = bisect.bisect_left(limits, now)  # limits[i:] >= now: fresh side; limits[:i] < now: stale
+    if i < len(limits) and limits[i] < hi:
+        hi = limits[i]
+    if i and limits[i - 1] + _EPS > lo:
+        lo = limits[i - 1] + _EPS
+    routed = plan.routed
+    if routed is not None:
+        decision = replace(routed, workload_id=workload_id, decided_at=now, verdicts=verdicts)
+    else:
+        decision = _decide(d, workload_id, now, verdicts, plan.eligible)
+        if decision.outcome == "routed":  # the summary names estimates and counts, not ages
+            plan.routed = decision
+    return decision, verdicts, lo, hi
 
 
 _WORLDS: list[_World] = []
@@ -1478,9 +1640,27 @@ def route(
         )
     if d.pin is not None:
         verdicts, eligible, lo, hi = _pinned(d, world, snapshots, now, ex, max_snapshot_age)
+        decision = _decide(d, workload_id, now, verdicts, eligible)
     else:
-        verdicts, eligible, lo, hi = _sweep(d, world.rows, now, ex, max_snapshot_age)
-    decision = _decide(d, workload_id, now, verdicts, eligible)
+        plan = world.plans.get(d.sig)
+        if (
+            plan is not None
+            and plan.exclude == ex
+            and plan.max_age == max_snapshot_age
+            and now > plan.floor
+            and (plan.fresh_oldest is None or now - plan.fresh_oldest <= max_snapshot_age)
+            and (plan.stale_youngest is None or now - plan.stale_youngest > max_snapshot_age)
+        ):
+            decision, verdicts, lo, hi = _planned(d, plan, workload_id, now)
+        else:
+            verdicts, eligible, lo, hi = _sweep(d, world.rows, now, ex, max_snapshot_age)
+            decision = _decide(d, workload_id, now, verdicts, eligible)
+            if res is not None and now >= res.hi + 1 and now > max(r[3] for r in world.rows):
+                # decided again a second or more after the last decision's ages changed, so every
+                # cluster shows a new age (no verdict record to reuse): prepare for more such
+                if len(world.plans) >= _MEMO_SIZE:
+                    world.plans.clear()
+                world.plans[d.sig] = _plan(d, world, now, ex, max_snapshot_age)
     if lo < now <= hi:
         if len(world.results) >= _MEMO_SIZE:
             world.results.clear()
