@@ -457,6 +457,18 @@ class _Worker:
             log.warning(logs.MSG_RETRY, error=why, delay=wait, handler=self.handler_name, exc_info=exc)
         await msg.nak(delay=wait)
 
+    async def _record_then_term(self, msg: Msg, rejected: Rejected, ctx: Context, failure_event: str) -> bool:
+        """Publish the rejection, then terminate the input; if it cannot be recorded, keep the
+        input (nak with backoff) so that nothing is dropped silently. True when terminated."""
+        try:
+            await self.publisher.publish([rejected], context=ctx)
+        except Exception as exc:
+            log.warning(failure_event, error=repr(exc))
+            await msg.nak(delay=self.backoff(msg.metadata.num_delivered))
+            return False
+        await msg.term()
+        return True
+
     async def _reject(
         self,
         msg: Msg,
@@ -480,14 +492,8 @@ class _Worker:
             source_sequence=seq,
             idempotency_key=msg_id,
         )
-        try:
-            await self.publisher.publish([rejected], context=ctx)
-        except Exception as exc:
-            # Could not record the rejection: keep the input and try again later.
-            log.warning("msg.reject_publish_failed", error=repr(exc))
-            await msg.nak(delay=self.backoff(msg.metadata.num_delivered))
+        if not await self._record_then_term(msg, rejected, ctx, "msg.reject_publish_failed"):
             return
-        await msg.term()
         log.warning(
             logs.MSG_REJECTED,
             workload_id=wid,
@@ -521,13 +527,8 @@ class _Worker:
             source_sequence=seq,
             idempotency_key=msg_id,
         )
-        try:
-            await self.publisher.publish([rejected], context=ctx)
-        except Exception as exc:
-            log.warning("msg.dead_letter_publish_failed", error=repr(exc))
-            await msg.nak(delay=self.backoff(msg.metadata.num_delivered))
+        if not await self._record_then_term(msg, rejected, ctx, "msg.dead_letter_publish_failed"):
             return
-        await msg.term()
         log.error(logs.MSG_DEAD_LETTERED, workload_id=wid, reason=reason)
 
 
