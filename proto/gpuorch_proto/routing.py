@@ -6,6 +6,8 @@ from typing import Literal
 
 import msgspec
 
+from .placement import Placement
+
 # Stable reason codes. Never reuse or rename one; add new codes at the end.
 ReasonCode = Literal[
     "CLUSTER_UNREACHABLE",
@@ -71,3 +73,6 @@ class RoutingDecision(msgspec.Struct, frozen=True, kw_only=True):
     queue: str | None = None
     summary: str  # one line: why here (or why waiting / rejected)
     verdicts: list[ClusterVerdict] = []
+    # routed: the node constraints the Job must carry on `cluster` (gpuorch_proto.placement), made
+    # by the rule the eligibility checks used; None from routers older than this field
+    placement: Placement | None = None

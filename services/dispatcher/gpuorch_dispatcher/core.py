@@ -11,9 +11,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from gpuorch.projection import AttemptView, WorkloadView
 from gpuorch_proto import ClusterRegistryEntry, Event, OwnerLease, Workload, event_id
 from gpuorch_proto import events as ev
+from gpuorch_proto.placement import Placement, placement_for
 from gpuorch_proto.subjects import valid_token
 from gpuorch_proto.units import format_duration, parse_duration, parse_quantity
 
@@ -22,7 +25,6 @@ LABEL_WORKLOAD = "gpuorch.io/workload"
 LABEL_ATTEMPT = "gpuorch.io/attempt"
 LABEL_EPOCH = "gpuorch.io/epoch"
 LABEL_MANAGED = "gpuorch.io/managed"
-LABEL_POOL = "gpuorch.io/pool"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 SCHEDULER_FOR = {"kai": "kai-scheduler", "volcano": "volcano"}
 BACKOFF_CAP = 3600.0  # simulated seconds: the longest wait between a failed attempt and its replacement
@@ -126,6 +128,7 @@ def build_job(
     checkpoint_path: str,
     resume_from: str | None,
     traceparent: str | None = None,
+    placement: Placement | None = None,
 ) -> dict[str, Any]:
     """The batch/v1 Job for one attempt (DESIGN §6), as a plain JSON-able dict."""
     spec = wl.spec
@@ -191,19 +194,11 @@ def build_job(
                 "resources": {"limits": {"cpu": "1", "memory": "1Gi"}, "requests": {"cpu": "1", "memory": "1Gi"}},
             }
         )
-    node_selector = dict(spec.requirements.node_selector)
-    if len(spec.requirements.pools) == 1:
-        node_selector[LABEL_POOL] = spec.requirements.pools[0]
-    if len(res.accelerators) == 1:
-        node_selector["nvidia.com/gpu.product"] = res.accelerators[0]
-    match_exprs: list[dict[str, Any]] = []
-    if len(spec.requirements.pools) > 1:
-        match_exprs.append({"key": LABEL_POOL, "operator": "In", "values": list(spec.requirements.pools)})
-    if len(res.accelerators) > 1:
-        match_exprs.append({"key": "nvidia.com/gpu.product", "operator": "In", "values": list(res.accelerators)})
-    if res.gpu_memory_gib:
-        need_mib = int(res.gpu_memory_gib * 1024) - 1
-        match_exprs.append({"key": "nvidia.com/gpu.memory", "operator": "Gt", "values": [str(need_mib)]})
+    # the node constraints the router's checks accepted, as it recorded them (one rule: placement_for)
+    if placement is None:
+        placement = placement_for(res, spec.requirements)
+    node_selector = dict(placement.node_selector)
+    match_exprs = [msgspec.to_builtins(r) for r in placement.match_expressions]
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": 5,
@@ -293,6 +288,7 @@ def on_routed(view: WorkloadView, e: ev.Routed, now: float, env: Environment, tr
     manifest = build_job(
         wl, view.workload_id, att, view.epoch, cluster, e.decision.queue, env,
         output_path=out, checkpoint_path=ckpt, resume_from=resume_from, traceparent=traceparent,
+        placement=e.decision.placement,
     )
     created = ev.AttemptCreated(
         event_id=event_id(view.workload_id, "attempt-created", e.attempt_number),

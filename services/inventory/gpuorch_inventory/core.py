@@ -21,6 +21,12 @@ from typing import Any, Literal
 import msgspec
 
 from gpuorch_proto import ClusterRegistryEntry, ClusterSnapshot, NodeInfo, QueueInfo, Taint
+from gpuorch_proto.placement import (
+    LABEL_GPU_MEMORY,
+    LABEL_GPU_PRODUCT,
+    LABEL_POOL,
+    sharing_from_labels,
+)
 from gpuorch_proto.units import UnitError, parse_quantity
 
 __all__ = [
@@ -51,17 +57,12 @@ __all__ = [
 ]
 
 GPU = "nvidia.com/gpu"
-LABEL_POOL = "gpuorch.io/pool"
 LABEL_QUEUE = "gpuorch.io/queue"  # set by the dispatcher on every pod it creates
 LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"  # fallback: Kueue's local-queue label
 ANN_EXPECTED_DURATION = "gpuorch.io/expected-duration-seconds"  # simulated seconds
 LABEL_WORKLOAD = "gpuorch.io/workload"  # set by the dispatcher on the pods of an attempt
 LABEL_ATTEMPT = "gpuorch.io/attempt"
 ENV_TRACEPARENT = "TRACEPARENT"  # the dispatcher hands the workload's trace context to its code
-LABEL_GPU_PRODUCT = "nvidia.com/gpu.product"  # GPU Feature Discovery
-LABEL_GPU_MEMORY = "nvidia.com/gpu.memory"  # GFD, MiB per GPU
-LABEL_MIG_STRATEGY = "nvidia.com/mig.strategy"  # GFD: "single" | "mixed" when MIG is configured
-LABEL_SHARING_STRATEGY = "nvidia.com/gpu.sharing-strategy"  # GFD: "time-slicing" | "mps" | "none"
 TAINT_UNSCHEDULABLE = "node.kubernetes.io/unschedulable"
 DEFAULT_QUEUE = "default"
 
@@ -274,16 +275,6 @@ def _ready(status: Any) -> bool:
     return False
 
 
-def _sharing(labels: Mapping[str, str]) -> list[str]:
-    out: set[str] = set()
-    if labels.get(LABEL_MIG_STRATEGY, "none") not in ("", "none"):
-        out.add("mig")
-    strategy = labels.get(LABEL_SHARING_STRATEGY, "")
-    if strategy in ("time-slicing", "mps"):
-        out.add(strategy)
-    return sorted(out)
-
-
 def _int_label(value: str | None) -> int:
     try:
         return int(value) if value is not None else 0
@@ -315,7 +306,7 @@ def _parse_node(obj: Mapping[str, Any]) -> _Node:
         gpus_allocatable=round(_qty(allocatable.get(GPU))),
         labels=labels,
         taints=taints,
-        sharing=_sharing(labels),
+        sharing=sharing_from_labels(labels),
     )
     return _Node(
         info=info,

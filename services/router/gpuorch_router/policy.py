@@ -51,9 +51,17 @@ from typing import Final
 import msgspec
 
 from gpuorch_proto.inventory import ClusterSnapshot, NodeInfo, QueueInfo, Taint
+from gpuorch_proto.placement import (
+    GPU_MEMORY_TOLERANCE,
+    LABEL_GPU_COUNT,
+    Placement,
+    accelerator_matches,
+    gpu_memory_floor_mib,
+    placement_for,
+)
 from gpuorch_proto.routing import Check, ClusterVerdict, Estimate, ReasonCode, RoutingDecision
 from gpuorch_proto.units import format_duration, parse_duration, parse_quantity
-from gpuorch_proto.workload import DatasetInput, Sharing, Toleration, Workload
+from gpuorch_proto.workload import DatasetInput, Requirements, Resources, Sharing, Toleration, Workload
 
 from .history import MeasuredTimeline, RoutingHistory, update_history
 
@@ -71,6 +79,7 @@ __all__ = [
     "RoutingHistory",
     "SnapshotIndex",
     "build_index",
+    "eligible_nodes",
     "relative_speed",
     "route",
     "update_history",
@@ -108,8 +117,6 @@ DEFAULT_IMAGE_PULL_SECONDS: Final = 120.0
 DEFAULT_OUTPUT_TRANSFER_SECONDS: Final = 60.0
 #: Mean GPU job length used to turn a GPU backlog into a wait when the queue has no measured estimate.
 MEAN_JOB_SECONDS: Final = 3600.0
-#: A node passes a GPU-memory minimum within this fraction: "80 GB" cards report 79.6-80 GiB.
-GPU_MEMORY_TOLERANCE: Final = 0.02
 #: Score multipliers for soft preferences (lower score wins): a small nudge, never a hard rule.
 PREFERRED_CLUSTER_FACTOR: Final = 0.95
 PREFERRED_POOL_FACTOR: Final = 0.98
@@ -137,17 +144,6 @@ def relative_speed(product: str | None) -> float:
         if speed is not None:
             return speed
     return 1.0
-
-
-@lru_cache(maxsize=4096)
-def accelerator_matches(wanted: str, product: str | None) -> bool:
-    """`wanted` names `product` exactly (case-insensitive) or as a run of its '-' tokens ("A100")."""
-    if not product:
-        return False
-    if wanted.lower() == product.lower():
-        return True
-    w, p = _tokens(wanted), _tokens(product)
-    return bool(w) and any(p[i : i + len(w)] == w for i in range(len(p) - len(w) + 1))
 
 
 def tolerates(tolerations: Iterable[Toleration], taint: Taint) -> bool:
@@ -211,7 +207,7 @@ class NodeClass:
         return f"{gpu} in pool {self.pool or '-'} ({_plural(self.nodes, 'node')}, {self.ready} Ready)"
 
 
-GFD_COUNT: Final = "nvidia.com/gpu.count"
+GFD_COUNT: Final = LABEL_GPU_COUNT
 
 
 def installed_gpus(node: NodeInfo) -> int:
@@ -425,6 +421,8 @@ class _Demand:
     time_weight: float
     cost_weight: float
     history: RoutingHistory | None
+    resources: Resources  # as written: the Job's constraints are built from them (placement_for)
+    requirements: Requirements
     sig: int = 0  # full signature id (memo of the evaluation with its estimate)
     elig_sig: int = 0  # eligibility signature id (memo of the checks)
     node_key: tuple[object, ...] = ()  # what the node-filter prefix reads (pool .. sharing)
@@ -538,6 +536,8 @@ def _parse(
         time_weight=prefs.time_weight,
         cost_weight=prefs.cost_weight,
         history=history,
+        resources=res,
+        requirements=req,
     )
     d.node_key = (
         d.pools,
@@ -577,6 +577,7 @@ class _Elig:
     queue: str = ""  # "" = the cluster has no admission queues
     product: str | None = None  # GPU model the run time is scaled to
     pools: frozenset[str] = frozenset()  # pools of the suitable nodes (for the pool preference)
+    placement: Placement | None = None  # the Job's node constraints here, when eligible
     # the last ineligible verdict built from these checks (it has no estimate, so every full
     # signature sharing these checks shares it)
     verdict_key: tuple[str, float, bool, bool, float] | None = None
@@ -740,7 +741,7 @@ def _node_filter(chain: _Chain, d: _Demand) -> None:
             chain.checks.append(_const("GPU_MODEL", "any GPU model"))
         if d.gpu_memory_mib:
             need = d.gpu_memory_mib
-            floor_mib = need * (1 - GPU_MEMORY_TOLERANCE)
+            floor_mib = gpu_memory_floor_mib(need / 1024)  # the Job's `Gt` uses the same floor
 
             def largest(b: Sequence[NodeClass]) -> str:
                 best = max(b, key=lambda c: (c.memory_mib, c.product or ""))
@@ -928,6 +929,17 @@ def _node_checks(idx: SnapshotIndex, d: _Demand) -> tuple[list[Check], list[Node
     else:
         suitable = _shape_checks(chain, d, classes, total)
     return chain.checks, suitable
+
+
+def eligible_nodes(workload: Workload, snapshot: ClusterSnapshot | SnapshotIndex) -> frozenset[str]:
+    """The nodes the checks count as suitable for `workload` on this cluster (none when they fail).
+
+    The set the Job's constraints (``RoutingDecision.placement``) must accept, and no other: the
+    placement property test compares the two over random nodes and workloads.
+    """
+    idx = snapshot if isinstance(snapshot, SnapshotIndex) else build_index(snapshot)
+    _, suitable = _node_checks(idx, _demand(workload, None, None))
+    return frozenset(n.name for c in suitable for n in c.members)
 
 
 @dataclass(slots=True)
@@ -1205,6 +1217,8 @@ def _eligibility(idx: SnapshotIndex, d: _Demand) -> _Elig:
                 idx.place_memo.clear()
             idx.place_memo[key] = placed
         elig.queue_wait, elig.queue, elig.product, elig.pools = placed
+        # what the checks accepted, as the Job's constraints: the products are this cluster's own
+        elig.placement = placement_for(d.resources, d.requirements, (c.product for c in idx.classes))
     return elig
 
 
@@ -1234,8 +1248,10 @@ def _evaluate(idx: SnapshotIndex, d: _Demand) -> _Eval:
 
 def _freshness(idx: SnapshotIndex, shown: float, stale: bool, max_age: float) -> Check:
     if not idx.reachable:
-        why = f": {idx.error}" if idx.error else ""
-        return _fail("CLUSTER_UNREACHABLE", f"unreachable{why} (last observed {shown:.0f}s ago)", True)
+        # the snapshot's error already says "unreachable: ..." (inventory's wording): say it once
+        why = idx.error or "unreachable"
+        why = why if why.startswith("unreachable") else f"unreachable: {why}"
+        return _fail("CLUSTER_UNREACHABLE", f"{why} (last observed {shown:.0f}s ago)", True)
     if stale:
         return _fail(
             "CLUSTER_UNREACHABLE", f"snapshot is stale: observed {shown:.0f}s ago (max {max_age:g}s)", True
@@ -1724,6 +1740,7 @@ def _decide(
             queue=ev.queue,
             summary=summary,
             verdicts=verdicts,
+            placement=ev.elig.placement,
         )
     candidates = [v for v in verdicts if not any(c.code == "PINNED_ELSEWHERE" for c in v.checks)]
     waiting = [v for v in candidates if all(c.ok or c.capacity_only for c in v.checks)]
