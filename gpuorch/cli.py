@@ -1,7 +1,9 @@
 """`gpuorch`: start the embedded system, submit work, follow it, and ask why.
 
-  gpuorch up [--clusters FILE] [--state DIR]   start NATS, local clusters and the four services
-  gpuorch down                                 stop everything `up` started
+  gpuorch up [--clusters FILE] [--state DIR]   start NATS, local clusters and the four services, supervised
+  gpuorch down                                 stop the supervisor, then everything `up` started
+  gpuorch status                               processes, pids, restarts
+  gpuorch restart SERVICE                      restart one service (router|dispatcher|fencer|inventory)
   gpuorch submit FILE [--wait] [--key K]       submit a workload (YAML or JSON)
   gpuorch get ID | list | events [ID] [--follow] | clusters | explain ID | cancel ID
   gpuorch demo                                 the seed's scenario, end to end, then stop
@@ -32,6 +34,7 @@ from gpuorch_proto.units import format_duration
 
 DEFAULT_STATE = Path(os.environ.get("GPUORCH_STATE_DIR", ".gpuorch"))
 DEFAULT_CLUSTERS = Path(__file__).resolve().parent.parent / "deploy" / "local" / "clusters.yaml"
+SERVICE_NAMES = ("router", "dispatcher", "fencer", "inventory")  # what `gpuorch restart` takes
 
 
 def _jsonable(obj: Any) -> Any:
@@ -212,27 +215,78 @@ async def cmd_cancel(ns: argparse.Namespace, s: Settings) -> int:
 
 
 def cmd_up(ns: argparse.Namespace) -> int:
-    from gpuorch.system import System
+    from gpuorch.supervisor import spawn_detached
+    from gpuorch.system import StartError
 
     state: Path = ns.state
     if (state / "system.json").exists():
         print(f"already up (state {state}); run `gpuorch down` first", file=sys.stderr)
         return 1
-    sys_ = System(state_dir=state.resolve(), clusters_file=Path(ns.clusters).resolve())
-    sys_.start()
-    print(f"gpuorch is up: NATS {sys_.nats_url}, kubeconfig {sys_.kubeconfig}, logs {sys_.logs}")
+    try:
+        sys_ = spawn_detached(state.resolve(), Path(ns.clusters).resolve())
+    except StartError as exc:
+        print(f"gpuorch up failed: {exc}", file=sys.stderr)
+        return 1
+    print(f"gpuorch is up: NATS {sys_.nats_url}, kubeconfig {sys_.kubeconfig}, logs {sys_.logs}, "
+          f"supervisor pid {sys_.supervisor_pid}")
     return 0
 
 
 def cmd_down(ns: argparse.Namespace) -> int:
+    from gpuorch.supervisor import stop_supervisor
     from gpuorch.system import System
 
+    # the supervisor first, so that it does not restart what is being stopped; it stops the rest
+    supervised = stop_supervisor(ns.state)
     if not (ns.state / "system.json").exists():
-        print("nothing is running")
+        print("stopped" if supervised else "nothing is running")
         return 0
-    System.load(ns.state).stop()
+    System.load(ns.state).stop()  # no supervisor (or it did not finish): stop what system.json lists
     print("stopped")
     return 0
+
+
+def cmd_status(ns: argparse.Namespace) -> int:
+    from gpuorch.supervisor import status
+
+    if not (ns.state / "system.json").exists():
+        if ns.output == "json":
+            print(json.dumps({"up": False}))
+        else:
+            print("nothing is running")
+        return 1
+    st = status(ns.state)
+    if ns.output == "json":
+        print(json.dumps({"up": True, **st}, indent=2))
+        return 0
+    sup = st["supervisor"]
+    print(f"supervisor: pid {sup['pid']} {'running' if sup['alive'] else 'NOT RUNNING (nothing restarts crashed processes)'}")
+    rows = []
+    for name, p in st["processes"].items():
+        last = p["last"] or {}
+        rows.append({"process": name, "pid": p["pid"], "alive": p["alive"], "restarts": p["restarts"],
+                     "last_restart": last.get("at"), "last_kind": last.get("kind"),
+                     "last_exit": last.get("signal") or last.get("exit_code")})
+    print_table(rows, ["process", "pid", "alive", "restarts", "last_restart", "last_kind", "last_exit"])
+    print(f"restarts recorded in {st['restarts_file']}")
+    return 0
+
+
+def cmd_restart(ns: argparse.Namespace) -> int:
+    from gpuorch.supervisor import SupervisorError, request_restart
+
+    try:
+        res = request_restart(ns.state, ns.service, timeout=ns.timeout)
+    except SupervisorError as exc:
+        print(f"gpuorch restart {ns.service}: {exc}", file=sys.stderr)
+        return 1
+    if ns.output == "json":
+        print(json.dumps(res))
+    elif res.get("ok"):
+        print(f"{ns.service} restarted: pid {res.get('old_pid')} -> {res.get('new_pid')}")
+    else:
+        print(f"gpuorch restart {ns.service}: {res.get('error')}", file=sys.stderr)
+    return 0 if res.get("ok") else 1
 
 
 def cmd_fault(ns: argparse.Namespace) -> int:
@@ -252,7 +306,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("up", help="start NATS, local clusters and the four services")
     p.add_argument("--clusters", default=str(DEFAULT_CLUSTERS))
-    sub.add_parser("down", help="stop everything `up` started")
+    sub.add_parser("down", help="stop the supervisor, then everything `up` started")
+    out(sub.add_parser("status", help="processes of the embedded system, their pids and restarts"))
+    p = out(sub.add_parser("restart", help="restart one service of the embedded system"))
+    p.add_argument("service", choices=SERVICE_NAMES, metavar="SERVICE",
+                   help=f"one of {', '.join(SERVICE_NAMES)}")
+    p.add_argument("--timeout", type=float, default=120)
     p = out(sub.add_parser("submit", help="submit a workload file"))
     p.add_argument("file")
     p.add_argument("--wait", action="store_true")
@@ -289,6 +348,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(cmd_up(ns))
     if ns.cmd == "down":
         raise SystemExit(cmd_down(ns))
+    if ns.cmd == "status":
+        raise SystemExit(cmd_status(ns))
+    if ns.cmd == "restart":
+        raise SystemExit(cmd_restart(ns))
     if ns.cmd == "fault":
         raise SystemExit(cmd_fault(ns))
     if ns.cmd == "demo":

@@ -7,6 +7,10 @@ Kubernetes API), then the four services (`inventory`, `router`, `dispatcher`,
 them all (SIGTERM, then SIGKILL) and leaves no process behind. The state of a
 running system is written to `<state>/system.json`, so `gpuorch down` in another
 shell can stop it.
+
+`gpuorch up` runs all of this inside a detached supervisor process (`gpuorch.supervisor`)
+that owns the processes and restarts one that dies; `System` itself never restarts anything
+on its own (tests drive `kill` and `restart` by hand).
 """
 
 from __future__ import annotations
@@ -83,6 +87,7 @@ class System:
     env_extra: dict[str, str] = field(default_factory=dict)
     procs: dict[str, Proc] = field(default_factory=dict)
     nats_url: str = ""
+    supervisor_pid: int | None = None  # the process supervising this system, if any
 
     @property
     def kubeconfig(self) -> Path:
@@ -112,18 +117,26 @@ class System:
         return proc
 
     # --- parts ---------------------------------------------------------------------------------
-    def start_nats(self) -> None:
+    def spawn_nats(self, port: int | None = None) -> Proc:
+        """Start the nats-server process (on `port`, e.g. the previous one's, or a free one)."""
         store = self.state_dir / "nats"
-        proc = self._spawn("nats", [sys.executable, "-m", "gpuorch.runtime.natsembed", "--store-dir", str(store)])
+        argv = [sys.executable, "-m", "gpuorch.runtime.natsembed", "--store-dir", str(store)]
+        if port is not None:
+            argv += ["--port", str(port)]
+        return self._spawn("nats", argv)
+
+    @property
+    def nats_port(self) -> int | None:
+        tail = self.nats_url.rpartition(":")[2]
+        return int(tail) if tail.isdigit() else None
+
+    def start_nats(self) -> None:
+        proc = self.spawn_nats()
 
         def ready() -> bool:
             if proc.popen is not None and proc.popen.poll() is not None:
                 raise StartError(f"nats exited: see {proc.log}")
-            for line in proc.output().splitlines():
-                if line.startswith("nats://"):
-                    self.nats_url = line.strip()
-                    return True
-            return False
+            return self.is_ready("nats")
 
         _wait_for(ready, 30, "nats-server", proc.log)
 
@@ -157,14 +170,36 @@ class System:
             key = f"{name}-{instance}"
         return self._spawn(key, [sys.executable, "-m", MODULE[name]], env)
 
+    def is_ready(self, name: str) -> bool:
+        """Whether the current process `name` has said it is ready (no waiting)."""
+        proc = self.procs[name]
+        out = proc.output()
+        if name == "nats":
+            for line in out.splitlines():
+                if line.startswith("nats://"):
+                    self.nats_url = line.strip()
+                    return True
+            return False
+        if name == "localkube":
+            return self.kubeconfig.exists() and "localkube ready" in out
+        return f"{name.split('-')[0]}.ready" in out
+
+    def respawn(self, name: str) -> Proc:
+        """Start process `name` again (a service, a service replica, or nats on its old port)."""
+        if name == "nats":
+            return self.spawn_nats(self.nats_port)
+        base, _, instance = name.partition("-")
+        if base not in SERVICES:
+            raise ValueError(f"{name!r} cannot be restarted on its own")
+        return self.start_service(base, instance=instance or None)
+
     def wait_service_ready(self, name: str, timeout: float = 60) -> None:
         proc = self.procs[name]
-        marker = f"{name.split('-')[0]}.ready"
 
         def ready() -> bool:
             if proc.popen is not None and proc.popen.poll() is not None:
                 raise StartError(f"{name} exited with {proc.popen.returncode}: see {proc.log}")
-            return marker in proc.output()
+            return self.is_ready(name)
 
         _wait_for(ready, timeout, f"service {name}", proc.log)
 
@@ -260,8 +295,11 @@ class System:
             "nats_url": self.nats_url, "prefix": self.prefix, "kubeconfig": str(self.kubeconfig.resolve()),
             "clusters_file": str(self.clusters_file.resolve()), "state_dir": str(self.state_dir.resolve()),
             "procs": {n: {"pid": p.pid, "log": str(p.log)} for n, p in self.procs.items()},
+            "supervisor": {"pid": self.supervisor_pid} if self.supervisor_pid is not None else None,
         }
-        (self.state_dir / "system.json").write_text(json.dumps(doc, indent=2))
+        tmp = self.state_dir / "system.json.tmp"  # readers never see half a file
+        tmp.write_text(json.dumps(doc, indent=2))
+        tmp.replace(self.state_dir / "system.json")
 
     @classmethod
     def load(cls, state_dir: Path) -> System:
@@ -269,5 +307,6 @@ class System:
         s = cls(state_dir=Path(doc["state_dir"]), clusters_file=Path(doc["clusters_file"]), prefix=doc["prefix"])
         s.nats_url = doc["nats_url"]
         s.procs = {n: Proc(n, None, int(p["pid"]), Path(p["log"])) for n, p in doc["procs"].items()}
+        s.supervisor_pid = (doc.get("supervisor") or {}).get("pid")
         return s
 
