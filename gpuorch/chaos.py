@@ -6,7 +6,9 @@ Each schedule, seeded and bounded in count and time: submit K workloads, inject 
 drawn at random (partition a cluster then heal it, kill -9 a service then restart it, slow
 a cluster's API), heal everything, wait until every workload is terminal, then read the
 event stream and the Jobs left on the clusters and check the invariants
-(`gpuorch.invariants`). Partitions aim at a cluster that is running attempts at that moment
+(`gpuorch.invariants`); all the while, about once a second, check that every wait has a reason
+that is true now (`check_waits` over the events so far and every snapshot inventory published).
+Partitions aim at a cluster that is running attempts at that moment
 (most of them long enough for the attempts to be declared lost, some short blips that must
 not be). Prints how many faults of each kind were injected, how many invariant violations
 were found, and per lost or failed attempt the time to detect, to fence, until the
@@ -28,14 +30,17 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from nats.js.api import DeliverPolicy
 
 from gpuorch.client import Client
-from gpuorch.invariants import Violation, check
+from gpuorch.invariants import WAIT_TOLERANCE, Violation, check, check_waits
 from gpuorch.kube import make_clients
 from gpuorch.localkube.admin import send_fault
 from gpuorch.projection import Projection
 from gpuorch.system import SERVICES, System
-from gpuorch_proto import Event, Workload, workload_from_obj
+from gpuorch_proto import ClusterSnapshot, Event, Workload, decode_snapshot, workload_from_obj
 from gpuorch_proto import events as ev
 
 HERE = Path(__file__).resolve().parent
@@ -110,8 +115,10 @@ class Figures:
     replacement: list[float] = field(default_factory=list)
     lost_gpu_seconds: list[float] = field(default_factory=list)  # simulated GPU-seconds per lost attempt
     attempts: list[LostAttempt] = field(default_factory=list)
+    wait_checks: int = 0  # how many times invariant 5 (`check_waits`) ran during the schedules
 
     def extend(self, other: Figures) -> None:
+        self.wait_checks += other.wait_checks
         self.detect += other.detect
         self.fence += other.fence
         self.replacement += other.replacement
@@ -301,12 +308,35 @@ def inject(system: System, cluster: str, fault: str, *args: str) -> tuple[float,
     return sent, time.time()
 
 
-async def _follow(c: Client, proj: Projection, wids: set[str], stop: asyncio.Event) -> None:
+async def _follow(c: Client, proj: Projection, wids: set[str], stop: asyncio.Event, log: list[tuple[int, Event]] | None = None) -> None:
     async for seq, e in c.follow(None, from_start=True):
         if e.workload_id in wids:
             proj.apply(e, seq)
+            if log is not None:
+                log.append((seq, e))
         if stop.is_set():
             return
+
+
+async def _record_snapshots(c: Client, into: dict[str, list[ClusterSnapshot]]) -> Any:
+    """Every snapshot inventory publishes from now on (and each cluster's latest), in order."""
+
+    async def cb(msg: Any) -> None:
+        with contextlib.suppress(Exception):
+            snap = decode_snapshot(msg.data)
+            into.setdefault(snap.cluster, []).append(snap)
+
+    return await c.js.subscribe(c.names.inventory_all, cb=cb, ordered_consumer=True, deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
+
+
+async def _watch_waits(log: list[tuple[int, Event]], snaps: Mapping[str, list[ClusterSnapshot]], found: dict[tuple[str, str], Violation], stop: asyncio.Event, figs: Figures) -> None:
+    """Invariant 5 about once a second while the schedule runs (first violation per workload kept)."""
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=1.0)  # the check's period, not a wait for a condition
+        for v in check_waits(list(log), snaps, time.time(), tolerance=WAIT_TOLERANCE):
+            found.setdefault((v.invariant, v.workload_id), v)
+        figs.wait_checks += 1
 
 
 def _running_by_cluster(proj: Projection) -> dict[str, list[str]]:
@@ -329,7 +359,13 @@ async def run_schedule(system: System, seed: int, n_workloads: int, n_faults: in
         wids = [await c.submit(workload(i, rng), idempotency_key=f"chaos-{seed}-{i}") for i in range(n_workloads)]
         proj = Projection()
         stop = asyncio.Event()
-        follower = asyncio.create_task(_follow(c, proj, set(wids), stop))
+        log: list[tuple[int, Event]] = []
+        snaps: dict[str, list[ClusterSnapshot]] = {}
+        waits: dict[tuple[str, str], Violation] = {}
+        figs = Figures()
+        snap_sub = await _record_snapshots(c, snaps)
+        follower = asyncio.create_task(_follow(c, proj, set(wids), stop, log))
+        watcher = asyncio.create_task(_watch_waits(log, snaps, waits, stop, figs))
         t_end = time.monotonic() + horizon
         try:
             for _ in range(n_faults):
@@ -364,13 +400,19 @@ async def run_schedule(system: System, seed: int, n_workloads: int, n_faults: in
                 faults[kind] += 1
                 if time.monotonic() > t_end:
                     break
-            for w in wids:
-                await c.wait(w, timeout=300)
+            deadline = time.monotonic() + 300
+            for w in wids:  # one that never ends is reported by the invariants, not by a crash
+                with contextlib.suppress(TimeoutError):
+                    await c.wait(w, timeout=max(1.0, deadline - time.monotonic()))
         finally:
             stop.set()
             follower.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await follower
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await watcher
+            with contextlib.suppress(Exception):
+                await snap_sub.unsubscribe()
         events = [(seq, e) for seq, e in await c.events() if e.workload_id in set(wids)]
         # Jobs of finished workloads are removed asynchronously: give the fencer its grace period
         kube = make_clients(system.kubeconfig)
@@ -386,13 +428,14 @@ async def run_schedule(system: System, seed: int, n_workloads: int, n_faults: in
                     if owner in wids:
                         present.append((owner, str(j.metadata.name if j.metadata else "")))
                 jobs[name] = present
-            violations = check(events, jobs=jobs)
+            violations = check(events, jobs=jobs, snapshots=snaps, now=time.time()) + list(waits.values())
             if not any(v.invariant == "no-orphans" for v in violations) or time.monotonic() > deadline:
                 break
             await asyncio.sleep(1.0)  # poll until the orphan collector has run (bounded above)
         events = [(seq, e) for seq, e in await c.events() if e.workload_id in set(wids)]
     final, resumed = await asyncio.to_thread(attempt_progress, events, system.state_dir)
-    return faults, violations, fault_figures(events, injected, final_step=final, resumed_step=resumed)
+    figs.extend(fault_figures(events, injected, final_step=final, resumed_step=resumed))
+    return faults, violations, figs
 
 
 def _stats(xs: list[float], fmt: str = ".2f") -> str:
@@ -437,6 +480,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"schedules: {ns.schedules}  workloads: {ns.schedules * ns.workloads}  real time: {time.monotonic() - t0:.0f}s")
     print("faults injected: " + ", ".join(f"{k}={total[k]}" for k in ("partition", "kill", "slow-api")))
     print(f"invariant violations: {len(violations)}")
+    n_waits = sum(1 for v in violations if v.invariant == "wait-reason-current")
+    print(f"  every wait has a current reason (wait-reason-current): checked {figs.wait_checks} times during the schedules, then at the end; violations {n_waits}")
     unexplained = sum(1 for a in figs.attempts if a.fault is None)
     print(f"lost or failed attempts: {len(figs.attempts)} ({unexplained} not explained by an injected fault)")
     print("per attempt hit by a fault (real seconds; x600 for simulated):")

@@ -4,18 +4,47 @@
 2. No promotion by a stale epoch: an attempt promoted after its epoch was fenced is a violation.
 3. Every submitted workload ends in a terminal state, or shows why it is waiting.
 4. No orphaned Jobs after cancellation (or completion): no Job of a finished workload remains.
+5. Every wait has an end or a reason that is true now (`check_waits`, "wait-reason-current"):
+   a non-terminal workload either makes progress or its latest waiting decision names reasons
+   that inventory has not contradicted for longer than a tolerance.
 
-Pure: it takes events in stream order and returns violations with explanations.
+Pure: it takes events in stream order (and, for 5, the snapshots inventory published) and
+returns violations with explanations.
+
+Invariant 5, precisely. A workload *awaits the router* when it is not terminal, no cancel was
+requested, and its current attempt number (the highest `route-requested`, else 1) has no
+`routed` decision. Anything else is progress (an attempt is routed, running, being fenced or
+replaced: the dispatcher's and fencer's business, covered by 1-4). A workload awaiting the
+router for longer than `tolerance` since the request (the `submitted` or `route-requested`)
+must have an `unroutable` decision for that attempt, and every reason it names as a blocker
+(an ineligible cluster whose failed checks are all capacity-only) that inventory can disprove
+must not have been disproved for longer than `tolerance`:
+
+* `CLUSTER_UNREACHABLE` is disproved by a snapshot of that cluster that is reachable and was
+  fresh when published (`published_at - observed_at <= max_snapshot_age`); it counts from the
+  first snapshot of the trailing run of such snapshots (a cluster that went away again is
+  unreachable again);
+* a capacity-only `CLUSTER_NOT_ALLOWED` (the caller's exclusion after a lost attempt) is
+  disproved once a snapshot of that cluster observed after the `route-requested` was published,
+  or `max_snapshot_age` after the request (the router's exclusion rule, docs/routing.md);
+* other capacity-only reasons (nodes NotReady, ...) depend on the workload's shape and are not
+  re-derived here.
+
+The relevant inventory change is thus the snapshot that made a named reason false; the router
+must publish a decision (routed, or waiting for the reasons true now) within `tolerance` of it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuorch.projection import Projection
-from gpuorch_proto import Event
+from gpuorch_proto import ClusterSnapshot, Event, RoutingDecision
 from gpuorch_proto import events as ev
+
+WAIT_TOLERANCE = 10.0  # seconds the router has to re-publish after a reason became false
+MAX_SNAPSHOT_AGE = 120.0  # seconds; the router's default
 
 
 @dataclass(frozen=True)
@@ -30,8 +59,15 @@ def check(
     *,
     jobs: Mapping[str, Iterable[tuple[str, str]]] | None = None,
     require_terminal: bool = True,
+    snapshots: Mapping[str, Sequence[ClusterSnapshot]] | None = None,
+    now: float | None = None,
+    wait_tolerance: float = WAIT_TOLERANCE,
 ) -> list[Violation]:
-    """`events`: (stream seq, event) in order; `jobs`: cluster -> (workload id, job name) still present."""
+    """`events`: (stream seq, event) in order; `jobs`: cluster -> (workload id, job name) still present.
+
+    With `snapshots` (each cluster's, in publish order) and `now`, invariant 5 is checked too.
+    """
+    events = list(events)
     out: list[Violation] = []
     promoted: dict[str, set[str]] = {}
     fenced: dict[str, set[str]] = {}  # workload -> attempts whose epoch went stale
@@ -64,4 +100,88 @@ def check(
                 out.append(Violation("no-orphans", wid, f"job {job} on {cluster} belongs to no known workload"))
             elif owner.terminal:
                 out.append(Violation("no-orphans", wid, f"job {job} still on {cluster} after the workload {owner.status}"))
+    if snapshots is not None and now is not None:
+        out += check_waits(events, snapshots, now, tolerance=wait_tolerance)
+    return out
+
+
+def _since(snaps: Sequence[ClusterSnapshot], disproves: Callable[[ClusterSnapshot], bool]) -> float | None:
+    """When the trailing run of snapshots that satisfy `disproves` began (None: the latest does not)."""
+    since: float | None = None
+    for snap in reversed(snaps):
+        if not disproves(snap):
+            break
+        since = snap.published_at
+    return since
+
+
+def _disproved(
+    decision: RoutingDecision,
+    request: ev.RouteRequested | None,
+    snapshots: Mapping[str, Sequence[ClusterSnapshot]],
+    max_snapshot_age: float,
+) -> list[tuple[float, str]]:
+    """(since when, what) for every blocker reason of `decision` that inventory disproves now."""
+    out: list[tuple[float, str]] = []
+    for v in decision.verdicts:
+        failed = [c for c in v.checks if not c.ok]
+        if v.eligible or not failed or not all(c.capacity_only for c in failed):
+            continue  # not a blocker: eligible, or never eligible as specified
+        snaps = snapshots.get(v.cluster, ())
+        for c in failed:
+            if c.code == "CLUSTER_UNREACHABLE":
+                since = _since(snaps, lambda s: s.reachable and s.published_at - s.observed_at <= max_snapshot_age)
+                if since is not None:
+                    out.append((since, f"{v.cluster} {c.code} ({c.message}), but inventory has published it reachable and fresh since {since:.1f}"))
+            elif c.code == "CLUSTER_NOT_ALLOWED" and request is not None and v.cluster in request.exclude:
+                rr = request
+                seen = [s.published_at for s in snaps if s.observed_at > rr.at]
+                since = min([*seen, rr.at + max_snapshot_age])
+                why = f"observed again after the request (published {min(seen):.1f})" if seen else f"{max_snapshot_age:g}s after the request"
+                out.append((since, f"{v.cluster} excluded after the lost attempt, but the exclusion ended: {why}"))
+    return out
+
+
+def check_waits(
+    events: Iterable[tuple[int, Event]],
+    snapshots: Mapping[str, Sequence[ClusterSnapshot]],
+    now: float,
+    *,
+    tolerance: float = WAIT_TOLERANCE,
+    max_snapshot_age: float = MAX_SNAPSHOT_AGE,
+) -> list[Violation]:
+    """Invariant 5 (see the module doc) at `now`: `snapshots` are each cluster's snapshots in the
+    order inventory published them, up to `now` (a cluster's latest alone is enough to see a
+    reason disproved, not since when: pass the history to judge the tolerance)."""
+    p = Projection()
+    asked: dict[tuple[str, int], float] = {}  # (workload, attempt number) -> when a decision was asked for
+    requests: dict[tuple[str, int], ev.RouteRequested] = {}
+    waiting: dict[tuple[str, int], ev.Unroutable] = {}  # the latest waiting decision per attempt
+    for seq, e in events:
+        p.apply(e, seq)
+        wid = e.workload_id
+        if isinstance(e, ev.Submitted):
+            asked.setdefault((wid, 1), e.at)
+        elif isinstance(e, ev.RouteRequested):
+            asked.setdefault((wid, e.attempt_number), e.at)
+            requests[(wid, e.attempt_number)] = e
+        elif isinstance(e, ev.Unroutable):
+            waiting[(wid, e.attempt_number)] = e
+    out: list[Violation] = []
+    for wid, v in p.workloads.items():
+        if v.workload is None or v.terminal or v.cancel_requested:
+            continue
+        n = max(v.route_requested | {1})
+        if n in v.routed_attempts:
+            continue  # progress: routed; the attempt is the dispatcher's
+        t_req = asked.get((wid, n), now)
+        if now - t_req <= tolerance:
+            continue
+        u = waiting.get((wid, n))
+        if u is None:
+            out.append(Violation("wait-reason-current", wid, f"attempt {n} has had no routing decision for {now - t_req:.1f}s (status {v.status!r})"))
+            continue
+        for since, what in _disproved(u.decision, requests.get((wid, n)), snapshots, max_snapshot_age):
+            if now - since > tolerance:
+                out.append(Violation("wait-reason-current", wid, f"still waiting on the decision of {u.at:.1f} ({u.event_id}): {what}, {now - since:.1f}s ago (tolerance {tolerance:g}s)"))
     return out

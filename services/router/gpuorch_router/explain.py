@@ -25,7 +25,8 @@ HINTS: dict[ReasonCode, tuple[str, str]] = {
         "unblocks when inventory observes the cluster again",
     ),
     "CLUSTER_NOT_ALLOWED": (
-        "unblocks when the caller stops excluding it (e.g. once the lost attempt is fenced)",
+        "unblocks when inventory observes the cluster again after the attempt there was lost "
+        "(at the latest once a snapshot from before the loss would be stale)",
         "add the cluster to requirements.clusters",
     ),
     "GPU_MEMORY": ("", "lower resources.gpu_memory_gib, or add nodes with more GPU memory"),
@@ -194,7 +195,10 @@ def render_explain(decision: RoutingDecision) -> str:
         for v in blocked:
             lines.append(f"  {v.cluster}:")
             lines.extend(_checks_lines(v))
-        lines.append("  The router re-evaluates when inventory publishes new snapshots.")
+        lines.append(
+            "  The router re-evaluates when inventory publishes new snapshots, and publishes a new"
+            " decision when these reasons change."
+        )
         if never:
             lines.append("")
             lines.append("Never eligible as specified:")

@@ -2,7 +2,9 @@
 
 It validates the workload contract (decoding does that), derives the workload id
 from the idempotency key, asks the pure policy for a decision and publishes it.
-Waiting work is re-evaluated whenever inventory changes. It never talks to a cluster.
+Waiting work is re-evaluated whenever inventory changes, and a waiting decision is
+re-published when its reasons change (`core.reevaluation`). Exclusions of clusters where an
+attempt was lost come from the log and end (`core.exclusions`). It never talks to a cluster.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from gpuorch.config import Settings, load_registry
 from gpuorch.follow import Follower, run_until_stopped
 from gpuorch.projection import WorkloadView
 from gpuorch.runtime import bus
-from gpuorch.runtime.shell import Incoming, Publisher, Retry, consume, run_service
+from gpuorch.runtime.shell import Incoming, Publisher, Retry, consume, replay, run_service
 from gpuorch_proto import (
     ClusterSnapshot,
+    Event,
     RoutingDecision,
     Workload,
     decode_snapshot,
@@ -30,20 +33,12 @@ from gpuorch_proto import (
 )
 from gpuorch_proto import events as ev
 
+from . import core
+from .core import decision_events
 from .history import MeasuredTimeline, RoutingHistory, update_history
-from .policy import SnapshotIndex, build_index, route
+from .policy import SnapshotIndex, build_index
 
 log = structlog.get_logger("gpuorch.router")
-
-
-def decision_events(
-    wid: str, decision: RoutingDecision, attempt_number: int, now: float
-) -> list[ev.Base]:
-    if decision.outcome == "routed":
-        return [ev.Routed(event_id=event_id(wid, "routed", attempt_number), workload_id=wid, at=now, decision=decision, attempt_number=attempt_number)]
-    if decision.outcome == "waiting":
-        return [ev.Unroutable(event_id=event_id(wid, "unroutable", attempt_number), workload_id=wid, at=now, decision=decision, attempt_number=attempt_number)]
-    return [ev.Rejected(event_id=event_id(wid, "rejected", f"route{attempt_number}"), workload_id=wid, at=now, reason=f"no cluster can ever run this workload: {decision.summary}", decision=decision)]
 
 
 class Router:
@@ -53,15 +48,20 @@ class Router:
         self.follower = Follower()
         self.snapshots: dict[str, ClusterSnapshot] = {}
         self.indexes: dict[str, SnapshotIndex] = {}  # built once per snapshot, not per decision
-        self.exclude: dict[str, list[str]] = {}
+        self.state = core.RouterState()  # route requests and published decisions, folded from the log
         self.history: RoutingHistory | None = None  # learnt from measured attempt timelines
         self.time_scale = load_registry(settings.registry).time_scale if settings.registry else 1.0
         self.inventory_changed = asyncio.Event()
+        self.republish_min_interval = core.REPUBLISH_MIN_INTERVAL  # per workload, between re-published waits
         self.publisher: Publisher | None = None
 
     # --- pure-ish helpers -------------------------------------------------------------
     def decide(self, wl: Workload, wid: str, attempt_number: int, now: float) -> RoutingDecision:
-        return route(wl, wid, self.indexes, now, history=self.history, exclude=self.exclude.get(wid, ()))
+        return core.decide(self.state, wl, wid, attempt_number, self.indexes, now, history=self.history)
+
+    def fold(self, e: Event, seq: int) -> None:
+        self.follower.projection.apply(e, seq)
+        self.state.apply(e, seq)
 
     def learn(self, view: WorkloadView) -> None:
         """Fold a completed workload's promoted attempt into the routing history."""
@@ -124,12 +124,15 @@ class Router:
         submitted = ev.Submitted(event_id=event_id(wid, "submitted"), workload_id=wid, at=now, workload=e.workload, idempotency_key=key, source_sequence=msg.stream_seq)
         decision = self.decide(e.workload, wid, 1, now)
         log.info("workload.decided", workload=wid, outcome=decision.outcome, cluster=decision.cluster)
-        return [submitted, *decision_events(wid, decision, 1, now)]
+        out = decision_events(wid, decision, 1, now)
+        self.state.note_published(out)
+        return [submitted, *out]
 
     async def on_event(self, msg: Incoming) -> Sequence[ev.Base]:
         e = msg.event
         fresh = msg.stream_seq > self.follower.projection.last_seq
         view = self.follower.projection.apply(e, msg.stream_seq)
+        self.state.apply(e, msg.stream_seq)
         self.follower.remember(e.workload_id, msg.headers)
         if isinstance(e, ev.Completed) and fresh and view is not None:
             self.learn(view)
@@ -140,10 +143,14 @@ class Router:
             raise Retry(0.5)  # the submitted event has not reached us yet
         if view.terminal or view.cancel_requested or e.attempt_number in view.routed_attempts:
             return []
-        self.exclude[e.workload_id] = list(e.exclude)
+        last = self.state.published.get(e.workload_id)
+        if last is not None and last.attempt_number == e.attempt_number:
+            return []  # a redelivery: decided already; re-evaluation publishes any change (new id)
         now = time.time()
         decision = self.decide(view.workload, e.workload_id, e.attempt_number, now)
-        return decision_events(e.workload_id, decision, e.attempt_number, now)
+        out = decision_events(e.workload_id, decision, e.attempt_number, now)
+        self.state.note_published(out)
+        return out
 
     async def reevaluate(self, stop: asyncio.Event) -> None:
         """Waiting work is re-evaluated when inventory changes (and at least every few seconds)."""
@@ -153,16 +160,28 @@ class Router:
             except TimeoutError:
                 pass
             self.inventory_changed.clear()
-            assert self.publisher is not None
-            for wid, view in list(self.follower.projection.workloads.items()):
-                n = self.pending_attempt(wid)
-                if n is None or view.workload is None:
-                    continue
-                now = time.time()
-                decision = self.decide(view.workload, wid, n, now)
-                if decision.outcome == "routed":
-                    log.info("workload.rerouted", workload=wid, cluster=decision.cluster, attempt=n)
-                    await self.publisher.publish(decision_events(wid, decision, n, now), context=self.follower.context(wid))
+            await self.reevaluate_once()
+
+    async def reevaluate_once(self) -> int:
+        """One round over the work awaiting a decision: publish what `core.reevaluation` says
+        (routed, rejected, or waiting for other reasons than the last published decision);
+        an unchanged decision publishes nothing. Returns how many workloads published."""
+        assert self.publisher is not None
+        published = 0
+        for wid, view in list(self.follower.projection.workloads.items()):
+            n = self.pending_attempt(wid)
+            if n is None or view.workload is None:
+                continue
+            now = time.time()
+            decision = self.decide(view.workload, wid, n, now)
+            out = core.reevaluation(self.state, wid, n, decision, now, self.republish_min_interval)
+            if not out:
+                continue
+            log.info("workload.reevaluated", workload=wid, outcome=decision.outcome, cluster=decision.cluster, attempt=n, event_id=out[0].event_id)
+            await self.publisher.publish(out, context=self.follower.context(wid))
+            self.state.note_published(out)
+            published += 1
+        return published
 
     async def on_snapshot(self, msg: Any) -> None:
         try:
@@ -176,13 +195,24 @@ class Router:
         if old is None or old.reachable != snap.reachable or old.observed_at != snap.observed_at:
             self.inventory_changed.set()
 
+    async def catch_up(self, js: Any) -> int:
+        """Replay the log into the projection and the router's state (`Follower.catch_up` + fold)."""
+        n = 0
+        async for evt, _subject, seq, headers in replay(js, self.names.stream_evt, self.names.evt_all):
+            if evt is None:
+                continue
+            self.fold(evt, seq)
+            self.follower.remember(evt.workload_id, headers)
+            n += 1
+        return n
+
     async def run(self, stop: asyncio.Event) -> None:
         nc = await bus.connect(self.settings.nats_url, "gpuorch-router")
         try:
             js = nc.jetstream()
             await bus.ensure_topology(js, self.names)
             self.publisher = Publisher(js, self.names)
-            n = await self.follower.catch_up(js, self.names.stream_evt, self.names.evt_all)
+            n = await self.catch_up(js)
             for view in self.follower.projection.workloads.values():
                 if view.status == "completed":
                     self.learn(view)

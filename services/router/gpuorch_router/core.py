@@ -1,0 +1,193 @@
+"""The router's functional core around the policy: exclusions and re-published waiting decisions.
+
+Pure: no I/O, no clock, no logging. The shell (`service.py`) folds every event of the log into a
+`RouterState` (`RouterState.apply`, idempotent by stream sequence, so a restarted router that
+replays the log rebuilds the same state), and asks:
+
+* `exclusions(request, attempt_number, snapshots, now)`: the clusters the caller's
+  `route-requested` still rules out *now*. An exclusion is not forever: it holds only until the
+  excluded cluster has been observed since the request (its latest snapshot's `observed_at` is
+  later than the request's `at`: inventory heard from it after the loss was acted on), and at
+  most `max_snapshot_age` seconds after the request. By then any snapshot observed before the
+  request is stale, so the policy's own freshness check keeps an unobserved cluster out
+  (the bound changes which reason is shown, never the outcome);
+* `decide(state, workload, wid, attempt_number, snapshots, now)`: the policy's decision with
+  those exclusions;
+* `reevaluation(state, wid, attempt_number, decision, now)`: what a re-evaluation of waiting
+  work publishes. Routed or rejected: the event that ends the wait. Still waiting: a new
+  `unroutable` (a new event id per distinct decision, so JetStream's de-duplication keeps it)
+  only when its verdicts or reasons differ from the last one in the log (`signature`), and at
+  most once per `REPUBLISH_MIN_INTERVAL` per workload. So `explain` shows the reason true now,
+  and an unchanged world publishes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gpuorch_proto import Event, RoutingDecision, Workload, event_id
+from gpuorch_proto import events as ev
+
+from .history import RoutingHistory
+from .policy import SnapshotIndex, route
+
+MAX_SNAPSHOT_AGE = 120.0  # seconds: the policy's default; an exclusion never outlives it
+REPUBLISH_MIN_INTERVAL = 1.0  # seconds between two re-published waiting decisions of one workload
+
+#: A decision's verdicts and reasons, without snapshot ages (they change every second).
+Signature = tuple[object, ...]
+
+
+class Observed(Protocol):
+    @property
+    def observed_at(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class RouteRequest:
+    """The latest `route-requested` of a workload, as the log has it."""
+
+    attempt_number: int
+    exclude: tuple[str, ...]
+    at: float
+
+
+@dataclass(frozen=True)
+class Published:
+    """The latest routing decision of a workload in the log (or just published by this router)."""
+
+    attempt_number: int
+    signature: Signature
+    at: float
+
+
+@dataclass
+class RouterState:
+    requests: dict[str, RouteRequest] = field(default_factory=dict)
+    published: dict[str, Published] = field(default_factory=dict)  # the latest decision in the log
+    sent: dict[str, Published] = field(default_factory=dict)  # published by this router, maybe not echoed yet
+    unroutable: dict[str, int] = field(default_factory=dict)  # unroutable events in the log per workload
+    unroutable_sent: dict[str, int] = field(default_factory=dict)  # ... counting those sent, not yet echoed
+    last_seq: int = 0
+
+    def apply(self, e: Event, seq: int) -> None:
+        """Fold one event of the log (a sequence already applied changes nothing)."""
+        if seq and seq <= self.last_seq:
+            return
+        if seq:
+            self.last_seq = seq
+        wid = e.workload_id
+        if isinstance(e, ev.RouteRequested):
+            old = self.requests.get(wid)
+            if old is None or e.attempt_number >= old.attempt_number:
+                self.requests[wid] = RouteRequest(e.attempt_number, tuple(e.exclude), e.at)
+        elif isinstance(e, ev.Routed | ev.Unroutable):
+            self.published[wid] = Published(e.attempt_number, signature(e.decision), e.at)
+            if isinstance(e, ev.Unroutable):
+                self.unroutable[wid] = self.unroutable.get(wid, 0) + 1
+
+    def note_published(self, events: list[ev.Base]) -> None:
+        """Remember decisions this router is publishing before the log echoes them back."""
+        for e in events:
+            if isinstance(e, ev.Routed | ev.Unroutable):
+                self.sent[e.workload_id] = Published(e.attempt_number, signature(e.decision), e.at)
+            if isinstance(e, ev.Unroutable):
+                self.unroutable_sent[e.workload_id] = self.unroutable_count(e.workload_id) + 1
+
+    def unroutable_count(self, wid: str) -> int:
+        """How many `unroutable` of `wid` exist: in the log, or sent since (ids never repeat)."""
+        return max(self.unroutable.get(wid, 0), self.unroutable_sent.get(wid, 0))
+
+    def last(self, wid: str) -> Published | None:
+        """The newest decision of `wid`: in the log, or sent by this router since."""
+        p, s = self.published.get(wid), self.sent.get(wid)
+        if p is None or (s is not None and s.at > p.at):
+            return s
+        return p
+
+
+def exclusions(
+    request: RouteRequest | None,
+    attempt_number: int,
+    snapshots: Mapping[str, Observed],
+    now: float,
+    max_snapshot_age: float = MAX_SNAPSHOT_AGE,
+) -> tuple[str, ...]:
+    """The clusters `request` still excludes for `attempt_number` at `now` (see the module doc)."""
+    if request is None or request.attempt_number != attempt_number or not request.exclude:
+        return ()
+    if now - request.at >= max_snapshot_age:
+        return ()
+    out = []
+    for c in request.exclude:
+        snap = snapshots.get(c)
+        if snap is not None and snap.observed_at > request.at:
+            continue  # observed since the loss: the exclusion is lifted
+        out.append(c)
+    return tuple(out)
+
+
+def decide(
+    state: RouterState,
+    workload: Workload,
+    wid: str,
+    attempt_number: int,
+    snapshots: Mapping[str, SnapshotIndex],
+    now: float,
+    *,
+    history: RoutingHistory | None = None,
+    max_snapshot_age: float = MAX_SNAPSHOT_AGE,
+) -> RoutingDecision:
+    ex = exclusions(state.requests.get(wid), attempt_number, snapshots, now, max_snapshot_age)
+    return route(workload, wid, snapshots, now, history=history, exclude=ex, max_snapshot_age=max_snapshot_age)
+
+
+def _reason(code: str, message: str) -> str:
+    if code == "CLUSTER_UNREACHABLE":  # its message shows the age: keep "unreachable" / "snapshot is stale"
+        return message.split(":", 1)[0].split(" (", 1)[0]
+    return message
+
+
+def signature(d: RoutingDecision) -> Signature:
+    """What `explain` shows of a decision, less snapshot ages: outcome, target, every failed check."""
+    return (
+        d.outcome,
+        d.cluster,
+        d.queue,
+        tuple(
+            (v.cluster, v.eligible, tuple((c.code, c.capacity_only, _reason(c.code, c.message)) for c in v.checks if not c.ok))
+            for v in d.verdicts
+        ),
+    )
+
+
+def decision_events(wid: str, decision: RoutingDecision, attempt_number: int, now: float, republish: int = 0) -> list[ev.Base]:
+    """The events of a decision; `republish` > 0 numbers a re-published waiting decision."""
+    if decision.outcome == "routed":
+        return [ev.Routed(event_id=event_id(wid, "routed", attempt_number), workload_id=wid, at=now, decision=decision, attempt_number=attempt_number)]
+    if decision.outcome == "waiting":
+        disc = f"{attempt_number}.r{republish}" if republish else attempt_number
+        return [ev.Unroutable(event_id=event_id(wid, "unroutable", disc), workload_id=wid, at=now, decision=decision, attempt_number=attempt_number)]
+    return [ev.Rejected(event_id=event_id(wid, "rejected", f"route{attempt_number}"), workload_id=wid, at=now, reason=f"no cluster can ever run this workload: {decision.summary}", decision=decision)]
+
+
+def reevaluation(
+    state: RouterState,
+    wid: str,
+    attempt_number: int,
+    decision: RoutingDecision,
+    now: float,
+    min_interval: float = REPUBLISH_MIN_INTERVAL,
+) -> list[ev.Base]:
+    """What re-evaluating waiting work publishes (nothing when its decision is unchanged)."""
+    if decision.outcome != "waiting":
+        return decision_events(wid, decision, attempt_number, now)
+    last = state.last(wid)
+    if last is not None and last.attempt_number == attempt_number:
+        if last.signature == signature(decision):
+            return []
+        if now - last.at < min_interval:
+            return []  # changed, but re-published a moment ago: the next round publishes it
+    return decision_events(wid, decision, attempt_number, now, republish=state.unroutable_count(wid) + 1)
