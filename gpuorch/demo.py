@@ -23,7 +23,8 @@ from gpuorch.client import Client
 from gpuorch.config import load_registry
 from gpuorch.projection import WorkloadView
 from gpuorch.system import System
-from gpuorch_proto import ContractError, load_workload_yaml, workload_id_for
+from gpuorch_proto import ContractError, load_workload_yaml
+from gpuorch_proto.events import message_ref
 from gpuorch_proto.units import format_duration
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,8 +83,8 @@ async def scenario(system: System, files: list[Path]) -> list[tuple[str, Workloa
                 # publish it raw and let the router answer with a `rejected` event
                 print(f"  {f.relative_to(ROOT)}: refused by the CLI ({exc.errors[0].path}); publishing it raw to the bus")
                 doc = yaml.safe_load(f.read_text())
-                await c.js.publish(s.names.cmd_submit, json.dumps({"type": "submit", "workload": doc}).encode(), headers={"Nats-Msg-Id": key})
-                ids.append((f.stem, workload_id_for(key, doc["metadata"]["name"])))
+                ack = await c.js.publish(s.names.cmd_submit, json.dumps({"type": "submit", "workload": doc}).encode(), headers={"Nats-Msg-Id": key})
+                ids.append((f.stem, message_ref(ack.stream, ack.seq)))  # its rejection is the message's record
                 continue
             for inp in wl.spec.inputs:  # the embedded data locations hold a small synthetic copy
                 for loc in inp.locations:

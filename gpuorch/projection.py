@@ -124,18 +124,35 @@ def _attempt(view: WorkloadView, e: ev.AttemptEvent) -> AttemptView:
     return a
 
 
+def rejection_binds(view: WorkloadView, e: ev.Rejected) -> bool:
+    """Does this `rejected` event decide the state of the workload it is filed under?
+
+    Terminal for an accepted workload only when it is the router's verdict on that workload's
+    own submit (`decision` set: no cluster could ever run it). Any other rejection is about a
+    message, not a workload: the shell files those under the message (`msg-<stream>-<seq>`), but
+    one that names an accepted workload (an older release's record of a bad message, a dead
+    letter) never changes that workload. A rejection under an id that has no accepted submit is
+    that id's whole record (status `rejected`), until a submit is accepted under it.
+    """
+    return e.decision is not None or view.workload is None
+
+
 def _fold(view: WorkloadView, e: Event) -> None:
     kind = ev.type_tag(e)
+    if isinstance(e, ev.Rejected) and not rejection_binds(view, e):
+        return  # stays in the history (Projection.apply), changes nothing of the workload
     view.times.setdefault(kind, e.at)
     match e:
         case ev.Submitted():
+            if view.workload is None and view.status == "rejected" and view.decision is None:
+                # the id's earlier record was a refused message (e.g. a cancel that came first),
+                # not a verdict on this workload: the accepted submit starts its life
+                view.status = "submitted"
+                view.times.pop("rejected", None)
             view.workload = e.workload
             view.idempotency_key = e.idempotency_key
             if view.status == "submitted":
                 view.reason = "submitted; waiting for a routing decision"
-        case ev.Rejected() if e.source_subject and not e.source_subject.endswith(".cmd.submit"):
-            # a dead-lettered lifecycle event or a refused cancel: recorded, the workload goes on
-            view.reason = f"{e.reason} (from {e.source_subject})"
         case ev.Rejected():
             view.status = "rejected"
             view.reason = e.reason + (

@@ -3,18 +3,22 @@
 Per input message, in order:
 
 1. bind structlog contextvars (subject, stream, stream_seq, delivered, msg_id, trace_id,
-   event_id) and open the CONSUMER span "<subject> process" as a child of the producer's
-   `traceparent`;
-2. decode with `gpuorch_proto.decode_event`. A `ContractError` (or any decode failure) publishes
-   a `rejected` event naming each bad field path and the input message is terminated (`term`):
-   a poison message is recorded, never retried, never dropped silently;
+   event_id, workload_id, type), all unbound again when the message is done, and open the
+   CONSUMER span "<subject> process" as a child of the producer's `traceparent`;
+2. decode with `gpuorch_proto.decode_event` and check the subject against the body (a known
+   `cmd.*` subject, the command type it takes, `evt.<workload>.<type>` of the body). A
+   `ContractError` (or any decode failure, or a handler's `Reject`) publishes a `rejected`
+   event naming each bad field path and the input message is terminated (`term`): a poison
+   message is recorded, never retried, never dropped silently. The record is bound to the
+   message (`evt.msg-<stream>-<seq>.rejected`, `gpuorch_proto.events.message_ref`), never to a
+   workload the message names, which is only reported as `claimed_workload_id`;
 3. call the handler; publish every output (awaiting every JetStream ack); only then `ack` the
    input. Output event ids are deterministic, so if the process dies between publishing and
    acking, the redelivered input republishes the same `Nats-Msg-Id`s and JetStream drops them;
 4. on `Retry(delay)` `nak` with that delay; on any other exception `nak` with a backoff by
    delivery count. On the last allowed delivery (`max_deliver`) the message is dead-lettered
    instead: a `rejected` event says which handler failed, how many times and why, and the input
-   is terminated. The consumer is created with one delivery more than `max_deliver`, so a
+   is terminated (bound to the message too). The consumer is created with one delivery more than `max_deliver`, so a
    message whose handler kills the process every time is dead-lettered on that extra delivery
    without calling the handler again: no crash loop, no silent drop.
 """
@@ -43,7 +47,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 
 from gpuorch_proto import Base, ContractError, Event, FieldError, Names, encode, type_tag, workload_id_for
 from gpuorch_proto.codec import decode_event, is_msgpack
-from gpuorch_proto.events import Cancel, Rejected, Submit
+from gpuorch_proto.events import Cancel, Rejected, Submit, message_ref
 from gpuorch_proto.subjects import valid_token
 
 from . import logs, telemetry
@@ -79,6 +83,20 @@ class Retry(Exception):
         super().__init__(f"{reason} (retry in {delay:g}s)")
         self.delay = float(delay)
         self.reason = reason
+
+
+class Reject(Exception):
+    """Raised by a handler: this message is refused for good. The shell records a `rejected`
+    event bound to the message (`evt.<message_ref>.rejected`, never a workload's subject) and
+    terminates it, exactly as for an undecodable message."""
+
+    def __init__(
+        self, reason: str, errors: Sequence[FieldError] = (), *, claimed_workload_id: str | None = None
+    ) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.errors = list(errors)
+        self.claimed_workload_id = claimed_workload_id
 
 
 Handler = Callable[[Incoming], Awaitable[Sequence[Base]]]
@@ -347,6 +365,8 @@ class _Worker:
             **{"messaging.nats.stream_sequence": seq, "messaging.nats.delivered": delivered},
         )
         ctx = telemetry.span_context(span, parent)
+        # Every key any line of this message may carry is bound (and so unbound) here: nothing of
+        # one message's context is left for the next one's lines, or for the loop's own.
         with structlog.contextvars.bound_contextvars(
             subject=msg.subject,
             stream=stream,
@@ -354,6 +374,9 @@ class _Worker:
             delivered=delivered,
             msg_id=msg_id,
             trace_id=telemetry.trace_id_hex(span),
+            event_id=None,
+            workload_id=None,
+            type=None,
         ):
             try:
                 await self._process(msg, headers, msg_id, stream, seq, delivered, ctx, span)
@@ -366,6 +389,22 @@ class _Worker:
             finally:
                 span.end()
 
+    def _admit(self, msg: Msg, headers: dict[str, str]) -> Event | ContractError:
+        """Decode and check the message against its subject; a ContractError says why not."""
+        problem = subject_problem(self.names, msg.subject, None)
+        if problem is not None:
+            return ContractError("wrong subject", [problem])
+        try:
+            event = decode_event(msg.data, content_type=headers.get(CONTENT_TYPE))
+        except Exception as exc:
+            return exc if isinstance(exc, ContractError) else ContractError(
+                "undecodable message", [FieldError(path="$", message=f"{type(exc).__name__}: {exc}")]
+            )  # fmt: skip
+        problem = subject_problem(self.names, msg.subject, event)
+        if problem is not None:
+            return ContractError("wrong subject", [problem])
+        return event
+
     async def _process(
         self,
         msg: Msg,
@@ -377,26 +416,37 @@ class _Worker:
         ctx: Context,
         span: Span,
     ) -> None:
+        admitted = self._admit(msg, headers)
+        if isinstance(admitted, ContractError):
+            # poison (also on the server's extra delivery: its own reason, not "did not complete")
+            await self._reject(msg, headers, msg_id, stream, seq, admitted, ctx, span)
+            return
+        event = admitted
         if self.max_deliver > 0 and delivered > self.max_deliver:
             # The server's extra delivery: the handler never finished (process killed, ack lost).
-            event = _try_decode(msg.data, headers)
             await self._dead_letter(
                 msg, headers, msg_id, stream, seq, event, ctx,
                 f"handler {self.handler_name!r} did not complete in {self.max_deliver} deliveries "
                 "(process died or ack_wait exceeded each time)",
             )  # fmt: skip
             return
-        try:
-            event = decode_event(msg.data, content_type=headers.get(CONTENT_TYPE))
-        except Exception as exc:
-            err = exc if isinstance(exc, ContractError) else ContractError(
-                "undecodable message", [FieldError(path="$", message=f"{type(exc).__name__}: {exc}")]
-            )  # fmt: skip
-            await self._reject(msg, headers, msg_id, stream, seq, err, ctx, span)
-            return
-        structlog.contextvars.bind_contextvars(
+        with structlog.contextvars.bound_contextvars(
             event_id=event.event_id or None, workload_id=event.workload_id or None, type=type_tag(event)
-        )
+        ):
+            await self._handle(msg, headers, msg_id, stream, seq, delivered, event, ctx, span)
+
+    async def _handle(
+        self,
+        msg: Msg,
+        headers: dict[str, str],
+        msg_id: str | None,
+        stream: str,
+        seq: int,
+        delivered: int,
+        event: Event,
+        ctx: Context,
+        span: Span,
+    ) -> None:
         span.set_attribute("gpuorch.event.type", type_tag(event))
         if event.workload_id:
             span.set_attribute("gpuorch.workload_id", event.workload_id)
@@ -413,6 +463,12 @@ class _Worker:
         try:
             outputs = await _with_progress(msg, self.handler(incoming), self.ack_wait)
             await self.publisher.publish(outputs, context=ctx)
+        except Reject as r:
+            err = ContractError(r.reason, r.errors)
+            await self._reject(
+                msg, headers, msg_id, stream, seq, err, ctx, span, claimed=r.claimed_workload_id
+            )
+            return
         except Retry as r:
             await self._failed(msg, headers, msg_id, stream, seq, delivered, event, ctx, span, r, r.delay)
             return
@@ -479,26 +535,32 @@ class _Worker:
         err: ContractError,
         ctx: Context,
         span: Span,
+        *,
+        claimed: str | None = None,
     ) -> None:
         span.set_status(Status(StatusCode.ERROR, "ContractError"))
-        wid = _workload_id_for_raw(msg.data, headers, msg_id, seq)
+        ref = message_ref(stream, seq)
+        claimed = claimed or _claimed_workload_id(msg.data, headers, msg_id)
         rejected = Rejected(
-            event_id=rejection_event_id(wid, stream, seq),
-            workload_id=wid,
+            event_id=rejection_event_id(stream, seq),
+            workload_id=ref,
             at=time.time(),
-            reason=err.reason,
-            errors=list(err.errors),
-            source_subject=msg.subject,
+            reason=_clip(err.reason, MAX_REASON),
+            errors=bounded_errors(err.errors),
+            source_subject=_clip(msg.subject, MAX_SUBJECT),
             source_sequence=seq,
-            idempotency_key=msg_id,
+            source_stream=stream,
+            idempotency_key=_clip(msg_id, MAX_KEY) if msg_id else None,
+            claimed_workload_id=claimed,
         )
         if not await self._record_then_term(msg, rejected, ctx, "msg.reject_publish_failed"):
             return
         log.warning(
             logs.MSG_REJECTED,
-            workload_id=wid,
-            reason=err.reason,
-            errors=[f"{e.path}: {e.message}" for e in err.errors],
+            record=ref,
+            claimed_workload_id=claimed,
+            reason=rejected.reason,
+            errors=[f"{e.path}: {e.message}" for e in rejected.errors],
         )
 
     async def _dead_letter(
@@ -517,30 +579,93 @@ class _Worker:
             await msg.term()
             log.error(logs.MSG_DEAD_LETTERED, reason=reason, republished=False)
             return
-        wid = _workload_id_for_event(event) or _workload_id_for_raw(msg.data, headers, msg_id, seq)
+        ref = message_ref(stream, seq)
+        claimed = _workload_id_for_event(event) or _claimed_workload_id(msg.data, headers, msg_id)
         rejected = Rejected(
-            event_id=dead_letter_event_id(wid, stream, seq, self.durable),
-            workload_id=wid,
+            event_id=dead_letter_event_id(stream, seq, self.durable),
+            workload_id=ref,
             at=time.time(),
-            reason=reason,
-            source_subject=msg.subject,
+            reason=_clip(reason, MAX_REASON),
+            source_subject=_clip(msg.subject, MAX_SUBJECT),
             source_sequence=seq,
-            idempotency_key=msg_id,
+            source_stream=stream,
+            idempotency_key=_clip(msg_id, MAX_KEY) if msg_id else None,
+            claimed_workload_id=claimed,
         )
         if not await self._record_then_term(msg, rejected, ctx, "msg.dead_letter_publish_failed"):
             return
-        log.error(logs.MSG_DEAD_LETTERED, workload_id=wid, reason=reason)
+        log.error(logs.MSG_DEAD_LETTERED, record=ref, claimed_workload_id=claimed, reason=rejected.reason)
 
 
-def rejection_event_id(workload_id: str, stream: str, seq: int) -> str:
-    """Deterministic: a redelivered poison message republishes the same rejection (and every
-    service that reads the same bad message records it once)."""
-    return f"{workload_id}.rejected.{stream}.{seq}"
+def rejection_event_id(stream: str, seq: int) -> str:
+    """Deterministic and bound to the message: a redelivered poison message republishes the same
+    rejection, and every service that reads the same bad message records it once."""
+    return f"{message_ref(stream, seq)}.rejected"
 
 
-def dead_letter_event_id(workload_id: str, stream: str, seq: int, durable: str) -> str:
-    """Deterministic and per consumer: each handler that gave up on a message is on record."""
-    return f"{workload_id}.rejected.{stream}.{seq}.{durable}"
+def dead_letter_event_id(stream: str, seq: int, durable: str) -> str:
+    """Deterministic, bound to the message and per consumer: each handler that gave up on it is on record."""
+    return f"{message_ref(stream, seq)}.rejected.{durable}"
+
+
+# Bounds on a rejection, so that it can always be published (a huge bad body must not yield a
+# rejection larger than the server's max payload): at most MAX_ERRORS errors of MAX_TEXT characters.
+MAX_ERRORS = 20
+MAX_TEXT = 400
+MAX_REASON = 1000
+MAX_SUBJECT = 256
+MAX_KEY = 256
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def bounded_errors(errors: Sequence[FieldError]) -> list[FieldError]:
+    out = [
+        FieldError(path=_clip(e.path, MAX_SUBJECT), message=_clip(e.message, MAX_TEXT))
+        for e in errors[:MAX_ERRORS]
+    ]
+    if len(errors) > MAX_ERRORS:
+        out.append(FieldError(path="$", message=f"... and {len(errors) - MAX_ERRORS} more errors"))
+    return out
+
+
+def subject_problem(names: Names, subject: str, event: Event | None) -> FieldError | None:
+    """Why `event` may not arrive on `subject` (None: it may). With `event=None`, only what the
+    subject alone says (an unknown command subject). Commands go to `cmd.submit` / `cmd.cancel`,
+    one type each; lifecycle events to `evt.<their workload>.<their type>`."""
+    cmd = f"{names.prefix}.cmd."
+    if subject.startswith(cmd) and subject not in (names.cmd_submit, names.cmd_cancel):
+        return FieldError(
+            path="$",
+            message=f"unknown command subject {_clip(subject, MAX_SUBJECT)!r}: commands go to "
+            f"{names.cmd_submit} or {names.cmd_cancel}",
+        )
+    if event is None:
+        return None
+    tag = type_tag(event)
+    for expected, kind in ((names.cmd_submit, Submit), (names.cmd_cancel, Cancel)):
+        if subject == expected and not isinstance(event, kind):
+            return FieldError(
+                path="type",
+                message=f"a {tag!r} message on {subject}: only {type_tag(kind)!r} is accepted here",
+            )
+    if subject.startswith(f"{names.prefix}.evt."):
+        if isinstance(event, (Submit, Cancel)):
+            return FieldError(
+                path="type",
+                message=f"a {tag!r} command on the event subject {subject}: commands go to "
+                f"{names.cmd_submit} or {names.cmd_cancel}",
+            )
+        want = names.evt(event.workload_id, tag) if valid_token(event.workload_id) else None
+        if subject != want:
+            return FieldError(
+                path="workload_id",
+                message=f"a {tag!r} event of workload {event.workload_id[:80]!r} on {subject}: "
+                "the subject must be evt.<workload_id>.<type> of the body",
+            )
+    return None
 
 
 async def _with_progress(msg: Msg, aw: Awaitable[T], ack_wait: float) -> T:
@@ -579,11 +704,12 @@ def _workload_id_for_event(event: Event | None) -> str | None:
     return None
 
 
-def _workload_id_for_raw(data: bytes, headers: dict[str, str], msg_id: str | None, seq: int) -> str:
-    """Best workload id for an input that did not decode.
+def _claimed_workload_id(data: bytes, headers: dict[str, str], msg_id: str | None) -> str | None:
+    """The workload a message that is being rejected names, for information only.
 
     A `workload_id` in the raw body (if it is a valid token) wins; else the id the router would
-    derive from the idempotency key (`Nats-Msg-Id`) and `metadata.name`; else `invalid-<seq>`.
+    derive from the idempotency key (`Nats-Msg-Id`) and `metadata.name`; else None. The rejection
+    is never published under it: it is the message's record, not that workload's.
     """
     raw = _raw_mapping(data, headers)
     wid = raw.get("workload_id") if raw else None
@@ -596,7 +722,7 @@ def _workload_id_for_raw(data: bytes, headers: dict[str, str], msg_id: str | Non
         if isinstance(meta, dict) and isinstance(meta.get("name"), str) and meta["name"]:
             name = meta["name"]
         return workload_id_for(msg_id, name)
-    return f"invalid-{seq}"
+    return None
 
 
 def _raw_mapping(data: bytes, headers: dict[str, str]) -> dict[str, Any] | None:
@@ -608,6 +734,31 @@ def _raw_mapping(data: bytes, headers: dict[str, str]) -> dict[str, Any] | None:
     except Exception:
         return None
     return obj if isinstance(obj, dict) else None
+
+
+async def _accept_all(_: Incoming) -> list[Base]:
+    return []
+
+
+async def guard_commands(
+    js: JetStreamContext,
+    *,
+    names: Names,
+    publisher: Publisher,
+    stop: asyncio.Event,
+    durable: str | None = None,
+    **options: Any,
+) -> None:
+    """A consumer on every command subject (`cmd.>`, which the command stream stores) that
+    handles nothing itself: a message on an unknown `cmd.*` subject, a command on the wrong
+    subject or an undecodable one is rejected (the same record the command's own consumer makes,
+    so it is stored once); everything else is acked. Without it, a message on a subject no
+    service consumes would sit in the stream unanswered."""
+    await consume(
+        js, stream=names.stream_cmd, durable=durable or names.durable("guard", "commands"),
+        filter_subject=names.cmd_all, handler=_accept_all, publisher=publisher, names=names,
+        stop=stop, handler_name="command-guard", **options,
+    )  # fmt: skip
 
 
 # -- replay ---------------------------------------------------------------------------------------

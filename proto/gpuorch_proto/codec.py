@@ -9,11 +9,12 @@ from typing import Any, Literal, TypeVar
 import msgspec
 import yaml
 
-from .events import Base, Event, FieldError
+from .events import MESSAGE_REF_PREFIX, Base, Cancel, Event, FieldError, Submit
 from .inventory import ClusterSnapshot
 from .state import FenceRecord, OwnerLease
+from .subjects import valid_token
 from .validate import validate_workload
-from .workload import Workload
+from .workload import SCHEMA_VERSION, Workload
 
 T = TypeVar("T")
 Format = Literal["json", "msgpack"]
@@ -56,23 +57,113 @@ def encode(msg: Any, fmt: Format = "json") -> bytes:
 
 
 def is_msgpack(data: bytes, content_type: str | None = None) -> bool:
+    """msgpack if the Content-Type says so; without one, if the body does not start like JSON.
+
+    A JSON text starts with an ASCII character (`{`, `[`, `"`, a digit, `t`/`f`/`n`, whitespace);
+    a msgpack event is a map, whose first byte is 0x80-0x8f, 0xde or 0xdf. So a body is read as
+    msgpack only when its first byte is not ASCII: a JSON array (or string, number) is decoded as
+    JSON and rejected as such, never misread as msgpack.
+    """
     if content_type:
-        return "msgpack" in content_type
-    return bool(data) and data[:1] not in (b"{", b" ", b"\n", b"\t", b"\r")
+        return "msgpack" in content_type.lower()
+    return bool(data) and data[0] >= 0x80
+
+
+_JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+
+
+def _not_an_object(data: bytes, msgpack: bool) -> ContractError | None:
+    """The body is not an object/map: say what it is (msgspec only says "got `int`"), or that it
+    is not JSON / msgpack at all (garbage whose first byte happens to be a msgpack scalar)."""
+    try:
+        obj = msgspec.msgpack.decode(data) if msgpack else msgspec.json.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        fmt = "msgpack" if msgpack else "JSON"
+        return ContractError("undecodable message", [FieldError(path="$", message=f"not {fmt}: {exc}")])
+    if isinstance(obj, dict):
+        return None
+    what = "null" if obj is None else _JSON_KINDS.get(type(obj), type(obj).__name__)
+    fmt = "msgpack map" if msgpack else "JSON object"
+    return ContractError(
+        "invalid message",
+        [FieldError(path="$", message=f"expected an object (a {fmt} with a `type` field), got {what}")],
+    )
+
+
+def _unknown_version(data: bytes, msgpack: bool) -> FieldError | None:
+    try:
+        obj = msgspec.msgpack.decode(data) if msgpack else msgspec.json.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    version = obj.get("schema_version", SCHEMA_VERSION) if isinstance(obj, dict) else SCHEMA_VERSION
+    if version == SCHEMA_VERSION and type(version) is int:
+        return None
+    return FieldError(
+        path="schema_version",
+        message=f"schema_version {version!r} not supported; this build reads {SCHEMA_VERSION}",
+    )
+
+
+def check_envelope(evt: Base) -> list[FieldError]:
+    """Rules of the envelope beyond types: a known `schema_version`, usable ids on commands."""
+    errors: list[FieldError] = []
+    if evt.schema_version != SCHEMA_VERSION:
+        errors.append(
+            FieldError(
+                path="schema_version",
+                message=f"schema_version {evt.schema_version} not supported; this build reads {SCHEMA_VERSION}",
+            )
+        )
+    if isinstance(evt, Submit) and evt.workload_id:
+        if not valid_token(evt.workload_id):
+            errors.append(
+                FieldError(
+                    path="workload_id", message=f"{evt.workload_id[:80]!r} is not a workload id ([a-z0-9-])"
+                )
+            )
+        elif evt.workload_id.startswith(MESSAGE_REF_PREFIX):
+            errors.append(
+                FieldError(
+                    path="workload_id",
+                    message=f"{evt.workload_id!r}: the prefix {MESSAGE_REF_PREFIX!r} is reserved for records of messages",
+                )
+            )
+    if isinstance(evt, Cancel) and not valid_token(evt.workload_id):
+        errors.append(
+            FieldError(
+                path="workload_id", message=f"{evt.workload_id[:80]!r} is not a workload id ([a-z0-9-])"
+            )
+        )
+    return errors
 
 
 def decode_event(data: bytes, content_type: str | None = None) -> Event:
-    """Decode any command or event; raises ContractError with the field path on failure."""
+    """Decode any command or event; raises ContractError with the field path on failure.
+
+    Beyond the types: a `schema_version` this build does not read is refused (EVOLUTION.md rule
+    6: a breaking change is a new version, never read as v1), and so are command ids that could
+    not name a workload.
+    """
+    msgpack = is_msgpack(data, content_type)
     try:
-        if is_msgpack(data, content_type):
+        if msgpack:
             evt: Event = _mp_event.decode(data)
         else:
             evt = _json_event.decode(data)
     except msgspec.ValidationError as exc:
+        shape = _not_an_object(data, msgpack)
+        if shape is not None:
+            raise shape from exc
+        version = _unknown_version(data, msgpack)
+        if version is not None:  # another version's message: its shape is not ours to judge
+            raise ContractError("invalid message", [version]) from exc
         err = _field_error(exc, strip="workload.")
         raise ContractError("invalid message", [err]) from exc
     except msgspec.DecodeError as exc:
         raise ContractError("undecodable message", [FieldError(path="$", message=str(exc))]) from exc
+    envelope = check_envelope(evt)
+    if envelope:
+        raise ContractError("invalid message", envelope)
     if isinstance(evt, Base) and getattr(evt, "workload", None) is not None:
         errors = validate_workload(evt.workload)  # type: ignore[attr-defined, union-attr, unused-ignore]
         if errors:

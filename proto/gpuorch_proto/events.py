@@ -8,6 +8,8 @@ discriminator such as the attempt), so a redelivered input republishes the same
 
 from __future__ import annotations
 
+import hashlib
+import re
 from typing import Literal
 
 import msgspec
@@ -51,14 +53,27 @@ class FieldError(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Rejected(Base, frozen=True, kw_only=True, tag="rejected"):
-    """An input that could not be decoded, failed validation, or can never run anywhere."""
+    """An input that could not be decoded, failed validation, or can never run anywhere.
+
+    Two kinds, told apart by what they are about:
+
+    * **a workload** (`decision` set): the router's verdict on a workload's own accepted submit:
+      no cluster could ever run it. Published on the workload's subject; terminal for it.
+    * **a message** (`workload_id = message_ref(source_stream, source_sequence)`, `msg-...`): an
+      input that was undecodable, broke the contract, came on the wrong subject, or that a
+      handler gave up on (dead letter). It is the record of that one message, published on
+      `evt.<msg-ref>.rejected`; whatever workload the message named is only reported in
+      `claimed_workload_id` and is never touched by it.
+    """
 
     reason: str
     errors: list[FieldError] = []
     source_subject: str | None = None
     source_sequence: int | None = None
-    idempotency_key: str | None = None
+    idempotency_key: str | None = None  # the input's Nats-Msg-Id: how a client finds its rejection
     decision: RoutingDecision | None = None  # when rejected because no cluster could ever run it
+    source_stream: str | None = None  # with source_sequence: the message this record is about
+    claimed_workload_id: str | None = None  # the workload the message named (informational only)
 
 
 # ---- lifecycle -------------------------------------------------------------------------
@@ -116,6 +131,20 @@ class Running(AttemptEvent, frozen=True, kw_only=True, tag="running"):
     workers_running: int = 1
 
 
+class Unschedulable(AttemptEvent, frozen=True, kw_only=True, tag="unschedulable"):
+    """The cluster's scheduler cannot place the attempt's pods now (its own message, verbatim).
+
+    `permanent`: no node of the cluster could ever take them (every node refused by selector,
+    affinity, taint or cordon, none for lack of free resources): the router promised a placement
+    the cluster refuses. The dispatcher fails such an attempt after a grace period and re-routes
+    it; a capacity-only message (``Insufficient nvidia.com/gpu``) is queueing, recorded so that
+    status says why the attempt waits.
+    """
+
+    message: str
+    permanent: bool = False
+
+
 class Succeeded(AttemptEvent, frozen=True, kw_only=True, tag="succeeded"):
     output_path: str
 
@@ -124,6 +153,7 @@ class Failed(AttemptEvent, frozen=True, kw_only=True, tag="failed"):
     exit_code: int | None = None
     reason: str
     retryable: bool = True
+    placement: bool = False  # failed because the cluster could not place its pods (not the code's fault)
 
 
 class Lost(AttemptEvent, frozen=True, kw_only=True, tag="lost"):
@@ -212,11 +242,30 @@ Event = (
     | CancelRequested
     | Cancelled
     | WorkloadFailed
+    | Unschedulable
 )
 
 EVENT_TYPES: tuple[type[Base], ...] = Event.__args__  # type: ignore[attr-defined, unused-ignore]
 
 TERMINAL_TYPES = frozenset({"completed", "cancelled", "workload-failed", "rejected"})
+
+
+MESSAGE_REF_PREFIX = "msg-"
+_REF_TOKEN = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+
+
+def message_ref(stream: str, seq: int) -> str:
+    """The id of the record of one message: `msg-<stream>-<seq>` (a subject token).
+
+    Rejections and dead letters of a message are published on `evt.<message_ref>.rejected`, so
+    they are bound to the message (stream and sequence, which the publisher has from its PubAck),
+    never to a workload the message names. E.g. `message_ref("GPUORCH_CMD", 17)` is
+    `msg-gpuorch-cmd-17`.
+    """
+    token = f"{MESSAGE_REF_PREFIX}{re.sub(r'[^a-z0-9]+', '-', stream.lower()).strip('-')}-{seq}"
+    if _REF_TOKEN.match(token):
+        return token
+    return f"{MESSAGE_REF_PREFIX}{hashlib.sha256(stream.encode()).hexdigest()[:16]}-{seq}"
 
 
 def type_tag(cls_or_obj: type[Base] | Base) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from .events import FieldError
+from .events import MESSAGE_REF_PREFIX, FieldError
 from .units import UnitError, parse_duration, parse_quantity
 from .workload import Resources, Workload
 
@@ -103,6 +103,13 @@ def validate_workload(wl: Workload) -> list[FieldError]:
             FieldError(
                 path="metadata.name",
                 message=f"{wl.metadata.name!r} must be 1-40 characters of a-z, 0-9 and '-'",
+            )
+        )
+    elif wl.metadata.name.startswith(MESSAGE_REF_PREFIX):
+        errors.append(
+            FieldError(
+                path="metadata.name",
+                message=f"{wl.metadata.name!r}: the prefix {MESSAGE_REF_PREFIX!r} is reserved for records of messages",
             )
         )
     if not _DIGEST.match(spec.image):

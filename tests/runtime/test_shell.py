@@ -24,7 +24,7 @@ from gpuorch.runtime.shell import (
     replay,
 )
 from gpuorch_proto import Base, Names, event_id, workload_id_for
-from gpuorch_proto.events import Cancel, Rejected, Submit, Submitted
+from gpuorch_proto.events import Cancel, Rejected, Submit, Submitted, message_ref
 from tests.runtime.helpers import (
     Recorder,
     consumer_exists,
@@ -220,9 +220,10 @@ async def test_a_handler_that_always_fails_is_dead_lettered_and_the_next_message
     doomed_calls = [c.delivered for c in rec.calls if c.msg_id == "key-doomed"]
     assert doomed_calls == [1, 2, 3]
     [rej] = await rejected_events(js, names)
-    wid = workload_id_for("key-doomed", "doomed")
-    assert rej.workload_id == wid
-    assert rej.event_id == dead_letter_event_id(wid, names.stream_cmd, bad.seq, names.durable("test", "test"))
+    # bound to the message, not to the workload it would have been
+    assert rej.workload_id == message_ref(names.stream_cmd, bad.seq)
+    assert rej.claimed_workload_id == workload_id_for("key-doomed", "doomed")
+    assert rej.event_id == dead_letter_event_id(names.stream_cmd, bad.seq, names.durable("test", "test"))
     assert "router.on_command" in rej.reason and "3 times" in rej.reason and "ValueError: boom" in rej.reason
     assert rej.source_sequence == bad.seq and rej.idempotency_key == "key-doomed"
     assert await count(js, names.stream_evt, names.evt(workload_id_for("key-fine", "fine"), "submitted")) == 1
@@ -269,7 +270,8 @@ async def test_a_message_that_kills_its_consumer_every_time_is_dead_lettered_not
         await assert_eventually(lambda: consumer_settled(js, names.stream_cmd, names.durable("test", "test")))
     assert rec.calls == []
     [rej] = await rejected_events(js, names)
-    assert rej.workload_id == workload_id_for("key-killer", "killer")
+    assert rej.claimed_workload_id == workload_id_for("key-killer", "killer")
+    assert rej.workload_id.startswith("msg-") and rej.workload_id == message_ref(names.stream_cmd, rej.source_sequence or 0)
     assert "did not complete" in rej.reason
 
 
@@ -319,13 +321,16 @@ async def test_malformed_submit_yields_rejected_naming_the_field(
     assert rej.source_subject == names.cmd_submit
     assert rej.source_sequence == ack.seq
     assert rej.idempotency_key == "client-key-7"
-    assert rej.workload_id.endswith(workload_id_for("client-key-7").split("-", 1)[1])
-    assert rej.event_id == rejection_event_id(rej.workload_id, names.stream_cmd, ack.seq)
+    assert rej.claimed_workload_id is not None
+    assert rej.claimed_workload_id.endswith(workload_id_for("client-key-7").split("-", 1)[1])
+    assert rej.workload_id == message_ref(names.stream_cmd, ack.seq)
+    assert rej.event_id == rejection_event_id(names.stream_cmd, ack.seq)
+    assert rej.source_stream == names.stream_cmd
     info = await js.consumer_info(names.stream_cmd, names.durable("test", "test"))
     assert info.num_redelivered == 0  # terminated, not retried
 
 
-async def test_rejection_uses_metadata_name_or_sequence_for_the_workload_id(
+async def test_rejection_reports_the_claimed_workload_id_from_body_or_key(
     js: JetStreamContext, names: Names
 ) -> None:
     with_key = await publish_raw(js, names.cmd_submit, submit_json(name="nice-name", gpus=0.5), msg_id="k-1")
@@ -336,11 +341,15 @@ async def test_rejection_uses_metadata_name_or_sequence_for_the_workload_id(
     async with running_consumer(js, names, Recorder()):
         rejected = await assert_eventually(lambda: _when(rejected_events(js, names), lambda r: len(r) == 3))
     by_seq = {r.source_sequence: r for r in rejected}
-    assert by_seq[with_key.seq].workload_id == workload_id_for("k-1", "nice-name")
-    assert by_seq[own_id.seq].workload_id == "w-7"  # a valid workload_id in the body wins
+    assert by_seq[with_key.seq].claimed_workload_id == workload_id_for("k-1", "nice-name")
+    # a valid workload_id in the body wins (the cancel is on the wrong subject too, but its
+    # shape is judged first: the record says what is wrong with it)
+    assert by_seq[own_id.seq].claimed_workload_id == "w-7"
     assert [e.path for e in by_seq[own_id.seq].errors] == ["at"]
-    assert by_seq[no_key.seq].workload_id == f"invalid-{no_key.seq}"
+    assert by_seq[no_key.seq].claimed_workload_id is None
     assert by_seq[no_key.seq].idempotency_key is None
+    # every record is filed under its message, whatever it claims
+    assert {r.workload_id for r in rejected} == {message_ref(names.stream_cmd, seq) for seq in by_seq}
 
 
 async def _when(aw, cond):  # type: ignore[no-untyped-def]

@@ -25,7 +25,7 @@ from gpuorch.follow import Follower, run_until_stopped
 from gpuorch.kube import TIMEOUT, ClusterClient, make_clients, unreachable
 from gpuorch.projection import AttemptView, WorkloadView
 from gpuorch.runtime import bus
-from gpuorch.runtime.shell import Incoming, Publisher, Retry, consume, run_service
+from gpuorch.runtime.shell import Incoming, Publisher, Retry, consume, guard_commands, run_service
 from gpuorch_proto import OwnerLease, decode_owner, encode
 from gpuorch_proto import events as ev
 from gpuorch_proto.subjects import valid_token
@@ -402,6 +402,7 @@ class Dispatcher:
                 self.reconcile_owned(stop),
                 consume(js, stream=self.names.stream_evt, durable=self.names.durable("dispatcher", f"events-{self.me}"), filter_subject=self.names.evt_all, handler=self.on_event, publisher=self.publisher, names=self.names, stop=stop),
                 consume(js, stream=self.names.stream_cmd, durable=self.names.durable("dispatcher", "cancel"), filter_subject=self.names.cmd_cancel, handler=self.on_command, publisher=self.publisher, names=self.names, stop=stop, max_deliver=40),
+                guard_commands(js, names=self.names, publisher=self.publisher, stop=stop),  # unknown cmd.* subjects get a rejection
                 self.watch(stop),
             ], clusters=sorted(self.clients), instance=self.me)
         finally:

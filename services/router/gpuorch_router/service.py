@@ -21,7 +21,7 @@ from gpuorch.config import Settings, load_registry
 from gpuorch.follow import Follower, run_until_stopped
 from gpuorch.projection import WorkloadView
 from gpuorch.runtime import bus
-from gpuorch.runtime.shell import Incoming, Publisher, Retry, consume, replay, run_service
+from gpuorch.runtime.shell import Incoming, Publisher, Reject, Retry, consume, replay, run_service
 from gpuorch_proto import (
     ClusterSnapshot,
     Event,
@@ -117,6 +117,8 @@ class Router:
         wid = e.workload_id or workload_id_for(key, e.workload.metadata.name)
         view = self.follower.projection.get(wid)
         if view is not None and view.workload is not None:
+            if view.workload != e.workload:  # not a re-send: a message never changes an existing workload
+                raise Reject(f"submit names workload {wid}, which exists with a different body", [ev.FieldError(path="workload", message=f"differs from the accepted submit of {wid}; that workload is not changed")], claimed_workload_id=wid)
             log.info("submit.duplicate", workload=wid, idempotency_key=key)
             return []
         now = time.time()
