@@ -43,6 +43,8 @@ class AttemptView:
     promoted: bool = False
     promotion_rejected: bool = False
     orphan_deleted: bool = False
+    unschedulable: str = ""  # the scheduler's message while its pods cannot be placed ("" once placed)
+    placement_failed: bool = False  # failed because the cluster could not place its pods
     times: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -59,7 +61,9 @@ class AttemptView:
 class WorkloadView:
     workload_id: str
     workload: Workload | None = None
-    status: str = "submitted"  # submitted waiting routed running lost completed cancelled failed rejected
+    # submitted waiting routed dispatched admitted running promoting lost retrying
+    # | completed cancelled failed rejected (terminal)
+    status: str = "submitted"
     reason: str = ""
     decision: RoutingDecision | None = None
     routed_attempts: set[int] = field(default_factory=set)
@@ -114,6 +118,11 @@ class Projection:
         _fold(view, evt)
         view.history.append((seq, ev.type_tag(evt), evt.at))
         return view
+
+
+def _current(view: WorkloadView, a: AttemptView) -> bool:
+    """Is `a` the attempt the workload's status follows (its latest, while the workload goes on)?"""
+    return not view.terminal and not view.cancel_requested and view.latest_attempt is a
 
 
 def _attempt(view: WorkloadView, e: ev.AttemptEvent) -> AttemptView:
@@ -180,25 +189,49 @@ def _fold(view: WorkloadView, e: Event) -> None:
             a.output_path, a.checkpoint_path = e.output_path, e.checkpoint_path
             a.mode, a.mode_reason, a.resume_from = e.mode, e.mode_reason, e.resume_from
             a.times["created"] = e.at
-            if not view.terminal:
-                view.status = "running" if not view.cancel_requested else view.status
+            if not view.terminal and not view.cancel_requested:
+                # the Job exists; nothing runs until the cluster admits it and places its pods
+                view.status = "dispatched"
+                view.reason = f"Job {e.job_name} created on {e.cluster}; waiting for the cluster to place its pods"
+        case ev.Unschedulable():
+            a = _attempt(view, e)
+            a.unschedulable = e.message
+            a.times.setdefault("unschedulable" if e.permanent else "pending", e.at)
+            if _current(view, a) and a.status == "created":
+                what = "cannot be placed" if e.permanent else "queued"
+                view.reason = f"attempt {a.attempt_id} {what} on {a.cluster}: {e.message}"
         case ev.Admitted():
             a = _attempt(view, e)
             a.times.setdefault("admitted", e.at)
+            a.unschedulable = ""
             if a.status == "created":
                 a.status = "admitted"
+            if _current(view, a) and not a.fenced and view.status in ("dispatched", "lost"):
+                view.status = "admitted"
+                view.reason = f"attempt {a.attempt_id} admitted on {a.cluster}: every pod placed, starting"
         case ev.Running():
             a = _attempt(view, e)
             a.times.setdefault("running", e.at)
+            a.unschedulable = ""
             if a.status in ("created", "admitted", "lost"):
                 a.status = "running"
+            if _current(view, a) and not a.fenced and view.status in ("dispatched", "admitted", "lost"):
+                view.status = "running"
+                view.reason = f"attempt {a.attempt_id} running on {a.cluster}"
         case ev.Succeeded():
             a = _attempt(view, e)
             a.status, a.output_path = "succeeded", e.output_path
+            if _current(view, a) and not a.fenced:
+                view.status = "promoting"
+                view.reason = f"attempt {a.attempt_id} succeeded on {a.cluster}; promoting its outputs"
             a.times.setdefault("finished", e.at)
         case ev.Failed():
             a = _attempt(view, e)
             a.status, a.exit_code, a.reason = "failed", e.exit_code, e.reason
+            a.placement_failed = e.placement
+            if _current(view, a):
+                view.status = "retrying"
+                view.reason = f"attempt {a.attempt_id} failed on {a.cluster}: {e.reason}"
             a.times.setdefault("finished", e.at)
         case ev.Lost():
             a = _attempt(view, e)

@@ -13,11 +13,13 @@ PURE = [
     "gpuorch_router.policy",
     "gpuorch_router.explain",
     "gpuorch_router.history",
+    "gpuorch_router.core",
     "gpuorch_dispatcher.core",
     "gpuorch_fencer.core",
     "gpuorch_inventory.core",
     "gpuorch.projection",
     "gpuorch.invariants",
+    "gpuorch.backoff",
 ]
 FORBIDDEN = {"nats", "kubernetes", "asyncio", "structlog", "opentelemetry", "urllib3", "subprocess", "socket"}
 PROJECT = ("gpuorch", "gpuorch_proto", "gpuorch_router", "gpuorch_dispatcher", "gpuorch_fencer", "gpuorch_inventory")

@@ -392,3 +392,107 @@ def test_reconcile_fails_the_workload_when_the_budget_is_spent() -> None:
     p = backoff_history(routed(1), _created(1, 1), _failed(1), _fence_req(1), _fenced(1), budget=0)
     emitted = _emitted(core.reconcile(p.workloads[W], 200.0, env()))
     assert [type(x) for x in emitted] == [ev.WorkloadFailed] and "budget" in emitted[0].reason  # type: ignore[attr-defined]
+
+
+# ---- issue 9: placement the cluster refuses (defect 3), stale success under strict (defect 5) ----
+
+NO_NODE = "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector."
+
+
+@pytest.mark.parametrize(
+    ("message", "impossible"),
+    [
+        pytest.param(NO_NODE, True, id="selector-matches-no-node"),
+        pytest.param("0/2 nodes are available: 1 node(s) had untolerated taint {dedicated: gpu}, 1 node(s) didn't match Pod's node affinity/selector. preemption: 0/2 nodes are available: 2 Preemption is not helpful for scheduling.", True, id="taint-and-affinity-with-preemption-tail"),
+        pytest.param("0/3 nodes are available: 3 Insufficient nvidia.com/gpu.", False, id="busy-gpus-queue"),
+        pytest.param("0/3 nodes are available: 1 Insufficient cpu, 2 node(s) didn't match Pod's node affinity/selector.", False, id="one-node-only-busy"),
+        pytest.param("0/2 nodes are available: 2 Insufficient nvidia.com/gpu. gang gpuorch/x: 1/2 pods fit, the gang is bound all together or not at all.", False, id="gang-waits-for-capacity"),
+        pytest.param("no nodes available to schedule pods", True, id="cluster-without-nodes"),
+        pytest.param("something else", False, id="unreadable-is-not-permanent"),
+    ],
+)
+def test_placement_impossible_reads_the_schedulers_reasons(message: str, impossible: bool) -> None:
+    assert core.placement_impossible(message) is impossible
+
+
+def test_unplaceable_pods_are_recorded_then_fail_the_attempt_after_the_grace_and_reroute_elsewhere() -> None:
+    a1 = f"{W}-a1"
+    p = history(routed(1), _created(1, 1))
+    v = p.workloads[W]
+    assert v.status == "dispatched"  # a created Job is not running
+    obs = core.JobObservation(exists=True, scheduled=0, unschedulable=NO_NODE)
+    first = [a.event for a in core.on_observation(v, v.attempts[a1], obs, 10.0, unschedulable_grace=30) if isinstance(a, core.Emit)]
+    assert [type(e) for e in first] == [ev.Unschedulable] and first[0].permanent  # type: ignore[attr-defined]
+    p.apply(first[0], 20)  # type: ignore[arg-type]
+    assert v.status == "dispatched" and "cannot be placed on primary" in v.reason and NO_NODE in v.reason
+    assert core.on_observation(v, v.attempts[a1], obs, 39.0, unschedulable_grace=30) == []  # within the grace
+    late = [a.event for a in core.on_observation(v, v.attempts[a1], obs, 41.0, unschedulable_grace=30) if isinstance(a, core.Emit)]
+    assert len(late) == 1 and isinstance(late[0], ev.Failed)
+    failed = late[0]
+    assert failed.placement and failed.retryable and NO_NODE in failed.reason
+    p.apply(failed, 21)
+    assert v.status == "retrying"
+    acts = core.on_event(v, failed, 41.0, env())
+    assert [type(a.event) for a in acts if isinstance(a, core.Emit)] == [ev.FenceRequested]
+    fenced = ev.Fenced(workload_id=W, at=42.0, attempt_id=a1, epoch=1, cluster="primary", new_epoch=2)
+    p.apply(fenced, 22)
+    e = core.Environment(**{**env().__dict__, "time_scale": 1e9})  # no backoff to wait out here
+    route = [a.event for a in core.on_event(v, fenced, 42.0, e) if isinstance(a, core.Emit)]
+    assert len(route) == 1 and isinstance(route[0], ev.RouteRequested)
+    assert route[0].exclude == ["primary"]  # not back to the cluster that refused it
+
+
+def test_pods_waiting_for_capacity_are_recorded_but_never_failed() -> None:
+    a1 = f"{W}-a1"
+    p = history(routed(1), _created(1, 1))
+    v = p.workloads[W]
+    obs = core.JobObservation(exists=True, scheduled=0, unschedulable="0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")
+    first = [a.event for a in core.on_observation(v, v.attempts[a1], obs, 10.0, unschedulable_grace=1) if isinstance(a, core.Emit)]
+    assert [type(e) for e in first] == [ev.Unschedulable] and not first[0].permanent  # type: ignore[attr-defined]
+    p.apply(first[0], 20)  # type: ignore[arg-type]
+    assert "queued on primary" in v.reason
+    assert core.on_observation(v, v.attempts[a1], obs, 10_000.0, unschedulable_grace=1) == []
+
+
+def test_status_follows_the_attempt_dispatched_admitted_running() -> None:
+    a1 = f"{W}-a1"
+    p = history(routed(1), _created(1, 1))
+    v = p.workloads[W]
+    assert v.status == "dispatched"
+    p.apply(ev.Admitted(workload_id=W, at=2.0, attempt_id=a1, epoch=1, cluster="primary"), 10)
+    assert v.status == "admitted"
+    p.apply(ev.Running(workload_id=W, at=3.0, attempt_id=a1, epoch=1, cluster="primary"), 11)
+    assert v.status == "running"
+
+
+def _lost_then_succeeded_after_the_fence() -> Projection:
+    a1 = f"{W}-a1"
+    base = {"workload_id": W, "attempt_id": a1, "epoch": 1, "cluster": "primary"}
+    return history(
+        routed(1), _created(1, 1),
+        ev.Lost(at=2.0, reason="partition", **base),  # type: ignore[arg-type]
+        ev.FenceRequested(at=2.0, reason="lost", policy="strict", lease_expires_at=100.0, **base),  # type: ignore[arg-type]
+        ev.Fenced(at=3.0, new_epoch=2, **base),  # type: ignore[arg-type]
+        ev.Running(at=4.0, **base),  # type: ignore[arg-type]  # the partition heals: the Job had finished
+        ev.Succeeded(at=4.0, output_path="/o", **base),  # type: ignore[arg-type]
+        ev.PromoteRequested(at=4.0, output_path="/o", **base),  # type: ignore[arg-type]
+        ev.PromotionRejected(at=5.0, current_epoch=2, reason="stale epoch 1 < 2", **base),  # type: ignore[arg-type]
+    )
+
+
+def test_strict_attempt_that_succeeds_after_its_fence_is_replaced() -> None:
+    """Defect 5: the stale success was rejected, and then no replacement was ever requested."""
+    a1 = f"{W}-a1"
+    p = _lost_then_succeeded_after_the_fence()
+    v = p.workloads[W]
+    rejected = ev.PromotionRejected(workload_id=W, at=5.0, attempt_id=a1, epoch=1, cluster="primary", current_epoch=2, reason="stale")
+    acts = [a.event for a in core.on_event(v, rejected, 5.0, env()) if isinstance(a, core.Emit)]
+    assert len(acts) == 1 and isinstance(acts[0], ev.RouteRequested) and acts[0].attempt_number == 2
+    assert acts[0].exclude == []  # its cluster answered again
+    # and the level-triggered path asks the same (same event id), whatever was missed
+    again = [a.event for a in core.reconcile(v, 6.0, env()) if isinstance(a, core.Emit)]
+    assert [x.event_id for x in again if isinstance(x, ev.RouteRequested)] == [acts[0].event_id]
+    confirmed = ev.CancelConfirmed(workload_id=W, at=6.0, attempt_id=a1, epoch=1, cluster="primary", how="deleted")
+    p.apply(confirmed, 40)
+    acts = [a.event for a in core.on_event(v, confirmed, 6.0, env()) if isinstance(a, core.Emit)]
+    assert [type(x) for x in acts] == [ev.RouteRequested]

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
@@ -27,6 +28,7 @@ LABEL_EPOCH = "gpuorch.io/epoch"
 LABEL_MANAGED = "gpuorch.io/managed"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 SCHEDULER_FOR = {"kai": "kai-scheduler", "volcano": "volcano"}
+UNSCHEDULABLE_GRACE = 60.0  # real seconds a pod may stay unplaceable before its attempt fails
 BACKOFF_CAP = 3600.0  # simulated seconds: the longest wait between a failed attempt and its replacement
 
 
@@ -79,6 +81,31 @@ class JobObservation:
     failed: bool = False
     exit_code: int | None = None
     reason: str = ""
+    unschedulable: str = ""  # the scheduler's message while some pod cannot be placed ("" = none)
+
+
+#: Node reasons in a kube-scheduler "0/N nodes are available: ..." message that free capacity
+#: could remove (the pod queues); any other reason (selector, affinity, taint, cordon) is a property
+#: of the node that no amount of waiting changes.
+CAPACITY_REASONS: Final = ("Insufficient ", "Too many pods", "node(s) didn't have free ports")
+
+
+def placement_impossible(message: str) -> bool:
+    """Does the scheduler say no node of the cluster could ever take the pod?
+
+    True when every node was refused for what it *is* (its labels, taints, cordon), none for what
+    it has free now: ``0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector.``
+    False for queueing (``2 Insufficient nvidia.com/gpu``) and for messages it cannot read.
+    """
+    text = message.split(". preemption:", 1)[0]
+    if text.startswith("no nodes available"):
+        return True
+    _, sep, body = text.partition(" nodes are available: ")
+    if not sep:
+        return False
+    body = body.split(". ", 1)[0].rstrip(".").strip()
+    reasons = [re.sub(r"^\d+\s+", "", r.strip()) for r in body.split(", ") if r.strip()]
+    return bool(reasons) and not any(r.startswith(CAPACITY_REASONS) for r in reasons)
 
 
 def attempt_id(workload_id: str, number: int) -> str:
@@ -314,8 +341,17 @@ def _eid(a: AttemptView, kind: str) -> str:
     return f"{a.attempt_id}.{kind}"
 
 
-def on_observation(view: WorkloadView, a: AttemptView, obs: JobObservation, now: float) -> list[Action]:
-    """Translate what the cluster says about an attempt's Job into lifecycle events."""
+def on_observation(
+    view: WorkloadView, a: AttemptView, obs: JobObservation, now: float, *, unschedulable_grace: float = 60.0
+) -> list[Action]:
+    """Translate what the cluster says about an attempt's Job into lifecycle events.
+
+    Pods the scheduler cannot place are recorded (`unschedulable`, with its message); when no
+    node could ever take them (:func:`placement_impossible`) for `unschedulable_grace` real
+    seconds, the attempt fails with the scheduler's reason (``placement=True``) and is re-routed
+    elsewhere, as Kueue's waitForPodsReady requeues: the router promised a placement the cluster
+    refuses, and waiting would never end.
+    """
     if a.status in ("succeeded", "failed") or a.gone or view.workload is None:
         return []
     base: dict[str, Any] = {"workload_id": view.workload_id, "at": now, "attempt_id": a.attempt_id, "epoch": a.epoch, "cluster": a.cluster}
@@ -324,6 +360,15 @@ def on_observation(view: WorkloadView, a: AttemptView, obs: JobObservation, now:
         if a.fenced or view.cancel_requested:
             return []
         return [Emit(ev.Failed(event_id=_eid(a, "failed"), exit_code=None, reason="job disappeared from the cluster", retryable=True, **base))]
+    if obs.unschedulable and obs.scheduled < obs.workers and not (obs.complete or obs.failed):
+        permanent = placement_impossible(obs.unschedulable)
+        kind = "unschedulable" if permanent else "pending"
+        if kind not in a.times:
+            out.append(Emit(ev.Unschedulable(event_id=_eid(a, kind), message=obs.unschedulable, permanent=permanent, **base)))
+        elif permanent and not a.fenced and not view.cancel_requested and now - a.times[kind] >= unschedulable_grace:
+            why = f"pods unschedulable on {a.cluster} for {now - a.times[kind]:.0f}s: {obs.unschedulable}"
+            out.append(Emit(ev.Failed(event_id=_eid(a, "failed"), exit_code=None, reason=why, retryable=True, placement=True, **base)))
+        return out
     if obs.scheduled >= obs.workers and "admitted" not in a.times:
         out.append(Emit(ev.Admitted(event_id=_eid(a, "admitted"), **base)))
     if (obs.running >= obs.workers or obs.complete) and "running" not in a.times:
@@ -393,22 +438,39 @@ def replacement_not_before(view: WorkloadView, a: AttemptView, time_scale: float
     return a.times.get("finished", 0.0) + delay / max(time_scale, 1e-9)
 
 
+def stale_success(a: AttemptView) -> bool:
+    """Finished, but can never be the result: its epoch moved on (fenced) or its promotion was refused.
+
+    A lost attempt whose cluster comes back may be observed ``succeeded`` after the fencer bumped
+    the epoch: it is replaced like a lost one (its pods are done, so ``strict`` has nothing to wait for).
+    """
+    return a.status == "succeeded" and not a.promoted and (a.fenced or a.promotion_rejected)
+
+
+def needs_replacement(a: AttemptView) -> bool:
+    """Will this attempt never give the workload its result (so, if it is the latest, another must)?"""
+    return a.status in ("failed", "lost") or stale_success(a)
+
+
 def _replacement_due(view: WorkloadView, a: AttemptView) -> bool:
     latest = view.latest_attempt
     return (
         view.workload is not None
         and not view.terminal
         and not view.cancel_requested
+        and view.promoted_attempt is None
         and latest is not None
         and latest.attempt_id == a.attempt_id
-        and a.status in ("failed", "lost")
+        and needs_replacement(a)
         and view.next_attempt_number not in view.route_requested
     )
 
 
 def _request_route(view: WorkloadView, a: AttemptView, now: float, why: str) -> Emit:
     n = view.next_attempt_number
-    exclude = [a.cluster] if a.status == "lost" else []
+    # lost: that cluster is not answering; placement failed: its scheduler refuses what the router
+    # counted (a replacement must not go back to it on the same promise)
+    exclude = [a.cluster] if a.status == "lost" or a.placement_failed else []
     if a.status == "failed" and view.workload is not None:
         n_failed = failed_attempts(view, up_to=a.number)
         wait = retry_backoff(view.workload, n_failed)
@@ -467,7 +529,12 @@ def on_event(view: WorkloadView, e: Event, now: float, env: Environment) -> list
             return []
         case ev.OrphanDeleted() | ev.PromotionRejected():
             # the attempt can no longer publish (or is gone): that may have been the last one a cancel waited for
-            return [_cancelled(view, now, "cancelled; every attempt confirmed gone")] if _cancel_complete(view) else []
+            if _cancel_complete(view):
+                return [_cancelled(view, now, "cancelled; every attempt confirmed gone")]
+            a = view.attempts.get(e.attempt_id)
+            if a is not None and stale_success(a) and _replacement_due(view, a):
+                return [_request_route(view, a, now, f"replacing {a.attempt_id}: it finished after its epoch moved on, so it cannot publish")]
+            return []
         case ev.Promoted():
             if view.status == "completed":
                 return []
@@ -567,14 +634,14 @@ def reconcile(view: WorkloadView, now: float, env: Environment, traceparent: str
     if wanted and (latest is None or latest.number < wanted) and view.decision is not None and view.decision.cluster:
         routed = ev.Routed(event_id=event_id(view.workload_id, "routed", wanted), workload_id=view.workload_id, at=now, decision=view.decision, attempt_number=wanted)
         out.extend(on_routed(view, routed, now, env, traceparent))
-    elif latest is not None and latest.status in ("failed", "lost"):
-        if "fence-requested" not in latest.times:
+    elif latest is not None and needs_replacement(latest):
+        if "fence-requested" not in latest.times and latest.status != "succeeded":
             reason = f"attempt failed: {latest.reason}" if latest.status == "failed" else f"lost: {latest.reason}"
             out.append(_fence(view, latest, now, reason, env.time_scale))
         if latest.status == "failed" and (_budget_spent(view, wl) or (latest.exit_code is not None and not retryable(wl, latest.exit_code))):
             why = f"retry budget of {wl.spec.retry.budget} spent" if _budget_spent(view, wl) else f"permanent failure (exit code {latest.exit_code})"
             out.append(Emit(ev.WorkloadFailed(event_id=event_id(view.workload_id, "workload-failed"), workload_id=view.workload_id, at=now, reason=f"{why} in {latest.attempt_id}: {latest.reason}", attempts=len(view.attempts))))
-        elif latest.fenced and _replacement_due(view, latest):
+        elif (latest.fenced or latest.promotion_rejected) and _replacement_due(view, latest):
             strict_wait = latest.status == "lost" and wl.spec.fencing == "strict" and latest.cancel_confirmed is None
             if not strict_wait and now >= replacement_not_before(view, latest, env.time_scale):
                 out.append(_request_route(view, latest, now, f"replacing {latest.attempt_id} ({latest.status}), re-driven"))

@@ -67,9 +67,17 @@ def observe(job: dict[str, Any], pods: list[dict[str, Any]]) -> core.JobObservat
         reason = f"{failed.get('reason', 'Failed')}: {failed.get('message', '')}".strip(": ")
         if exit_code is not None:
             reason += f" (exit code {exit_code})"
+    unschedulable = ""
+    for p in pods:
+        if (p.get("spec") or {}).get("nodeName"):
+            continue
+        for c in (p.get("status") or {}).get("conditions") or []:
+            if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
+                unschedulable = unschedulable or str(c.get("message") or "Unschedulable")
     return core.JobObservation(
         exists=True, workers=workers, scheduled=scheduled, running=running,
         complete="Complete" in conds, failed=failed is not None, exit_code=exit_code, reason=reason,
+        unschedulable=unschedulable,
     )
 
 
@@ -83,6 +91,8 @@ class Dispatcher:
         self.last_ok: dict[str, float] = {}
         self.interval = float(os.environ.get("GPUORCH_DISPATCH_INTERVAL", "0.5"))
         self.lost_after = float(os.environ.get("GPUORCH_LOST_AFTER", "3"))
+        # real seconds a pod may stay unplaceable (no node could ever take it) before its attempt fails
+        self.unschedulable_grace = float(os.environ.get("GPUORCH_UNSCHEDULABLE_AFTER", str(core.UNSCHEDULABLE_GRACE)))
         self.publisher: Publisher | None = None
         self.kv_staged: Any = None
         self.kv_owners: Any = None
@@ -374,7 +384,7 @@ class Dispatcher:
                 for view, a in items:
                     job = jobs.get(a.job_name)
                     obs = observe(job, pods.get(a.attempt_id, [])) if job else core.JobObservation(exists=False)
-                    acts = core.on_observation(view, a, obs, now)
+                    acts = core.on_observation(view, a, obs, now, unschedulable_grace=self.unschedulable_grace)
                     if acts:
                         wid = view.workload_id
                         await self.publisher.publish(await self.execute(acts, wid), context=self.follower.context(wid))
