@@ -59,9 +59,12 @@ class Client:
             await self.js.publish(self.names.cmd_submit, encode(cmd), headers=headers)
         return wid
 
-    async def cancel(self, workload_id: str, reason: str = "requested by user") -> None:
+    async def cancel(self, workload_id: str, reason: str = "requested by user") -> str:
+        """Publish a cancel; returns the message's record id (`msg-<stream>-<seq>`): a refusal of
+        this cancel (an unknown id, say) is published under it, never under the workload."""
         cmd = ev.Cancel(workload_id=workload_id, reason=reason, at=time.time())
-        await self.js.publish(self.names.cmd_cancel, encode(cmd), headers={"Nats-Msg-Id": f"cancel-{workload_id}", **telemetry.inject()})
+        ack = await self.js.publish(self.names.cmd_cancel, encode(cmd), headers={"Nats-Msg-Id": f"cancel-{workload_id}", **telemetry.inject()})
+        return ev.message_ref(ack.stream, ack.seq)
 
     async def events(self, workload_id: str | None = None) -> list[tuple[int, Event]]:
         subject = self.names.evt_workload(workload_id) if workload_id else self.names.evt_all

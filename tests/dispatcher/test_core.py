@@ -199,7 +199,7 @@ def test_cancel_in_every_state() -> None:
     running = history(routed(1), _created(1, 1))
     acts = core.on_cancel(running.workloads[W], W, "user", 1.0, env())
     assert [type(a.event) for a in acts if isinstance(a, core.Emit)] == [ev.CancelRequested, ev.FenceRequested]
-    assert isinstance(core.on_cancel(None, "nope-1", "user", 1.0, env())[0].event, ev.Rejected)  # type: ignore[union-attr]
+    assert isinstance(core.on_cancel(None, "nope-1", "user", 1.0, env())[0], core.RefuseMessage)
 
 
 # --- cancellation in every state -----------------------------------------------------------------
@@ -297,12 +297,12 @@ def test_attempt_created_after_a_cancel_is_fenced_at_once() -> None:
 
 
 @pytest.mark.parametrize("workload_id", ["nope-1", "Not A Workload!"])
-def test_cancel_of_an_unknown_id_is_rejected_on_a_valid_subject_token(workload_id: str) -> None:
+def test_cancel_of_an_unknown_id_is_refused_as_a_message(workload_id: str) -> None:
     (act,) = core.on_cancel(None, workload_id, "user", 1.0, env())
-    assert isinstance(act, core.Emit) and isinstance(act.event, ev.Rejected)
-    assert "unknown workload" in act.event.reason and workload_id in act.event.reason
-    assert valid_token(act.event.workload_id)
-    assert act.event.event_id == f"{act.event.workload_id}.rejected.cancel"
+    # refused as a message: nothing is published under the id it names
+    assert isinstance(act, core.RefuseMessage)
+    assert "unknown workload" in act.reason and workload_id in act.reason
+    assert act.claimed_workload_id == (workload_id if valid_token(workload_id) else None)
 
 
 def test_cancel_of_a_finished_workload_does_nothing() -> None:

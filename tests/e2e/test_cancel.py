@@ -190,13 +190,15 @@ async def test_cancel_of_an_unknown_id_is_rejected_and_of_a_finished_workload_ch
     before = [type_tag(e) for _, e in await client.events(done)]
     await client.cancel(done)
     unknown = f"nosuch-{uuid.uuid4().hex[:10]}"
-    await client.cancel(unknown)  # handled after the first cancel: the dispatcher takes them in order
+    ref = await client.cancel(unknown)  # handled after the first cancel: the dispatcher takes them in order
 
     async def rejected() -> ev.Rejected | None:
-        return next((e for _, e in await client.events(unknown) if isinstance(e, ev.Rejected)), None)
+        return next((e for _, e in await client.events(ref) if isinstance(e, ev.Rejected)), None)
 
     r = await assert_eventually(rejected, timeout=30)
     assert "unknown workload" in r.reason and unknown in r.reason, r.reason
+    assert r.claimed_workload_id == unknown
+    assert await client.events(unknown) == []  # nothing filed under the id it named
     view = await client.view(done)
     assert view is not None and view.status == "completed" and not view.cancel_requested
     after = [type_tag(e) for _, e in await client.events(done)]

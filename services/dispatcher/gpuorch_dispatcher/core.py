@@ -6,7 +6,6 @@ and `DeleteJob` through the Kubernetes client and publishes `Emit`ted events.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import re
 from dataclasses import dataclass, field
@@ -53,7 +52,16 @@ class DeleteJob:
     reason: str
 
 
-Action = Emit | CreateJob | DeleteJob
+@dataclass(frozen=True)
+class RefuseMessage:
+    """The command itself is refused: the shell records it against the message (stream and
+    sequence, `evt.msg-<stream>-<seq>.rejected`), never on a workload's subject."""
+
+    reason: str
+    claimed_workload_id: str | None = None
+
+
+Action = Emit | CreateJob | DeleteJob | RefuseMessage
 
 
 @dataclass(frozen=True)
@@ -549,13 +557,15 @@ def on_event(view: WorkloadView, e: Event, now: float, env: Environment) -> list
             return []
 
 
-def unknown_cancel(workload_id: str, now: float) -> Emit:
-    """A cancel for an id no workload has: a `rejected` event that says so (on a subject token)."""
-    wid, shown = workload_id, workload_id
-    if not valid_token(workload_id):
-        wid = "invalid-" + hashlib.sha256(workload_id.encode()).hexdigest()[:16]
-        shown = f"{workload_id!r} (not a workload id)"
-    return Emit(ev.Rejected(event_id=event_id(wid, "rejected", "cancel"), workload_id=wid, at=now, reason=f"cancel: unknown workload {shown}"))
+def unknown_cancel(workload_id: str) -> RefuseMessage:
+    """A cancel for an id no workload has: refused, bound to the cancel message itself.
+
+    Filed under the message, not under the id it names: a cancel must not be able to mark an id
+    (one that a submit may still claim) as anything.
+    """
+    if valid_token(workload_id):
+        return RefuseMessage(f"cancel: unknown workload {workload_id}", claimed_workload_id=workload_id)
+    return RefuseMessage(f"cancel: unknown workload {workload_id!r} (not a workload id)")
 
 
 def to_stop(view: WorkloadView) -> list[AttemptView]:
@@ -594,7 +604,7 @@ def on_cancel(view: WorkloadView | None, workload_id: str, reason: str, now: flo
     not asked again; the fencer is already pursuing it.
     """
     if view is None or (view.workload is None and not view.terminal):
-        return [unknown_cancel(workload_id, now)]
+        return [unknown_cancel(workload_id)]
     if view.terminal or view.promoted_attempt is not None:
         return []
     out: list[Action] = []

@@ -25,7 +25,7 @@ from gpuorch.follow import Follower, run_until_stopped
 from gpuorch.kube import TIMEOUT, ClusterClient, make_clients, unreachable
 from gpuorch.projection import AttemptView, WorkloadView
 from gpuorch.runtime import bus
-from gpuorch.runtime.shell import Incoming, Publisher, Retry, consume, guard_commands, run_service
+from gpuorch.runtime.shell import Incoming, Publisher, Reject, Retry, consume, guard_commands, run_service
 from gpuorch_proto import OwnerLease, decode_owner, encode
 from gpuorch_proto import events as ev
 from gpuorch_proto.subjects import valid_token
@@ -134,6 +134,8 @@ class Dispatcher:
                 out.append(act.created)
             elif isinstance(act, core.DeleteJob):
                 await self.delete_job(act)
+            elif isinstance(act, core.RefuseMessage):
+                raise Reject(act.reason, claimed_workload_id=act.claimed_workload_id)
         return out
 
     async def create_job(self, act: core.CreateJob) -> None:
