@@ -40,7 +40,7 @@ from gpuorch.kube import make_clients
 from gpuorch.localkube.admin import send_fault
 from gpuorch.projection import Projection
 from gpuorch.system import SERVICES, System
-from gpuorch_proto import ClusterSnapshot, Event, Workload, decode_snapshot, workload_from_obj
+from gpuorch_proto import ClusterSnapshot, Event, Workload, decode_snapshot, k8s, workload_from_obj
 from gpuorch_proto import events as ev
 
 HERE = Path(__file__).resolve().parent
@@ -420,11 +420,11 @@ async def run_schedule(system: System, seed: int, n_workloads: int, n_faults: in
         while True:
             jobs: dict[str, list[tuple[str, str]]] = {}
             for name, cc in kube.items():
-                listed = await asyncio.to_thread(cc.batch.list_namespaced_job, "gpuorch", label_selector="gpuorch.io/managed=true", _request_timeout=(2, 5))
+                listed = await asyncio.to_thread(cc.batch.list_namespaced_job, k8s.NAMESPACE, label_selector=k8s.MANAGED_SELECTOR, _request_timeout=(2, 5))
                 present = []
                 for j in listed.items:
                     labels = (j.metadata.labels if j.metadata else None) or {}
-                    owner = str(labels.get("gpuorch.io/workload", ""))
+                    owner = str(labels.get(k8s.LABEL_WORKLOAD, ""))
                     if owner in wids:
                         present.append((owner, str(j.metadata.name if j.metadata else "")))
                 jobs[name] = present

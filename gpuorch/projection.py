@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpuorch_proto import Event, RoutingDecision, Workload
+from gpuorch_proto import Event, RoutingDecision, Workload, k8s
 from gpuorch_proto import events as ev
 
 LIVE_ATTEMPT = frozenset({"created", "admitted", "running", "lost"})
@@ -28,7 +28,7 @@ class AttemptView:
     epoch: int
     cluster: str
     job_name: str = ""
-    namespace: str = "gpuorch"
+    namespace: str = k8s.NAMESPACE
     queue: str | None = None
     output_path: str = ""
     checkpoint_path: str = ""
@@ -128,7 +128,8 @@ def _current(view: WorkloadView, a: AttemptView) -> bool:
 def _attempt(view: WorkloadView, e: ev.AttemptEvent) -> AttemptView:
     a = view.attempts.get(e.attempt_id)
     if a is None:
-        number = int(e.attempt_id.rsplit("-a", 1)[-1]) if "-a" in e.attempt_id else 0
+        parsed = k8s.parse_attempt_id(e.attempt_id)
+        number = parsed[1] if parsed is not None else 0
         a = view.attempts[e.attempt_id] = AttemptView(e.attempt_id, number, e.epoch, e.cluster)
     return a
 

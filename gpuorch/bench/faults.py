@@ -70,7 +70,7 @@ from gpuorch.invariants import check
 from gpuorch.kube import ClusterClient, make_clients
 from gpuorch.projection import AttemptView, Projection, WorkloadView
 from gpuorch.system import SERVICES, System
-from gpuorch_proto import Event, Workload, workload_from_obj
+from gpuorch_proto import Event, Workload, k8s, workload_from_obj
 from gpuorch_proto import events as ev
 
 DIGEST = "example.org/gpuorch/train@sha256:" + "fb" * 32
@@ -375,7 +375,7 @@ class Bench:
         wid = await self.submit("node", train("bench-node", steps))
         a1 = await self.running_with_checkpoint(wid, frac)
         cc = self.kube[a1.cluster]
-        pods = await asyncio.to_thread(cc.core.list_namespaced_pod, "gpuorch", label_selector=f"gpuorch.io/attempt={a1.attempt_id}", _request_timeout=(2, 5))
+        pods = await asyncio.to_thread(cc.core.list_namespaced_pod, k8s.NAMESPACE, label_selector=f"{k8s.LABEL_ATTEMPT}={a1.attempt_id}", _request_timeout=(2, 5))
         node = next(p.spec.node_name for p in pods.items if p.spec and p.spec.node_name)
         t0 = await self.fault(a1.cluster, "lose-node", node)
         try:

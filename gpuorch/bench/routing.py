@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from gpuorch_proto import k8s
 from gpuorch_proto.inventory import (
     ClusterRegistryEntry,
     ClusterSnapshot,
@@ -104,9 +105,9 @@ def make_cluster(rng: random.Random, name: str, n_nodes: int) -> ClusterSnapshot
                 memory_free=float(rng.choice([32, 256]) * 2**30),
                 labels={
                     "kubernetes.io/hostname": f"{name}-n{i}",
-                    "nvidia.com/gpu.product": product,
-                    "nvidia.com/gpu.memory": str(mem),
-                    "nvidia.com/gpu.count": str(gpus),
+                    k8s.LABEL_GPU_PRODUCT: product,
+                    k8s.LABEL_GPU_MEMORY: str(mem),
+                    k8s.LABEL_GPU_COUNT: str(gpus),
                     "topology.kubernetes.io/zone": f"z{i % 3}",
                 },
                 taints=taints,

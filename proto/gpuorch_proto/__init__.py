@@ -3,6 +3,7 @@
 Pure data: msgspec Structs, subject names and codecs. See proto/EVOLUTION.md for the rules.
 """
 
+from . import k8s
 from .codec import (
     ContractError,
     decode_event,
@@ -49,6 +50,7 @@ __all__ = [
     "decode_snapshot",
     "encode",
     "event_id",
+    "k8s",
     "kv_buckets",
     "load_workload_yaml",
     "streams",

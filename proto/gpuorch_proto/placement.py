@@ -21,6 +21,15 @@ from typing import Final, Literal
 
 import msgspec
 
+from .k8s import (
+    GPU_RESOURCE,
+    LABEL_GPU_COUNT,
+    LABEL_GPU_MEMORY,
+    LABEL_GPU_PRODUCT,
+    LABEL_MIG_STRATEGY,
+    LABEL_POOL,
+    LABEL_SHARING_STRATEGY,
+)
 from .workload import Requirements, Resources
 
 __all__ = [
@@ -42,16 +51,6 @@ __all__ = [
     "requirement_matches",
     "sharing_from_labels",
 ]
-
-# ---- node labels (GPU Feature Discovery and gpuorch's own) ------------------------------------
-
-LABEL_POOL: Final = "gpuorch.io/pool"
-LABEL_GPU_PRODUCT: Final = "nvidia.com/gpu.product"  # GFD
-LABEL_GPU_MEMORY: Final = "nvidia.com/gpu.memory"  # GFD, MiB per GPU
-LABEL_GPU_COUNT: Final = "nvidia.com/gpu.count"  # GFD: GPUs installed
-LABEL_MIG_STRATEGY: Final = "nvidia.com/mig.strategy"  # GFD: "single" | "mixed" when MIG is configured
-LABEL_SHARING_STRATEGY: Final = "nvidia.com/gpu.sharing-strategy"  # GFD: "time-slicing" | "mps" | "none"
-GPU_RESOURCE: Final = "nvidia.com/gpu"
 
 #: A node passes a GPU-memory minimum within this fraction: "80 GB" cards report 79.6-80 GiB.
 GPU_MEMORY_TOLERANCE: Final = 0.02

@@ -496,3 +496,32 @@ def test_strict_attempt_that_succeeds_after_its_fence_is_replaced() -> None:
     p.apply(confirmed, 40)
     acts = [a.event for a in core.on_event(v, confirmed, 6.0, env()) if isinstance(a, core.Emit)]
     assert [type(x) for x in acts] == [ev.RouteRequested]
+
+
+# ---- issue 10: lost detection in the core ----------------------------------------------------------
+
+
+def test_one_failed_call_after_a_quiet_period_is_not_a_loss() -> None:
+    """The bug: the last answer was refreshed only while a cluster had live attempts, so after an
+    hour without any, the first failed call made its new attempts lost at once."""
+    c = core.contact(None, True, 0.0)  # answered, then nothing to ask for an hour
+    c = core.contact(c, False, 3600.0)
+    assert core.silence(c, 3600.0, lost_after=3.0) is None
+    c = core.contact(c, False, 3602.0)
+    assert core.silence(c, 3602.0, lost_after=3.0) is None
+    c = core.contact(c, False, 3603.5)
+    why = core.silence(c, 3603.5, lost_after=3.0)
+    assert why is not None and "3.5s" in why and "last answer 3603.5s ago" in why
+    c = core.contact(c, True, 3604.0)  # it answers again: the count starts over
+    assert core.silence(core.contact(c, False, 3610.0), 3610.0, lost_after=3.0) is None
+
+
+def test_a_create_the_cluster_never_answers_becomes_lost_after_the_redeliveries() -> None:
+    p = history()
+    (c,) = core.on_routed(p.workloads[W], routed(1), 2.0, env())
+    assert isinstance(c, core.CreateJob)
+    assert core.create_unanswered(c, 3.0, "timed out", unreachable=True, delivered=1) is None
+    assert core.create_unanswered(c, 3.0, "409? no: 500", unreachable=False, delivered=10) is None  # it answered: retry
+    evs = core.create_unanswered(c, 9.0, "timed out", unreachable=True, delivered=core.CREATE_DELIVERIES)
+    assert evs is not None and [type(e) for e in evs] == [ev.AttemptCreated, ev.Lost]
+    assert evs[1].attempt_id == c.created.attempt_id and "did not answer the create" in evs[1].reason  # type: ignore[attr-defined]

@@ -16,17 +16,24 @@ import msgspec
 from gpuorch.projection import AttemptView, WorkloadView
 from gpuorch_proto import ClusterRegistryEntry, Event, OwnerLease, Workload, event_id
 from gpuorch_proto import events as ev
+from gpuorch_proto.k8s import (
+    ANN_EXPECTED_DURATION,
+    ANN_GANG,
+    GPU_RESOURCE,
+    KUEUE_QUEUE_LABEL,
+    LABEL_ATTEMPT,
+    LABEL_EPOCH,
+    LABEL_MANAGED,
+    LABEL_QUEUE,
+    LABEL_WORKLOAD,
+    NAMESPACE,
+    SCHEDULER_FOR,
+    attempt_id,
+)
 from gpuorch_proto.placement import Placement, placement_for
 from gpuorch_proto.subjects import valid_token
 from gpuorch_proto.units import format_duration, parse_duration, parse_quantity
 
-NAMESPACE = "gpuorch"
-LABEL_WORKLOAD = "gpuorch.io/workload"
-LABEL_ATTEMPT = "gpuorch.io/attempt"
-LABEL_EPOCH = "gpuorch.io/epoch"
-LABEL_MANAGED = "gpuorch.io/managed"
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-SCHEDULER_FOR = {"kai": "kai-scheduler", "volcano": "volcano"}
 UNSCHEDULABLE_GRACE = 60.0  # real seconds a pod may stay unplaceable before its attempt fails
 BACKOFF_CAP = 3600.0  # simulated seconds: the longest wait between a failed attempt and its replacement
 
@@ -116,10 +123,6 @@ def placement_impossible(message: str) -> bool:
     return bool(reasons) and not any(r.startswith(CAPACITY_REASONS) for r in reasons)
 
 
-def attempt_id(workload_id: str, number: int) -> str:
-    return f"{workload_id}-a{number}"
-
-
 def _input_env_name(ref: str) -> str:
     name = ref.split("@", 1)[0].rsplit("/", 1)[-1]
     return "GPUORCH_INPUT_" + "".join(c if c.isalnum() else "_" for c in name).upper()
@@ -175,6 +178,8 @@ def build_job(
         LABEL_ATTEMPT: att_id,
         LABEL_EPOCH: str(epoch),
     }
+    if queue:
+        labels[LABEL_QUEUE] = queue  # inventory counts pending demand per queue by this label
     if entry.admission == "kueue" and queue:
         labels[KUEUE_QUEUE_LABEL] = queue
     gpus = int(res.gpus) if res.gpus == int(res.gpus) else 1
@@ -185,7 +190,7 @@ def build_job(
         limits = {"cpu": _fmt_cpu(cpu * res.workers), "memory": res.memory}
     pod_gpus = gpus * (res.workers if res.same_node and res.workers > 1 else 1)
     if pod_gpus:
-        limits["nvidia.com/gpu"] = str(pod_gpus)
+        limits[GPU_RESOURCE] = str(pod_gpus)
     pods = 1 if res.same_node else res.workers
     cache_root = env.cache_roots.get(cluster, "")
     envs: dict[str, str] = dict(spec.env)
@@ -267,11 +272,9 @@ def build_job(
         ]
     if entry.admission in SCHEDULER_FOR:
         pod_spec["schedulerName"] = SCHEDULER_FOR[entry.admission]
-    annotations = {"gpuorch.io/gang": "true"} if pods > 1 else {}
-    if queue:
-        annotations["gpuorch.io/queue"] = queue
+    annotations = {ANN_GANG: "true"} if pods > 1 else {}
     if spec.expected_runtime:  # lets inventory estimate when these GPUs free up (simulated seconds)
-        annotations["gpuorch.io/expected-duration-seconds"] = f"{parse_duration(spec.expected_runtime):g}"
+        annotations[ANN_EXPECTED_DURATION] = f"{parse_duration(spec.expected_runtime):g}"
     job_spec: dict[str, Any] = {
         "parallelism": pods,
         "completions": pods,
@@ -397,6 +400,55 @@ def retryable(wl: Workload, code: int | None) -> bool:
     permanent = code is not None and code in wl.spec.retry.permanent_exit_codes
     listed = not wl.spec.retry.retryable_exit_codes or (code in wl.spec.retry.retryable_exit_codes)
     return not permanent and listed
+
+
+@dataclass(frozen=True)
+class Contact:
+    """What the dispatcher knows of a cluster's answers: the last one, and since when it fails."""
+
+    last_ok: float | None = None
+    failing_since: float | None = None  # the first unanswered call after the last answer
+
+
+def contact(prev: Contact | None, answered: bool, now: float) -> Contact:
+    """The contact after one call to the cluster at `now` (answered or not)."""
+    if answered:
+        return Contact(last_ok=now)
+    prev = prev or Contact()
+    return Contact(last_ok=prev.last_ok, failing_since=prev.failing_since if prev.failing_since is not None else now)
+
+
+def silence(c: Contact, now: float, lost_after: float) -> str | None:
+    """Why the cluster's live attempts are lost (None: not yet).
+
+    Counted from the first unanswered call, not from the last answer: a cluster gpuorch did not
+    ask for a while (no live attempts there) is not "silent" for that while, so one failed call
+    after a quiet period is not a loss.
+    """
+    if c.failing_since is None or now - c.failing_since < lost_after:
+        return None
+    last = f"; last answer {now - c.last_ok:.1f}s ago" if c.last_ok is not None else ""
+    return f"has not answered for {now - c.failing_since:.1f}s{last}"
+
+
+#: Deliveries of a `routed` whose Job create the cluster never answered before the attempt is `lost`.
+CREATE_DELIVERIES: Final = 4
+
+
+def create_unanswered(c: CreateJob, now: float, error: str, *, unreachable: bool, delivered: int) -> list[ev.Base] | None:
+    """A Job create failed. None: try again later (the routed event is redelivered). Else the
+    events to publish: after `CREATE_DELIVERIES` tries that the cluster never answered, the Job
+    may or may not exist, so the attempt is recorded and declared lost (then fenced, like any)."""
+    if not unreachable or delivered < CREATE_DELIVERIES:
+        return None
+    a = c.created
+    return [
+        a,
+        ev.Lost(
+            event_id=f"{a.attempt_id}.lost", workload_id=a.workload_id, at=now, attempt_id=a.attempt_id,
+            epoch=a.epoch, cluster=c.cluster, reason=f"cluster did not answer the create: {error}",
+        ),
+    ]
 
 
 def lost(view: WorkloadView, a: AttemptView, now: float, reason: str) -> list[Action]:

@@ -26,7 +26,7 @@ from gpuorch.kube import TIMEOUT, ClusterClient, make_clients, unreachable
 from gpuorch.projection import AttemptView, WorkloadView
 from gpuorch.runtime import bus
 from gpuorch.runtime.shell import Incoming, Publisher, Reject, Retry, consume, guard_commands, run_service
-from gpuorch_proto import OwnerLease, decode_owner, encode
+from gpuorch_proto import OwnerLease, decode_owner, encode, k8s
 from gpuorch_proto import events as ev
 from gpuorch_proto.subjects import valid_token
 
@@ -88,7 +88,7 @@ class Dispatcher:
         self.follower = Follower()
         self.registry = load_registry(settings.registry) if settings.registry else None
         self.clients: dict[str, ClusterClient] = make_clients(settings.kubeconfig) if settings.kubeconfig else {}
-        self.last_ok: dict[str, float] = {}
+        self.contacts: dict[str, core.Contact] = {}  # cluster -> its answers to our list calls
         self.interval = float(os.environ.get("GPUORCH_DISPATCH_INTERVAL", "0.5"))
         self.lost_after = float(os.environ.get("GPUORCH_LOST_AFTER", "3"))
         # real seconds a pod may stay unplaceable (no node could ever take it) before its attempt fails
@@ -283,15 +283,13 @@ class Dispatcher:
             try:
                 return await self.execute(actions, e.workload_id)
             except Exception as exc:
-                if not unreachable(exc) or msg.delivered < 4:
-                    log.warning("job.create_failed", workload=e.workload_id, error=str(exc), delivered=msg.delivered)
-                    raise Retry(1.0) from exc
-                # the cluster never answered: the Job may or may not exist; fence it and move on
-                created = [a for a in actions if isinstance(a, core.CreateJob)]
                 out: list[ev.Base] = []
-                for c in created:
-                    out.append(c.created)
-                    out.append(ev.Lost(event_id=f"{c.created.attempt_id}.lost", workload_id=e.workload_id, at=now, attempt_id=c.created.attempt_id, epoch=c.created.epoch, cluster=c.cluster, reason=f"cluster did not answer the create: {exc}"))
+                for c in (a for a in actions if isinstance(a, core.CreateJob)):
+                    evs = core.create_unanswered(c, now, str(exc), unreachable=unreachable(exc), delivered=msg.delivered)
+                    if evs is None:
+                        log.warning("job.create_failed", workload=e.workload_id, error=str(exc), delivered=msg.delivered)
+                        raise Retry(1.0) from exc
+                    out.extend(evs)
                 return out
         if isinstance(e, ev.Running) and e.workload_id in self.owned:
             await self.record_staged(view, e)
@@ -345,13 +343,13 @@ class Dispatcher:
 
     # --- watching the clusters ---------------------------------------------------------------
     def _list(self, cc: ClusterClient) -> tuple[dict[str, dict[str, Any]], dict[str, list[dict[str, Any]]]]:
-        sel = f"{core.LABEL_MANAGED}=true"
-        jobs = cc.sanitize(cc.batch.list_namespaced_job(core.NAMESPACE, label_selector=sel, _request_timeout=TIMEOUT))
-        pods = cc.sanitize(cc.core.list_namespaced_pod(core.NAMESPACE, label_selector=sel, _request_timeout=TIMEOUT))
+        sel = k8s.MANAGED_SELECTOR
+        jobs = cc.sanitize(cc.batch.list_namespaced_job(k8s.NAMESPACE, label_selector=sel, _request_timeout=TIMEOUT))
+        pods = cc.sanitize(cc.core.list_namespaced_pod(k8s.NAMESPACE, label_selector=sel, _request_timeout=TIMEOUT))
         by_job = {j["metadata"]["name"]: j for j in jobs.get("items") or []}
         pods_by: dict[str, list[dict[str, Any]]] = {}
         for p in pods.get("items") or []:
-            att = (p["metadata"].get("labels") or {}).get(core.LABEL_ATTEMPT)
+            att = (p["metadata"].get("labels") or {}).get(k8s.LABEL_ATTEMPT)
             if att:
                 pods_by.setdefault(att, []).append(p)
         return by_job, pods_by
@@ -373,14 +371,15 @@ class Dispatcher:
                 now = time.time()
                 try:
                     jobs, pods = await asyncio.to_thread(self._list, cc)
-                    self.last_ok[cluster] = now
+                    self.contacts[cluster] = core.contact(self.contacts.get(cluster), True, now)
                 except Exception as exc:
                     if not unreachable(exc) and not isinstance(exc, ApiException):
                         log.exception("watch.error", cluster=cluster)
-                    since = self.last_ok.setdefault(cluster, now)
-                    if now - since >= self.lost_after:
+                    c = self.contacts[cluster] = core.contact(self.contacts.get(cluster), False, now)
+                    why = core.silence(c, now, self.lost_after)
+                    if why is not None:
                         for view, a in items:
-                            acts = core.lost(view, a, now, f"{cluster} has not answered for {now - since:.1f}s ({type(exc).__name__})")
+                            acts = core.lost(view, a, now, f"{cluster} {why} ({type(exc).__name__})")
                             await self.publisher.publish(await self.execute(acts, a.attempt_id), context=self.follower.context(view.workload_id))
                     continue
                 for view, a in items:

@@ -24,16 +24,13 @@ from gpuorch.runtime import bus
 from gpuorch.runtime.shell import Incoming, Publisher, consume, run_service
 from gpuorch_proto import FenceRecord, decode_fence, encode
 from gpuorch_proto import events as ev
+from gpuorch_proto.k8s import LABEL_ATTEMPT, LABEL_EPOCH, LABEL_MANAGED, LABEL_WORKLOAD, NAMESPACE
 from gpuorch_proto.subjects import valid_token
 
 from . import core
 
 log = structlog.get_logger("gpuorch.fencer")
 
-LABEL_MANAGED = "gpuorch.io/managed"
-LABEL_WORKLOAD = "gpuorch.io/workload"
-LABEL_ATTEMPT = "gpuorch.io/attempt"
-LABEL_EPOCH = "gpuorch.io/epoch"
 LABEL_JOB_NAME = "job-name"  # set on a Job's pods by the Job controller (every Kubernetes version)
 
 
@@ -130,7 +127,7 @@ class Fencer:
         view = self.follower.projection.get(e.workload_id)
         a = view.attempts.get(e.attempt_id) if view else None
         job = a.job_name if a and a.job_name else e.attempt_id
-        ns = a.namespace if a else "gpuorch"
+        ns = a.namespace if a else NAMESPACE
         if e.attempt_id not in self.pursuits:
             self.pursuits[e.attempt_id] = Pursuit(e.workload_id, e.attempt_id, e.epoch, e.cluster, ns, job, lease_expires_at, orphan_reason)
 
@@ -237,7 +234,7 @@ class Fencer:
         while not stop.is_set():
             for cluster, cc in self.clients.items():
                 try:
-                    listed = await asyncio.to_thread(cc.batch.list_namespaced_job, "gpuorch", label_selector=f"{LABEL_MANAGED}=true", _request_timeout=TIMEOUT)
+                    listed = await asyncio.to_thread(cc.batch.list_namespaced_job, NAMESPACE, label_selector=f"{LABEL_MANAGED}=true", _request_timeout=TIMEOUT)
                 except Exception:
                     continue
                 for j in cc.sanitize(listed).get("items") or []:
@@ -253,7 +250,7 @@ class Fencer:
     async def judge(self, cluster: str, job: dict[str, Any]) -> None:
         """One managed Job found on a cluster: leave it, or start pursuing it as an orphan."""
         meta = job["metadata"]
-        name, ns = meta["name"], meta.get("namespace", "gpuorch")
+        name, ns = meta["name"], meta.get("namespace", NAMESPACE)
         if meta.get("deletionTimestamp"):
             return  # already going
         labels = meta.get("labels") or {}

@@ -21,12 +21,19 @@ from typing import Any, Literal
 import msgspec
 
 from gpuorch_proto import ClusterRegistryEntry, ClusterSnapshot, NodeInfo, QueueInfo, Taint
-from gpuorch_proto.placement import (
+from gpuorch_proto.k8s import (
+    ANN_EXPECTED_DURATION,
+    GPU_RESOURCE,
+    KUEUE_QUEUE_LABEL,
+    LABEL_ATTEMPT,
     LABEL_GPU_MEMORY,
     LABEL_GPU_PRODUCT,
     LABEL_POOL,
-    sharing_from_labels,
+    LABEL_QUEUE,
+    LABEL_WORKLOAD,
+    TAINT_UNSCHEDULABLE,
 )
+from gpuorch_proto.placement import sharing_from_labels
 from gpuorch_proto.units import UnitError, parse_quantity
 
 __all__ = [
@@ -56,14 +63,9 @@ __all__ = [
     "unreachable_snapshot",
 ]
 
-GPU = "nvidia.com/gpu"
-LABEL_QUEUE = "gpuorch.io/queue"  # set by the dispatcher on every pod it creates
-LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"  # fallback: Kueue's local-queue label
-ANN_EXPECTED_DURATION = "gpuorch.io/expected-duration-seconds"  # simulated seconds
-LABEL_WORKLOAD = "gpuorch.io/workload"  # set by the dispatcher on the pods of an attempt
-LABEL_ATTEMPT = "gpuorch.io/attempt"
+GPU = GPU_RESOURCE
+LABEL_KUEUE_QUEUE = KUEUE_QUEUE_LABEL  # fallback: Kueue's local-queue label
 ENV_TRACEPARENT = "TRACEPARENT"  # the dispatcher hands the workload's trace context to its code
-TAINT_UNSCHEDULABLE = "node.kubernetes.io/unschedulable"
 DEFAULT_QUEUE = "default"
 
 # Defaults of the queue-wait model (see estimate_queue_waits).
