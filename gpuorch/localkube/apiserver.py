@@ -18,10 +18,13 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import msgspec
+import yaml
 
-from .errors import JOBS, NAMESPACES, NODES, PODS, ApiError, Resource
+from . import openapi, protobuf
+from .errors import EVENTS, JOBS, NAMESPACES, NODES, PODS, ApiError, Resource
 from .kubelet import log_path
 from .selectors import parse_field_selector, parse_label_selector
+from .tables import table, wants_table
 
 if TYPE_CHECKING:
     from .core import ClusterCore
@@ -59,6 +62,28 @@ def parse_int(value: str | None, name: str) -> int | None:
 
 _VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 
+# bodies the server decodes (anything else is 415, as an API server answers a type it has no codec for)
+_JSON_TYPES = ("application/json", "application/strategic-merge-patch+json", "application/merge-patch+json",
+               "application/json-patch+json")
+_YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
+_ACCEPTED = "application/json, application/yaml"
+
+
+def _first(v: Any) -> str:
+    """DeleteOptions.dryRun is a list of strings."""
+    if isinstance(v, list):
+        return str(v[0]) if v else ""
+    return "" if v is None else str(v)
+
+
+def parse_dry_run(value: str | None) -> bool:
+    """`dryRun=All` -> True; unset -> False; any other value is refused before anything is written."""
+    if value is None or value == "":
+        return False
+    if value == "All":
+        return True
+    raise ApiError.bad_request(f'Invalid dryRun value: "{value}": supported values: "All"')
+
 
 def _discovery(group: str, port: int) -> dict[str, Any] | None:
     if group == "api":
@@ -78,7 +103,8 @@ def _discovery(group: str, port: int) -> dict[str, Any] | None:
             "kind": "APIResourceList",
             "groupVersion": "v1",
             "resources": [
-                {"name": "pods", "singularName": "pod", "namespaced": True, "kind": "Pod", "verbs": _VERBS, "shortNames": ["po"]},
+                {"name": "pods", "singularName": "pod", "namespaced": True, "kind": "Pod", "verbs": _VERBS, "shortNames": ["po"],
+                 "categories": ["all"]},
                 {"name": "pods/log", "singularName": "", "namespaced": True, "kind": "Pod", "verbs": ["get"]},
                 {"name": "pods/status", "singularName": "", "namespaced": True, "kind": "Pod", "verbs": ["get"]},
                 {"name": "nodes", "singularName": "node", "namespaced": False, "kind": "Node",
@@ -86,6 +112,8 @@ def _discovery(group: str, port: int) -> dict[str, Any] | None:
                 {"name": "nodes/status", "singularName": "", "namespaced": False, "kind": "Node", "verbs": ["get"]},
                 {"name": "namespaces", "singularName": "namespace", "namespaced": False, "kind": "Namespace",
                  "verbs": ["create", "get", "list"], "shortNames": ["ns"]},
+                {"name": "events", "singularName": "event", "namespaced": True, "kind": "Event",
+                 "verbs": ["get", "list", "watch"], "shortNames": ["ev"]},
             ],
         }
     if group == "apis/batch/v1":
@@ -207,10 +235,32 @@ class _Handler(BaseHTTPRequestHandler):
         if not length:
             return None
         raw = self.rfile.read(length)
+        ctype = (self.headers.get("Content-Type") or "application/json").split(";")[0].strip().lower()
+        if ctype in _YAML_TYPES:
+            try:
+                return yaml.safe_load(raw)
+            except yaml.YAMLError as e:
+                raise ApiError.bad_request(f"the body of the request could not be decoded as YAML: {e}") from e
+        if ctype == "application/vnd.kubernetes.protobuf" and self.command == "DELETE":
+            try:
+                return protobuf.decode_delete_options(raw)
+            except protobuf.ProtobufError:
+                pass
+        if ctype not in _JSON_TYPES and ctype != "application/apply-patch+yaml":
+            raise ApiError.unsupported_media_type(ctype, _ACCEPTED)
         try:
             return msgspec.json.decode(raw)
         except msgspec.DecodeError as e:
             raise ApiError.bad_request(f"the body of the request could not be decoded as JSON: {e}") from e
+
+    def _send_obj(self, code: int, res: Resource, obj: dict[str, Any], q: dict[str, str],
+                  headers: dict[str, str] | None = None) -> None:
+        """An object or a list, as a Table when the client asked for one (kubectl get)."""
+        if wants_table(self.headers.get("Accept")) and res.plural in ("pods", "nodes", "jobs", "namespaces", "events"):
+            items = obj["items"] if "items" in obj else [obj]
+            meta = obj["metadata"] if "items" in obj else {"resourceVersion": obj["metadata"].get("resourceVersion", "")}
+            return self._send(code, table(res.plural, items, meta, q.get("includeObject")), headers)
+        return self._send(code, obj, headers)
 
     def _dispatch(self, method: str) -> None:
         api = self.server.api
@@ -252,6 +302,15 @@ class _Handler(BaseHTTPRequestHandler):
             disc = _discovery("/".join(parts), self.server.api.port)
             if disc is not None:
                 return self._send(200, disc)
+            if parts == ["openapi", "v2"]:
+                if openapi.V2_PROTOBUF in (self.headers.get("Accept") or ""):
+                    # the @ of the requested type is no valid media type: the API server answers with a dot
+                    return self._send_bytes(200, openapi.v2_protobuf(), openapi.V2_PROTOBUF.replace("@", "."))
+                return self._send(200, openapi.v2_document())
+            if parts == ["openapi", "v3"]:
+                return self._send(200, openapi.v3_index())
+            if parts[:2] == ["openapi", "v3"] and "/".join(parts[2:]) in openapi.V3_GROUPS:
+                return self._send_bytes(200, openapi.v3_document("/".join(parts[2:])), "application/json")
         if parts[:2] == ["api", "v1"]:
             group, rest = "", parts[2:]
         elif parts[:3] == ["apis", "batch", "v1"]:
@@ -267,20 +326,22 @@ class _Handler(BaseHTTPRequestHandler):
         if not rest or len(rest) > 3:
             raise ApiError.path_not_found()
         plural, name, sub = rest[0], rest[1] if len(rest) > 1 else None, rest[2] if len(rest) > 2 else None
-        res = {"pods": PODS, "nodes": NODES, "namespaces": NAMESPACES, "jobs": JOBS}.get(plural)
+        res = {"pods": PODS, "nodes": NODES, "namespaces": NAMESPACES, "jobs": JOBS, "events": EVENTS}.get(plural)
         if res is None or res.group != group or (ns is not None and not res.namespaced):
             raise ApiError.path_not_found()
+        dry = parse_dry_run(q.get("dryRun"))
         if res is NAMESPACES:
-            return self._namespaces(method, name, sub, body)
+            return self._namespaces(method, name, sub, body, q)
+        if res is EVENTS and method != "GET":
+            raise ApiError.method_not_allowed()
         watch = watch or parse_bool(q.get("watch"), "watch")
         if name is None:
             if method == "GET":
                 if watch:
                     return self._watch(res, ns, q)
-                return self._send(200, core.list(res, ns, q.get("labelSelector"), q.get("fieldSelector"),
-                                                 parse_int(q.get("limit"), "limit"), q.get("continue")))
+                return self._send_obj(200, res, core.list(res, ns, q.get("labelSelector"), q.get("fieldSelector"),
+                                                          parse_int(q.get("limit"), "limit"), q.get("continue")), q)
             if method == "POST" and ns is not None and res in (PODS, JOBS):
-                dry = bool(q.get("dryRun"))
                 obj = core.create_job(ns, body, dry) if res is JOBS else core.create_pod(ns, body, dry)
                 return self._send(201, obj)
             if method == "DELETE" and ns is not None and res in (PODS, JOBS):
@@ -294,28 +355,28 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "GET":
             if sub == "log":
                 return self._log(key_ns, name, q)
-            return self._send(200, core.get(res, key_ns, name))
+            return self._send_obj(200, res, core.get(res, key_ns, name), q)
         if sub is not None:
             raise ApiError.method_not_allowed()
         if method == "DELETE":
             return self._delete(res, key_ns, name, q, body)
         if method == "PATCH":
             ctype = self.headers.get("Content-Type") or "application/strategic-merge-patch+json"
-            return self._send(200, core.patch(res, key_ns, name, ctype, body))
+            return self._send(200, core.patch(res, key_ns, name, ctype, body, dry_run=dry))
         if method == "PUT":
-            return self._send(200, core.replace(res, key_ns, name, body))
+            return self._send(200, core.replace(res, key_ns, name, body, dry_run=dry))
         raise ApiError.method_not_allowed()
 
-    def _namespaces(self, method: str, name: str | None, sub: str | None, body: Any) -> None:
+    def _namespaces(self, method: str, name: str | None, sub: str | None, body: Any, q: dict[str, str]) -> None:
         core = self.server.api.core
         if sub is not None:
             raise ApiError.path_not_found()
         if method == "GET" and name is None:
-            return self._send(200, core.list_namespaces())
+            return self._send_obj(200, NAMESPACES, core.list_namespaces(), q)
         if method == "GET":
-            return self._send(200, core.namespace_object(name or ""))
+            return self._send_obj(200, NAMESPACES, core.namespace_object(name or ""), q)
         if method == "POST" and name is None:
-            return self._send(201, core.create_namespace(body))
+            return self._send(201, core.create_namespace(body, dry_run=parse_dry_run(q.get("dryRun"))))
         raise ApiError.method_not_allowed()
 
     # -- deletes ---------------------------------------------------------------------------------
@@ -336,7 +397,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _delete(self, res: Resource, ns: str, name: str, q: dict[str, str], body: Any) -> None:
         core = self.server.api.core
         opts = self._delete_options(q, body)
-        if q.get("dryRun"):
+        if parse_dry_run(q.get("dryRun") or _first(opts.get("dryRun"))):
             return self._send(200, core.get(res, ns, name))
         if res is PODS:
             return self._send(200, core.delete_pod(ns, name, opts.get("gracePeriodSeconds"), opts.get("preconditions")))
@@ -348,7 +409,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _delete_collection(self, res: Resource, ns: str, q: dict[str, str], body: Any) -> None:
         core = self.server.api.core
         opts = self._delete_options(q, body)
-        items = core.list(res, ns, q.get("labelSelector"), q.get("fieldSelector"))["items"]
+        listed = core.list(res, ns, q.get("labelSelector"), q.get("fieldSelector"))
+        if parse_dry_run(q.get("dryRun") or _first(opts.get("dryRun"))):
+            return self._send(200, listed)
+        items = listed["items"]
         for o in items:
             name = o["metadata"]["name"]
             with contextlib.suppress(ApiError):
@@ -367,6 +431,15 @@ class _Handler(BaseHTTPRequestHandler):
         timeout = parse_int(q.get("timeoutSeconds"), "timeoutSeconds")
         deadline = time.monotonic() + (timeout if timeout is not None and timeout > 0 else DEFAULT_WATCH_SECONDS)
         rv_param = q.get("resourceVersion")
+        as_table = wants_table(self.headers.get("Accept"))
+        first_row = [True]
+
+        def encode_event(etype: str, obj: dict[str, Any]) -> bytes:
+            if as_table:
+                obj = table(res.plural, [obj], {"resourceVersion": obj["metadata"].get("resourceVersion", "")},
+                            q.get("includeObject"), headers=first_row[0])
+                first_row[0] = False
+            return _encoder.encode({"type": etype, "object": obj}) + b"\n"
 
         def matches(o: dict[str, Any] | None) -> bool:
             if o is None:
@@ -411,7 +484,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             while True:
                 for etype, obj in pending:
-                    self._chunk(_encoder.encode({"type": etype, "object": obj}) + b"\n")
+                    self._chunk(encode_event(etype, obj))
                 pending = []
                 if time.monotonic() >= deadline:
                     break

@@ -15,8 +15,17 @@ from typing import Any
 
 from .config import ClusterConfig, NodeGroup
 from .errors import JOBS, NODES, PODS, ApiError, Resource
+from .events import EventRecorder
 from .kubelet import Kubelet
-from .objects import GPU, _validate_annotations, _validate_labels, check_type_meta, prepare_job, prepare_pod
+from .objects import (
+    GPU,
+    _validate_annotations,
+    _validate_labels,
+    check_type_meta,
+    normalise_spec_quantities,
+    prepare_job,
+    prepare_pod,
+)
 from .patch import apply_patch
 from .scheduler import TERMINAL
 from .selectors import parse_field_selector, parse_label_selector
@@ -25,7 +34,7 @@ from .util import new_uid, rfc3339
 
 __all__ = ["KUBE_VERSION", "ClusterCore", "version_info"]
 
-KUBE_VERSION = ("1", "37", "v1.37.0-localkube")
+KUBE_VERSION = ("1", "37", "v1.37.0+localkube")
 ORPHAN_WARNING = (
     '299 - "child pods are preserved by default when jobs are deleted; set propagationPolicy=Background to '
     'remove them or set propagationPolicy=Orphan to suppress this warning"'
@@ -141,6 +150,7 @@ class ClusterCore:
         self.store = Store(config.watch_history)
         self.wake = wake
         self.store.add_listener(wake)
+        self.events = EventRecorder(self.store)
         self.kubelet = Kubelet(self)
         self.node_groups: dict[str, NodeGroup] = {}
         self.extra_namespaces: set[str] = {"default", "kube-system", "kube-public", "kube-node-lease"}
@@ -224,12 +234,13 @@ class ClusterCore:
                 "items": [self.namespace_object(n) for n in sorted(names)],
             }
 
-    def create_namespace(self, body: Any) -> dict[str, Any]:
+    def create_namespace(self, body: Any, dry_run: bool = False) -> dict[str, Any]:
         if not isinstance(body, dict) or not (body.get("metadata") or {}).get("name"):
             raise ApiError.invalid(Resource("namespaces", "Namespace", "", False), "", [("metadata.name", "FieldValueRequired", "Required value")])
         name = str(body["metadata"]["name"])
         with self.store.lock:
-            self.extra_namespaces.add(name)
+            if not dry_run:
+                self.extra_namespaces.add(name)
             return self.namespace_object(name)
 
     # -- create ----------------------------------------------------------------------------------
@@ -360,16 +371,16 @@ class ClusterCore:
 
     # -- update ----------------------------------------------------------------------------------
 
-    def patch(self, res: Resource, namespace: str, name: str, content_type: str, patch: Any) -> dict[str, Any]:
+    def patch(self, res: Resource, namespace: str, name: str, content_type: str, patch: Any, dry_run: bool = False) -> dict[str, Any]:
         with self.store.lock:
             cur = self.get(res, namespace, name)
             new = apply_patch(cur, content_type, patch)
             want_rv = (patch.get("metadata") or {}).get("resourceVersion") if isinstance(patch, dict) else None
             if want_rv and want_rv != cur["metadata"]["resourceVersion"]:
                 raise ApiError.conflict(res, name, "the object has been modified; please apply your changes to the latest version and try again")
-            return self._update(res, cur, new)
+            return self._update(res, cur, new, dry_run)
 
-    def replace(self, res: Resource, namespace: str, name: str, body: Any) -> dict[str, Any]:
+    def replace(self, res: Resource, namespace: str, name: str, body: Any, dry_run: bool = False) -> dict[str, Any]:
         body = check_type_meta(copy.deepcopy(body), res, namespace if res.namespaced else None)
         if body["metadata"].get("name") not in (None, name):
             raise ApiError.bad_request(f"the name of the object ({body['metadata'].get('name')}) does not match the name on the URL ({name})")
@@ -378,9 +389,10 @@ class ClusterCore:
             want_rv = body["metadata"].get("resourceVersion")
             if want_rv and want_rv != cur["metadata"]["resourceVersion"]:
                 raise ApiError.conflict(res, name, "the object has been modified; please apply your changes to the latest version and try again")
-            return self._update(res, cur, body)
+            return self._update(res, cur, body, dry_run)
 
-    def _update(self, res: Resource, cur: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    def _update(self, res: Resource, cur: dict[str, Any], new: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
+        """Validate and store the new version; with dry_run, validate and return it without storing."""
         name = cur["metadata"]["name"]
         meta = new.setdefault("metadata", {})
         if not isinstance(meta, dict):
@@ -396,6 +408,10 @@ class ClusterCore:
         _validate_labels(meta.get("labels"), "metadata.labels", causes)
         _validate_annotations(meta.get("annotations"), "metadata.annotations", causes)
         spec, old_spec = new.get("spec") or {}, cur.get("spec") or {}
+        if res is JOBS:
+            normalise_spec_quantities((spec.get("template") or {}).get("spec"))
+        elif res is PODS:
+            normalise_spec_quantities(spec)
         if res is JOBS:
             for k in ("template", "selector", "completionMode", "manualSelector", "completions"):
                 if spec.get(k) != old_spec.get(k):
@@ -428,6 +444,9 @@ class ClusterCore:
                 causes.append(("spec", "FieldValueForbidden", "Forbidden: node updates may only change labels, annotations, taints and unschedulable"))
         if causes:
             raise ApiError.invalid(res, name, causes)
+        if dry_run:
+            new["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"]
+            return new
         out = self.store.replace(res.plural, new)
         self.wake()
         return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["JOBS", "NAMESPACES", "NODES", "PODS", "RESOURCES", "ApiError", "Resource"]
+__all__ = ["EVENTS", "JOBS", "NAMESPACES", "NODES", "PODS", "RESOURCES", "ApiError", "Resource"]
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,8 @@ PODS = Resource("pods", "Pod", "", True)
 NODES = Resource("nodes", "Node", "", False)
 JOBS = Resource("jobs", "Job", "batch", True)
 NAMESPACES = Resource("namespaces", "Namespace", "", False)
-RESOURCES = {r.plural: r for r in (PODS, NODES, JOBS, NAMESPACES)}
+EVENTS = Resource("events", "Event", "", True)
+RESOURCES = {r.plural: r for r in (PODS, NODES, JOBS, NAMESPACES, EVENTS)}
 
 
 class ApiError(Exception):
@@ -115,6 +116,11 @@ class ApiError(Exception):
     @classmethod
     def path_not_found(cls) -> ApiError:
         return cls(404, "NotFound", "the server could not find the requested resource", {})
+
+    @classmethod
+    def unsupported_media_type(cls, ctype: str, accepted: str) -> ApiError:
+        return cls(415, "UnsupportedMediaType",
+                   f"the body of the request was in an unknown format ({ctype}) - accepted media types include: {accepted}")
 
     @classmethod
     def gone(cls, message: str) -> ApiError:

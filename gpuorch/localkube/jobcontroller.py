@@ -188,6 +188,7 @@ class JobController:
                 fail = ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
             if fail:
                 conds.append(("Failed", "True", fail[0], fail[1]))
+                core.events.record(job, "Warning", fail[0], fail[1], "job-controller")
                 tr.finish_mono = now
                 for p in active:
                     self._delete_pod(tr, p)
@@ -207,6 +208,7 @@ class JobController:
                         deleted += 1
                     if not active:
                         conds.append(("Complete", "True", "CompletionsReached", "Reached expected number of succeeded pods"))
+                        core.events.record(job, "Normal", "Completed", "Job completed", "job-controller")
                         completion_time = rfc3339()
                         tr.finish_mono = now
                 elif indexed:
@@ -320,7 +322,8 @@ class JobController:
         }
         if not ann:
             del body["metadata"]["annotations"]
-        self.core.create_pod_internal(jmeta["namespace"], body)
+        pod = self.core.create_pod_internal(jmeta["namespace"], body)
+        self.core.events.record(job, "Normal", "SuccessfulCreate", f"Created pod: {pod['metadata']['name']}", "job-controller")
 
 
 class PodGC:

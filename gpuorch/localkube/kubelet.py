@@ -352,8 +352,12 @@ class Kubelet:
             _expand(a, env) for a in (c.spec.get("args") or [])
         ]
         now = rfc3339()
+        node = pod["spec"].get("nodeName")
+        record = self.core.events.record
         if not argv:
             self._exited(run, c, 128, None, "StartError", "localkube runs commands, not images: the container has no command or args", now)
+            record(pod, "Warning", "Failed", f"Error: container {c.name} has no command or args (localkube runs commands, not images)",
+                   "kubelet", node)
             return
         if argv[0] in ("python", "python3"):
             argv[0] = sys.executable
@@ -372,9 +376,14 @@ class Kubelet:
             )
         except OSError as e:
             self._exited(run, c, 128, None, "StartError", f"failed to start container process: {e}", now)
+            record(pod, "Warning", "Failed", f"Error: failed to start container {c.name}: {e}", "kubelet", node)
             return
         finally:
             logf.close()
+        if c.spec.get("image"):
+            record(pod, "Normal", "Pulled", f'Container image "{c.spec["image"]}" already present on machine', "kubelet", node)
+        record(pod, "Normal", "Created", f"Created container: {c.name}", "kubelet", node)
+        record(pod, "Normal", "Started", f"Started container {c.name}", "kubelet", node)
         c.proc = proc
         c.started_at = now
         c.state = {"running": {"startedAt": now}}
@@ -465,6 +474,7 @@ class Kubelet:
         if run.term_started is None:
             run.term_started = now
             for c in run.live():
+                self.core.events.record(pod, "Normal", "Killing", f"Stopping container {c.name}", "kubelet", pod["spec"].get("nodeName"))
                 self._signal(c, signal.SIGTERM if grace > 0 else signal.SIGKILL)
             run.killed_hard = grace == 0
         elif not run.killed_hard and now >= run.term_started + grace:

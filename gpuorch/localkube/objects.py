@@ -129,6 +129,22 @@ def _normalise_quantities(values: Any, path: str) -> dict[str, str]:
     return out
 
 
+def normalise_spec_quantities(pod_spec: Any) -> None:
+    """Quantities written as numbers (`nvidia.com/gpu: 1`) become the strings the server stores ("1"),
+    so that an update or patch that only restates a quantity changes nothing (as on an API server)."""
+    if not isinstance(pod_spec, dict):
+        return
+    for key in ("containers", "initContainers"):
+        for c in pod_spec.get(key) or []:
+            res = c.get("resources") if isinstance(c, dict) else None
+            if not isinstance(res, dict):
+                continue
+            for kind in ("limits", "requests"):
+                vals = res.get(kind)
+                if isinstance(vals, dict):
+                    res[kind] = {k: (str(v) if isinstance(v, int) and not isinstance(v, bool) else v) for k, v in vals.items()}
+
+
 def _validate_resources(c: dict[str, Any], path: str, causes: Causes) -> None:
     res = c.get("resources")
     if res is None:

@@ -197,6 +197,7 @@ class Scheduler:
             return
         node.add(pod_requests(pod))
         self._bind(pod, node.name)
+        self._scheduled(pod, node.name)
 
     def _place_gang(self, owner: str, members: list[dict[str, Any]], nodes: dict[str, NodeInfo], bound: int) -> None:
         job = self.core.job_by_uid(owner)
@@ -225,6 +226,8 @@ class Scheduler:
         for p, node_name in placement:
             nodes[node_name].add(pod_requests(p))
             self._bind(p, node_name)
+        for p, node_name in placement:  # after the binds: the gang is bound in consecutive versions
+            self._scheduled(p, node_name)
 
     def _bind(self, pod: dict[str, Any], node: str) -> None:
         def mutate(p: dict[str, Any]) -> None:
@@ -237,7 +240,13 @@ class Scheduler:
 
         self.core.store.update("pods", pod["metadata"]["namespace"], pod["metadata"]["name"], mutate)
 
+    def _scheduled(self, pod: dict[str, Any], node: str) -> None:
+        meta = pod["metadata"]
+        self.core.events.record(pod, "Normal", "Scheduled", f"Successfully assigned {meta['namespace']}/{meta['name']} to {node}",
+                                "default-scheduler")
+
     def _unschedulable(self, pod: dict[str, Any], message: str) -> None:
+        self.core.events.record(pod, "Warning", "FailedScheduling", message, "default-scheduler")
         for c in (pod.get("status") or {}).get("conditions") or []:
             if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("message") == message:
                 return  # already says so

@@ -121,6 +121,10 @@ def match_node_selector_term(term: Mapping[str, Any], labels: Mapping[str, str],
     return selector_from_struct({"matchExpressions": fields}).matches({"metadata.name": name})
 
 
+def _involved(key: str) -> Callable[[dict[str, Any]], str]:
+    return lambda o: str((o.get("involvedObject") or {}).get(key) or "")
+
+
 _FIELDS: dict[str, dict[str, Callable[[dict[str, Any]], str]]] = {
     "pods": {
         "metadata.name": lambda o: o["metadata"].get("name", ""),
@@ -134,6 +138,16 @@ _FIELDS: dict[str, dict[str, Callable[[dict[str, Any]], str]]] = {
         "metadata.name": lambda o: o["metadata"].get("name", ""),
         "metadata.namespace": lambda o: o["metadata"].get("namespace", ""),
         "status.successful": lambda o: str(o.get("status", {}).get("succeeded") or 0),
+    },
+    "events": {
+        "metadata.name": lambda o: o["metadata"].get("name", ""),
+        "metadata.namespace": lambda o: o["metadata"].get("namespace", ""),
+        **{f"involvedObject.{k}": _involved(k)
+           for k in ("kind", "namespace", "name", "uid", "apiVersion", "resourceVersion", "fieldPath")},
+        "reason": lambda o: o.get("reason") or "",
+        "reportingComponent": lambda o: o.get("reportingComponent") or "",
+        "source": lambda o: (o.get("source") or {}).get("component") or "",
+        "type": lambda o: o.get("type") or "",
     },
     "nodes": {
         "metadata.name": lambda o: o["metadata"].get("name", ""),

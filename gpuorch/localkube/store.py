@@ -37,7 +37,7 @@ class Store:
         self.lock = threading.RLock()
         self.cond = threading.Condition(self.lock)
         self._rv = 0
-        self._objs: dict[str, dict[Key, Obj]] = {"pods": {}, "jobs": {}, "nodes": {}}
+        self._objs: dict[str, dict[Key, Obj]] = {"pods": {}, "jobs": {}, "nodes": {}, "events": {}}
         self._history: deque[Event] = deque()
         self._history_size = max(1, history_size)
         self._compacted = 0  # events with rv <= this are no longer in the history
@@ -86,6 +86,8 @@ class Store:
         while len(self._history) > self._history_size:
             self._compacted = self._history.popleft().rv
         self.cond.notify_all()
+        if resource == "events":
+            return  # Events are records for people: no controller reacts to them
         for fn in self._listeners:
             fn()
 
