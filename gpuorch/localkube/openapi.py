@@ -269,6 +269,15 @@ def _v3_schema(s: Any) -> Any:
 
 
 V3_GROUPS = ("api/v1", "apis/batch/v1")
+# the API server's v3 form of the two types that are strings or numbers
+_V3_SPECIAL: dict[str, Any] = {
+    "io.k8s.apimachinery.pkg.api.resource.Quantity": {
+        "description": "Quantity is a fixed-point representation of a number (e.g. 1, 500m, 80Gi).",
+        "oneOf": [{"type": "string"}, {"type": "number"}]},
+    "io.k8s.apimachinery.pkg.util.intstr.IntOrString": {
+        "description": "IntOrString is a type that can hold an int32 or a string.",
+        "format": "int-or-string", "type": "string", "x-kubernetes-int-or-string": True},
+}
 
 
 @functools.cache
@@ -277,7 +286,7 @@ def v3_document(gv: str) -> bytes:
         "openapi": "3.0.0",
         "info": _info(),
         "paths": _paths(True, only=gv),
-        "components": {"schemas": {k: _v3_schema(v) for k, v in _definitions().items()}},
+        "components": {"schemas": {k: _v3_schema(_V3_SPECIAL.get(k, v)) for k, v in _definitions().items()}},
     }
     return json.dumps(doc, separators=(",", ":")).encode()
 
