@@ -8,6 +8,8 @@
   gpuorch get ID | list | events [ID] [--follow] | clusters | explain ID | cancel ID
   gpuorch demo                                 the seed's scenario, end to end, then stop
   gpuorch fault CLUSTER partition|heal|...     inject a fault into a local cluster
+  gpuorch simulate --trace FILE [--clusters FILE] [--policy NAME] [--seed S] [--plot DIR]
+                                               replay a job trace over simulated clusters (docs/simulation.md)
 
 Every read command takes `-o json`.
 """
@@ -335,6 +337,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("fault", help="inject a fault into a local cluster")
     p.add_argument("cluster")
     p.add_argument("args", nargs=argparse.REMAINDER)
+    from gpuorch.simulate.cli import add_arguments as simulate_arguments
+
+    simulate_arguments(sub.add_parser("simulate", help="replay a job trace over simulated clusters, compare policies"))
     return ap
 
 
@@ -354,6 +359,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(cmd_restart(ns))
     if ns.cmd == "fault":
         raise SystemExit(cmd_fault(ns))
+    if ns.cmd == "simulate":
+        from gpuorch.simulate.cli import run as run_simulate
+
+        raise SystemExit(run_simulate(ns))
     if ns.cmd == "demo":
         from gpuorch.demo import run_demo
 
