@@ -4,6 +4,10 @@
 2. No promotion by a stale epoch: an attempt promoted after its epoch was fenced is a violation.
 3. Every submitted workload ends in a terminal state, or shows why it is waiting.
 4. No orphaned Jobs after cancellation (or completion): no Job of a finished workload remains.
+6. Never two current attempts, and `strict` means confirmed ("replacement-after-fence"): an
+   attempt is created only once the attempt before it is fenced, and, when that one was
+   fenced under `strict` while its pods might still run (not `stopped`), only after its
+   `cancel-confirmed` (deleted, gone, or its lease ran out).
 5. Every wait has an end or a reason that is true now (`check_waits`, "wait-reason-current"):
    a non-terminal workload either makes progress or its latest waiting decision names reasons
    that inventory has not contradicted for longer than a tolerance.
@@ -86,6 +90,7 @@ def check(
                 out.append(Violation("one-promotion", wid, f"attempts {sorted(s)} were all promoted"))
             if e.attempt_id in fenced.get(wid, set()) or e.epoch < epoch.get(wid, 1):
                 out.append(Violation("no-stale-promotion", wid, f"{e.attempt_id} promoted at epoch {e.epoch} after the epoch moved to {epoch.get(wid, 1)}"))
+    out += _replacements(events)
     for wid, v in p.workloads.items():
         if v.workload is None and v.status != "rejected":
             continue  # events of a workload whose submit we did not see (another prefix)
@@ -102,6 +107,35 @@ def check(
                 out.append(Violation("no-orphans", wid, f"job {job} still on {cluster} after the workload {owner.status}"))
     if snapshots is not None and now is not None:
         out += check_waits(events, snapshots, now, tolerance=wait_tolerance)
+    return out
+
+
+def _replacements(events: Sequence[tuple[int, Event]]) -> list[Violation]:
+    """Invariant 6, from the log alone: when each attempt was created, what the one before it was."""
+    out: list[Violation] = []
+    latest: dict[str, str] = {}  # workload -> its latest attempt
+    fence: dict[str, ev.FenceRequested] = {}  # attempt -> its first fence request
+    fenced: set[str] = set()
+    confirmed: set[str] = set()
+    for _, e in events:
+        if isinstance(e, ev.FenceRequested):
+            fence.setdefault(e.attempt_id, e)
+        elif isinstance(e, ev.Fenced):
+            fenced.add(e.attempt_id)
+        elif isinstance(e, ev.CancelConfirmed):
+            confirmed.add(e.attempt_id)
+        elif isinstance(e, ev.AttemptCreated):
+            before = latest.get(e.workload_id)
+            if before == e.attempt_id:
+                continue  # a redelivered record of the same attempt
+            latest[e.workload_id] = e.attempt_id
+            if before is None:
+                continue
+            req = fence.get(before)
+            if before not in fenced:
+                out.append(Violation("replacement-after-fence", e.workload_id, f"{e.attempt_id} created while {before} was not fenced: two current attempts"))
+            elif req is not None and req.policy == "strict" and not req.stopped and before not in confirmed:
+                out.append(Violation("replacement-after-fence", e.workload_id, f"strict: {e.attempt_id} created before {before} was confirmed gone"))
     return out
 
 

@@ -250,6 +250,8 @@ def _fold(view: WorkloadView, e: Event) -> None:
             a.fenced = True
             a.times.setdefault("fenced", e.at)
             view.epoch = max(view.epoch, e.new_epoch)
+        case ev.ReplacementAllowed():
+            _attempt(view, e).times.setdefault("replacement-allowed", e.at)
         case ev.CancelConfirmed():
             a = _attempt(view, e)
             a.cancel_confirmed = e.how

@@ -164,6 +164,7 @@ class FenceRequested(AttemptEvent, frozen=True, kw_only=True, tag="fence-request
     reason: str
     policy: Literal["strict", "fast"] = "strict"
     lease_expires_at: float = 0.0
+    stopped: bool = False  # the cluster reported the attempt's pods ended (failed, finished): nothing of it runs
 
 
 class Fenced(AttemptEvent, frozen=True, kw_only=True, tag="fenced"):
@@ -174,6 +175,18 @@ class Fenced(AttemptEvent, frozen=True, kw_only=True, tag="fenced"):
 
 class CancelConfirmed(AttemptEvent, frozen=True, kw_only=True, tag="cancel-confirmed"):
     how: Literal["deleted", "already-gone", "lease-expired"] = "deleted"
+
+
+class ReplacementAllowed(AttemptEvent, frozen=True, kw_only=True, tag="replacement-allowed"):
+    """The fencer's verdict: a replacement of this (fenced) attempt may start now (DESIGN §7.4).
+
+    `how`: ``stopped`` (its pods had ended), ``fast`` (fast fencing: the epoch moved, it can never
+    publish), ``confirmed`` (strict: its Job is deleted and its pods gone) or ``lease-expired``
+    (strict: unreachable past its lease). The dispatcher asks for a replacement only after this.
+    """
+
+    how: Literal["stopped", "fast", "confirmed", "lease-expired"]
+    reason: str = ""
 
 
 class PromoteRequested(AttemptEvent, frozen=True, kw_only=True, tag="promote-requested"):
@@ -243,6 +256,7 @@ Event = (
     | Cancelled
     | WorkloadFailed
     | Unschedulable
+    | ReplacementAllowed
 )
 
 EVENT_TYPES: tuple[type[Base], ...] = Event.__args__  # type: ignore[attr-defined, unused-ignore]

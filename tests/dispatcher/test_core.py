@@ -145,12 +145,17 @@ def test_lost_attempt_is_fenced_and_strict_waits_for_confirmation() -> None:
     v = p.workloads[W]
     acts = core.on_event(v, ev.Lost(workload_id=W, at=2.0, attempt_id=a1, epoch=1, cluster="primary", reason="x"), 2.0, env())
     assert [type(a.event) for a in acts if isinstance(a, core.Emit)] == [ev.FenceRequested]
+    fence_req = next(a.event for a in acts if isinstance(a, core.Emit))
+    assert isinstance(fence_req, ev.FenceRequested) and not fence_req.stopped  # its pods may still run
     fenced = ev.Fenced(workload_id=W, at=3.0, attempt_id=a1, epoch=1, cluster="primary", new_epoch=2)
     p.apply(fenced, 50)
-    assert core.on_event(v, fenced, 3.0, env()) == []  # strict: not yet
+    assert core.on_event(v, fenced, 3.0, env()) == []  # the fencer decides when: not yet
     confirmed = ev.CancelConfirmed(workload_id=W, at=4.0, attempt_id=a1, epoch=1, cluster="primary", how="lease-expired")
     p.apply(confirmed, 51)
-    acts = core.on_event(v, confirmed, 4.0, env())
+    assert core.on_event(v, confirmed, 4.0, env()) == []
+    allowed = ev.ReplacementAllowed(workload_id=W, at=4.0, attempt_id=a1, epoch=1, cluster="primary", how="lease-expired")
+    p.apply(allowed, 52)
+    acts = core.on_event(v, allowed, 4.0, env())
     assert len(acts) == 1 and isinstance(acts[0], core.Emit) and isinstance(acts[0].event, ev.RouteRequested)
     assert acts[0].event.attempt_number == 2 and acts[0].event.exclude == ["primary"]
 
@@ -229,6 +234,11 @@ def _fenced(n: int = 1, new_epoch: int = 2, at: float = 3.0) -> ev.Fenced:
 
 def _confirmed(n: int = 1, how: str = "deleted", at: float = 4.0) -> ev.CancelConfirmed:
     return ev.CancelConfirmed(workload_id=W, at=at, attempt_id=f"{W}-a{n}", epoch=1, cluster="primary", how=how)  # type: ignore[arg-type]
+
+
+def _allowed(n: int = 1, how: str = "stopped", at: float = 3.0, epoch: int = 1) -> ev.ReplacementAllowed:
+    """The fencer's verdict that a replacement of attempt `n` may start."""
+    return ev.ReplacementAllowed(workload_id=W, at=at, attempt_id=f"{W}-a{n}", epoch=epoch, cluster="primary", how=how, reason=how)  # type: ignore[arg-type]
 
 
 def _failed(n: int = 1, at: float = 100.0, code: int = 3) -> ev.Failed:
@@ -339,26 +349,28 @@ def test_replacement_after_a_failure_waits_for_the_backoff_then_reconcile_reques
     v = p.workloads[W]
     not_before = core.replacement_not_before(v, v.attempts[A1], e.time_scale)
     assert not_before == pytest.approx(100.0 + 3600 / 600)
-    fenced = _fenced(1, at=100.2)
-    p.apply(fenced, 20)
-    assert core.on_event(v, fenced, 100.2, e) == [], "not before failed.at + backoff"
+    p.apply(_fenced(1, at=100.2), 20)
+    assert core.reconcile(v, not_before, e) == [], "not before the fencer's verdict"
+    allowed = _allowed(1, at=100.2)
+    p.apply(allowed, 22)
+    assert core.on_event(v, allowed, 100.2, e) == [], "not before failed.at + backoff"
     assert core.reconcile(v, not_before - 0.01, e) == []
     emitted = _emitted(core.reconcile(v, not_before, e))
     assert [type(x) for x in emitted] == [ev.RouteRequested]
     rr = emitted[0]
     assert isinstance(rr, ev.RouteRequested) and rr.attempt_number == 2 and rr.exclude == [] and "backoff of 1h" in rr.reason
     # the same request, whoever asks (the event path after the backoff, or a second reconcile)
-    assert _emitted(core.on_event(v, fenced, not_before + 1, e))[0].event_id == rr.event_id
-    p.apply(rr, 21)
+    assert _emitted(core.on_event(v, allowed, not_before + 1, e))[0].event_id == rr.event_id
+    p.apply(rr, 23)
     assert core.reconcile(v, not_before + 5, e) == [], "asked once"
 
 
 def test_second_failure_backs_off_twice_as_long() -> None:
     e = env()
     p = backoff_history(
-        routed(1), _created(1, 1), _failed(1, at=100.0), _fence_req(1), _fenced(1),
+        routed(1), _created(1, 1), _failed(1, at=100.0), _fence_req(1), _fenced(1), _allowed(1),
         ev.RouteRequested(workload_id=W, at=101.0, attempt_number=2), routed(2), _created(2, 2),
-        _failed(2, at=200.0), _fence_req(2, at=200.0), _fenced(2, new_epoch=3, at=200.1), backoff="10m",
+        _failed(2, at=200.0), _fence_req(2, at=200.0), _fenced(2, new_epoch=3, at=200.1), _allowed(2, at=200.1, epoch=2), backoff="10m",
     )
     v = p.workloads[W]
     assert core.replacement_not_before(v, v.attempts[A1], e.time_scale) == pytest.approx(100.0 + 600 / 600)
@@ -374,7 +386,8 @@ def test_a_lost_attempt_is_replaced_without_backoff() -> None:
     assert core.replacement_not_before(v, v.attempts[A1], 600) == 0.0
     p.apply(_fenced(), 20)
     p.apply(_confirmed(how="lease-expired"), 21)
-    assert _kinds(core.on_event(v, _confirmed(how="lease-expired"), 3.0, env())) == [ev.RouteRequested]
+    p.apply(_allowed(how="lease-expired"), 22)
+    assert _kinds(core.on_event(v, _allowed(how="lease-expired"), 3.0, env())) == [ev.RouteRequested]
 
 
 def test_cancel_during_backoff_requests_no_replacement() -> None:
@@ -434,10 +447,13 @@ def test_unplaceable_pods_are_recorded_then_fail_the_attempt_after_the_grace_and
     assert v.status == "retrying"
     acts = core.on_event(v, failed, 41.0, env())
     assert [type(a.event) for a in acts if isinstance(a, core.Emit)] == [ev.FenceRequested]
-    fenced = ev.Fenced(workload_id=W, at=42.0, attempt_id=a1, epoch=1, cluster="primary", new_epoch=2)
-    p.apply(fenced, 22)
+    fence_req = next(a.event for a in acts if isinstance(a, core.Emit))
+    assert isinstance(fence_req, ev.FenceRequested) and fence_req.stopped  # the failed Job runs nothing
+    p.apply(ev.Fenced(workload_id=W, at=42.0, attempt_id=a1, epoch=1, cluster="primary", new_epoch=2), 22)
+    allowed = _allowed(1, at=42.0)
+    p.apply(allowed, 23)
     e = core.Environment(**{**env().__dict__, "time_scale": 1e9})  # no backoff to wait out here
-    route = [a.event for a in core.on_event(v, fenced, 42.0, e) if isinstance(a, core.Emit)]
+    route = [a.event for a in core.on_event(v, allowed, 42.0, e) if isinstance(a, core.Emit)]
     assert len(route) == 1 and isinstance(route[0], ev.RouteRequested)
     assert route[0].exclude == ["primary"]  # not back to the cluster that refused it
 
@@ -485,17 +501,17 @@ def test_strict_attempt_that_succeeds_after_its_fence_is_replaced() -> None:
     a1 = f"{W}-a1"
     p = _lost_then_succeeded_after_the_fence()
     v = p.workloads[W]
-    rejected = ev.PromotionRejected(workload_id=W, at=5.0, attempt_id=a1, epoch=1, cluster="primary", current_epoch=2, reason="stale")
-    acts = [a.event for a in core.on_event(v, rejected, 5.0, env()) if isinstance(a, core.Emit)]
+    assert core.reconcile(v, 5.5, env()) == [], "strict: the fencer has not said it may start"
+    # the fencer confirms the old Job gone (strict), and says so
+    p.apply(ev.CancelConfirmed(workload_id=W, at=6.0, attempt_id=a1, epoch=1, cluster="primary", how="deleted"), 40)
+    allowed = _allowed(1, how="confirmed", at=6.0)
+    p.apply(allowed, 41)
+    acts = [a.event for a in core.on_event(v, allowed, 6.0, env()) if isinstance(a, core.Emit)]
     assert len(acts) == 1 and isinstance(acts[0], ev.RouteRequested) and acts[0].attempt_number == 2
     assert acts[0].exclude == []  # its cluster answered again
     # and the level-triggered path asks the same (same event id), whatever was missed
-    again = [a.event for a in core.reconcile(v, 6.0, env()) if isinstance(a, core.Emit)]
+    again = [a.event for a in core.reconcile(v, 6.5, env()) if isinstance(a, core.Emit)]
     assert [x.event_id for x in again if isinstance(x, ev.RouteRequested)] == [acts[0].event_id]
-    confirmed = ev.CancelConfirmed(workload_id=W, at=6.0, attempt_id=a1, epoch=1, cluster="primary", how="deleted")
-    p.apply(confirmed, 40)
-    acts = [a.event for a in core.on_event(v, confirmed, 6.0, env()) if isinstance(a, core.Emit)]
-    assert [type(x) for x in acts] == [ev.RouteRequested]
 
 
 # ---- issue 10: lost detection in the core ----------------------------------------------------------

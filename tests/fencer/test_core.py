@@ -158,3 +158,31 @@ def test_lease_after_a_restart_runs_from_the_fence_request_not_from_now() -> Non
     assert core.lease_expires_at(1000.0, "10h", 600) == 1000.0 + 60.0
     assert not core.cancellation_due(core.lease_expires_at(1000.0, "10h", 600), 1059.0)
     assert core.cancellation_due(core.lease_expires_at(1000.0, "10h", 600), 1060.0)
+
+
+# ---- the fencer decides when a replacement may start (issue 10, item 3) ----------------------
+
+
+@pytest.mark.parametrize(
+    ("policy", "stopped", "at_bump"),
+    [
+        pytest.param("strict", False, None, id="strict-running-waits-for-confirmation"),
+        pytest.param("fast", False, "fast", id="fast-may-start-at-the-bump"),
+        pytest.param("strict", True, "stopped", id="stopped-pods-need-no-confirmation"),
+        pytest.param("fast", True, "stopped", id="stopped-and-fast"),
+    ],
+)
+def test_replacement_verdict_at_the_epoch_bump(policy: str, stopped: bool, at_bump: str | None) -> None:
+    e = ev.FenceRequested(workload_id=W, at=1.0, attempt_id=f"{W}-a1", epoch=1, cluster="primary", reason="lost", policy=policy, stopped=stopped)  # type: ignore[arg-type]
+    d = core.on_fence_requested(FenceRecord(epoch=1, current_attempt=f"{W}-a1"), e, 2.0)
+    allowed = [x for x in d.events if isinstance(x, ev.ReplacementAllowed)]
+    assert [x.how for x in allowed] == ([at_bump] if at_bump else [])
+    assert isinstance(d.events[0], ev.Fenced)  # the bump comes first: a replacement never precedes it
+    # strict, still running: the verdict comes with the confirmation, and only then
+    evts = core.confirm(e, 3.0, "deleted", replacement_pending=at_bump is None)
+    assert [type(x) for x in evts] == [ev.CancelConfirmed] + ([ev.ReplacementAllowed] if at_bump is None else [])
+
+
+def test_lease_expiry_allows_the_strict_replacement_as_lease_expired() -> None:
+    evts = core.confirm(fence(1, 1), 9.0, "lease-expired", replacement_pending=True)
+    assert isinstance(evts[1], ev.ReplacementAllowed) and evts[1].how == "lease-expired"

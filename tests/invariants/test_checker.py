@@ -52,3 +52,26 @@ def test_job_left_after_cancellation_is_an_orphan() -> None:
     h = [*base(), ev.Cancelled(workload_id=W, at=2.0)]
     assert [v.invariant for v in check(seq(h), jobs={"c": [(W, f"{W}-a1")]})] == ["no-orphans"]
     assert check(seq(h), jobs={"c": []}) == []
+
+
+def _replaced(policy: str, *, stopped: bool, confirmed: bool, fenced: bool = True) -> list[ev.Base]:
+    created = lambda n, e: ev.AttemptCreated(attempt_number=n, job_name="j", output_path="/o", checkpoint_path="/c", **a(n, e))  # noqa: E731
+    h: list[ev.Base] = [*base(), created(1, 1), ev.FenceRequested(reason="lost", policy=policy, stopped=stopped, **a(1, 1))]  # type: ignore[arg-type]
+    if fenced:
+        h.append(ev.Fenced(new_epoch=2, **a(1, 1)))
+    if confirmed:
+        h.append(ev.CancelConfirmed(how="lease-expired", **a(1, 1)))
+    h += [created(2, 2), ev.Promoted(output_path="/o", result_path="/r", **a(2, 2)), ev.Completed(workload_id=W, at=9.0, attempt_id=f"{W}-a2", result_path="/r")]
+    return h
+
+
+def test_a_strict_replacement_before_confirmation_is_a_violation() -> None:
+    assert [v.invariant for v in check(seq(_replaced("strict", stopped=False, confirmed=False)))] == ["replacement-after-fence"]
+    assert check(seq(_replaced("strict", stopped=False, confirmed=True))) == []
+    assert check(seq(_replaced("strict", stopped=True, confirmed=False))) == [], "its pods had ended"
+    assert check(seq(_replaced("fast", stopped=False, confirmed=False))) == [], "fast: the bump is enough"
+
+
+def test_a_replacement_of_an_unfenced_attempt_is_two_current_attempts() -> None:
+    (v,) = check(seq(_replaced("fast", stopped=False, confirmed=False, fenced=False)))
+    assert v.invariant == "replacement-after-fence" and "two current attempts" in v.detail

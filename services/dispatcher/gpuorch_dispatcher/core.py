@@ -465,6 +465,7 @@ def _fence(view: WorkloadView, a: AttemptView, now: float, reason: str, time_sca
             event_id=_eid(a, "fence-requested"),
             workload_id=view.workload_id, at=now, attempt_id=a.attempt_id, epoch=a.epoch, cluster=a.cluster,
             reason=reason, policy=view.workload.spec.fencing, lease_expires_at=now + lease,
+            stopped=a.status in ("failed", "succeeded"),  # the cluster said its pods ended
         )
     )
 
@@ -569,32 +570,24 @@ def on_event(view: WorkloadView, e: Event, now: float, env: Environment) -> list
             # created while a cancel was being decided (or after the workload ended): stop it too
             when = f"the workload was {view.status}" if view.terminal else "a cancel was requested"
             return [_fence(view, a, now, f"cancel: attempt created after {when}", env.time_scale)]
-        case ev.Fenced():
+        case ev.ReplacementAllowed():
+            # the fencer's verdict (strict / fast, DESIGN §7.4); the retry backoff is ours
             a = view.attempts.get(e.attempt_id)
             if a is None or not _replacement_due(view, a):
                 return []
-            if a.status == "lost" and wl.spec.fencing == "strict":
-                return []  # strict: wait for cancel-confirmed or lease expiry
             if now < replacement_not_before(view, a, env.time_scale):
                 return []  # retry backoff: the dispatcher's periodic reconcile requests it once due
-            return [_request_route(view, a, now, f"replacing {a.attempt_id} ({a.status}) after the epoch moved to {e.new_epoch}")]
+            return [_request_route(view, a, now, f"replacing {a.attempt_id} ({a.status}): {e.reason}")]
         case ev.CancelConfirmed():
             a = view.attempts.get(e.attempt_id)
             if a is None:
                 return []
             if _cancel_complete(view):
                 return [_cancelled(view, now, "cancelled; every attempt confirmed gone")]
-            if a.fenced and _replacement_due(view, a) and now >= replacement_not_before(view, a, env.time_scale):
-                return [_request_route(view, a, now, f"replacing {a.attempt_id} ({a.status}); cancellation confirmed ({e.how})")]
             return []
         case ev.OrphanDeleted() | ev.PromotionRejected():
             # the attempt can no longer publish (or is gone): that may have been the last one a cancel waited for
-            if _cancel_complete(view):
-                return [_cancelled(view, now, "cancelled; every attempt confirmed gone")]
-            a = view.attempts.get(e.attempt_id)
-            if a is not None and stale_success(a) and _replacement_due(view, a):
-                return [_request_route(view, a, now, f"replacing {a.attempt_id}: it finished after its epoch moved on, so it cannot publish")]
-            return []
+            return [_cancelled(view, now, "cancelled; every attempt confirmed gone")] if _cancel_complete(view) else []
         case ev.Promoted():
             if view.status == "completed":
                 return []
@@ -703,9 +696,8 @@ def reconcile(view: WorkloadView, now: float, env: Environment, traceparent: str
         if latest.status == "failed" and (_budget_spent(view, wl) or (latest.exit_code is not None and not retryable(wl, latest.exit_code))):
             why = f"retry budget of {wl.spec.retry.budget} spent" if _budget_spent(view, wl) else f"permanent failure (exit code {latest.exit_code})"
             out.append(Emit(ev.WorkloadFailed(event_id=event_id(view.workload_id, "workload-failed"), workload_id=view.workload_id, at=now, reason=f"{why} in {latest.attempt_id}: {latest.reason}", attempts=len(view.attempts))))
-        elif (latest.fenced or latest.promotion_rejected) and _replacement_due(view, latest):
-            strict_wait = latest.status == "lost" and wl.spec.fencing == "strict" and latest.cancel_confirmed is None
-            if not strict_wait and now >= replacement_not_before(view, latest, env.time_scale):
+        elif "replacement-allowed" in latest.times and _replacement_due(view, latest):
+            if now >= replacement_not_before(view, latest, env.time_scale):
                 out.append(_request_route(view, latest, now, f"replacing {latest.attempt_id} ({latest.status}), re-driven"))
     return out
 

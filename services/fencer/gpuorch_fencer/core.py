@@ -33,6 +33,9 @@ ORPHAN_GRACE_UNKNOWN = 5.0
 TERMINAL = frozenset({"completed", "cancelled", "failed", "rejected"})
 
 
+ConfirmHow = Literal["deleted", "already-gone", "lease-expired"]
+
+
 @dataclass(frozen=True)
 class Decision:
     record: FenceRecord | None  # the record to write by compare-and-set; None = leave as is
@@ -65,16 +68,58 @@ def on_attempt_created(rec: FenceRecord | None, e: ev.AttemptCreated, now: float
     return Decision(None, [_fenced(e, rec.epoch, now)], delete_job=True)
 
 
+ReplacementHow = Literal["stopped", "fast", "confirmed", "lease-expired"]
+
+
+def replacement_allowed(e: ev.AttemptEvent, now: float, how: ReplacementHow) -> ev.ReplacementAllowed:
+    why = {
+        "stopped": "its pods had ended; the epoch moved, so it can never publish",
+        "fast": "fast fencing: the epoch moved, so it can never publish (its pods may still run)",
+        "confirmed": "strict fencing: its Job is deleted and its pods are gone",
+        "lease-expired": "strict fencing: its cluster stayed unreachable past the attempt's lease",
+    }[how]
+    return ev.ReplacementAllowed(event_id=f"{e.attempt_id}.replacement-allowed", how=how, reason=why, **_base(e, now))
+
+
+def replacement_now(e: ev.FenceRequested) -> ReplacementHow | None:
+    """May a replacement start as soon as the epoch moved? (None: strict, wait for confirmation.)
+
+    The one place this is decided (DESIGN §1: the fencer decides when a replacement may start):
+    an attempt whose pods had ended cannot run on; under `fast` a running one may, but it can
+    never publish; under `strict` the replacement waits for `cancel-confirmed` (see `confirm`).
+    """
+    if e.stopped:
+        return "stopped"
+    if e.policy == "fast":
+        return "fast"
+    return None
+
+
 def on_fence_requested(rec: FenceRecord | None, e: ev.FenceRequested, now: float) -> Decision:
-    """Bump the epoch past the attempt's, so its token is stale from now on; then pursue cancellation."""
+    """Bump the epoch past the attempt's, so its token is stale from now on; then pursue cancellation.
+
+    With the bump, the verdict on its replacement when that needs no confirmation
+    (`replacement_now`); otherwise `confirm` gives it once the attempt is confirmed gone.
+    """
     current = rec or FenceRecord(epoch=e.epoch, current_attempt=e.attempt_id)
     if current.promoted_attempt == e.attempt_id:
         # already published: nothing to fence, only clean up its Job
         return Decision(None, [], delete_job=True)
+    how = replacement_now(e)
+    allowed = [replacement_allowed(e, now, how)] if how is not None else []
     if current.epoch > e.epoch:
-        return Decision(None, [_fenced(e, current.epoch, now)], delete_job=True)
+        return Decision(None, [_fenced(e, current.epoch, now), *allowed], delete_job=True)
     new = replace(current, epoch=e.epoch + 1, current_attempt=None)
-    return Decision(new, [_fenced(e, new.epoch, now)], delete_job=True)
+    return Decision(new, [_fenced(e, new.epoch, now), *allowed], delete_job=True)
+
+
+def confirm(e: ev.AttemptEvent, now: float, how: ConfirmHow, *, replacement_pending: bool) -> list[ev.Base]:
+    """The attempt is confirmed gone (or presumed, past its lease): `cancel-confirmed`, and the
+    strict verdict on its replacement if none was given at the bump."""
+    out: list[ev.Base] = [cancel_confirmed(e, now, how)]
+    if replacement_pending:
+        out.append(replacement_allowed(e, now, "lease-expired" if how == "lease-expired" else "confirmed"))
+    return out
 
 
 def on_promote_requested(rec: FenceRecord | None, e: ev.PromoteRequested, now: float, result_path: str) -> Decision:
@@ -104,9 +149,6 @@ def on_promote_requested(rec: FenceRecord | None, e: ev.PromoteRequested, now: f
         [ev.Promoted(event_id=f"{e.attempt_id}.promoted", output_path=e.output_path, result_path=result_path, **b)],
         promote=(e.output_path, result_path),
     )
-
-
-ConfirmHow = Literal["deleted", "already-gone", "lease-expired"]
 
 
 def cancel_confirmed(e: ev.AttemptEvent, now: float, how: ConfirmHow) -> ev.CancelConfirmed:

@@ -47,6 +47,7 @@ class Pursuit:
     lease_expires_at: float
     orphan_reason: str | None = None  # set: confirm with orphan-deleted instead of cancel-confirmed
     deleted: bool = False  # a delete of an existing Job was accepted (pods may still be terminating)
+    replacement_pending: bool = False  # strict: the verdict on its replacement waits for this confirmation
 
 
 def publish_dir(src: str, dst: str) -> None:
@@ -123,13 +124,13 @@ class Fencer:
             log.warning("orphan.log_lookup_failed", workload=workload_id, error=str(exc))
             return True
 
-    def pursue(self, e: ev.AttemptEvent, lease_expires_at: float, orphan_reason: str | None = None) -> None:
+    def pursue(self, e: ev.AttemptEvent, lease_expires_at: float, orphan_reason: str | None = None, *, replacement_pending: bool = False) -> None:
         view = self.follower.projection.get(e.workload_id)
         a = view.attempts.get(e.attempt_id) if view else None
         job = a.job_name if a and a.job_name else e.attempt_id
         ns = a.namespace if a else NAMESPACE
         if e.attempt_id not in self.pursuits:
-            self.pursuits[e.attempt_id] = Pursuit(e.workload_id, e.attempt_id, e.epoch, e.cluster, ns, job, lease_expires_at, orphan_reason)
+            self.pursuits[e.attempt_id] = Pursuit(e.workload_id, e.attempt_id, e.epoch, e.cluster, ns, job, lease_expires_at, orphan_reason, replacement_pending=replacement_pending)
 
     # --- handler --------------------------------------------------------------------------------
     async def on_event(self, msg: Incoming) -> Sequence[ev.Base]:
@@ -145,7 +146,8 @@ class Fencer:
         if isinstance(e, ev.FenceRequested):
             d = await self.cas(e.workload_id, lambda r: core.on_fence_requested(r, e, now))
             if d.delete_job:
-                self.pursue(e, e.lease_expires_at)
+                allowed = any(isinstance(x, ev.ReplacementAllowed) for x in d.events)
+                self.pursue(e, e.lease_expires_at, replacement_pending=not allowed)
             log.info("fence.bumped", workload=e.workload_id, attempt=e.attempt_id, events=len(d.events))
             return d.events
         if isinstance(e, ev.PromoteRequested):
@@ -213,19 +215,21 @@ class Fencer:
             view = self.follower.projection.get(p.workload_id)
             a = view.attempts.get(p.attempt_id) if view else None
             if p.orphan_reason is None and core.cancellation_due(p.lease_expires_at, now) and a is not None and a.cancel_confirmed is None:
-                evt = core.cancel_confirmed(_attempt_event(p), now, "lease-expired")
-                await self.publisher.publish([evt], context=self.follower.context(p.workload_id))
+                expired = core.confirm(_attempt_event(p), now, "lease-expired", replacement_pending=p.replacement_pending)
+                await self.publisher.publish(expired, context=self.follower.context(p.workload_id))
                 # keep pursuing: the orphan collector deletes it once the cluster answers
-                p.orphan_reason = "lease expired while unreachable"
+                p.orphan_reason, p.replacement_pending = "lease expired while unreachable", False
             return
         if how is None:
             return
         if p.orphan_reason:
-            evt2: ev.Base = core.orphan_deleted(p.workload_id, p.attempt_id, p.epoch, p.cluster, p.job_name, p.orphan_reason, now)
+            evts: list[ev.Base] = [core.orphan_deleted(p.workload_id, p.attempt_id, p.epoch, p.cluster, p.job_name, p.orphan_reason, now)]
+            if p.replacement_pending:
+                evts.append(core.replacement_allowed(_attempt_event(p), now, "confirmed"))
         else:
-            evt2 = core.cancel_confirmed(_attempt_event(p), now, how)
+            evts = core.confirm(_attempt_event(p), now, how, replacement_pending=p.replacement_pending)
         log.info("pursuit.confirmed", attempt=p.attempt_id, how=how, orphan=bool(p.orphan_reason))
-        await self.publisher.publish([evt2], context=self.follower.context(p.workload_id))
+        await self.publisher.publish(evts, context=self.follower.context(p.workload_id))
         self.pursuits.pop(key, None)  # only once it is on record
 
     async def collect_orphans(self, stop: asyncio.Event) -> None:
@@ -286,12 +290,14 @@ class Fencer:
                 if a.gone:
                     continue
                 if a.promotion_rejected:
-                    self.pursuits.setdefault(a.attempt_id, Pursuit(view.workload_id, a.attempt_id, a.epoch, a.cluster, a.namespace, a.job_name, 0.0, "promotion rejected"))
+                    pending = a.fenced and "replacement-allowed" not in a.times
+                    self.pursuits.setdefault(a.attempt_id, Pursuit(view.workload_id, a.attempt_id, a.epoch, a.cluster, a.namespace, a.job_name, 0.0, "promotion rejected", replacement_pending=pending))
                 elif a.fenced:
                     # the lease runs from the fence request, as the dispatcher computed it (never "now")
                     asked = a.times.get("fence-requested", a.times.get("fenced", 0.0))
                     lease = core.lease_expires_at(asked, view.workload.spec.lease, self.time_scale) if view.workload else asked
-                    self.pursuits.setdefault(a.attempt_id, Pursuit(view.workload_id, a.attempt_id, a.epoch, a.cluster, a.namespace, a.job_name, lease))
+                    pending = "replacement-allowed" not in a.times
+                    self.pursuits.setdefault(a.attempt_id, Pursuit(view.workload_id, a.attempt_id, a.epoch, a.cluster, a.namespace, a.job_name, lease, replacement_pending=pending))
 
     async def run(self, stop: asyncio.Event) -> None:
         nc = await bus.connect(self.settings.nats_url, "gpuorch-fencer")
