@@ -183,10 +183,40 @@ def decode_owner(data: bytes) -> OwnerLease:
     return _json_owner.decode(data)
 
 
+_WORKLOAD_INFO = msgspec.inspect.type_info(Workload)
+
+
+def unknown_fields(obj: Any, info: Any = _WORKLOAD_INFO, at: str = "") -> list[FieldError]:
+    """Fields a document names that the contract does not have (a typo is an error, not a no-op)."""
+    out: list[FieldError] = []
+    if isinstance(info, msgspec.inspect.UnionType):
+        for t in info.types:
+            if isinstance(t, (msgspec.inspect.StructType, msgspec.inspect.ListType, msgspec.inspect.DictType)):
+                out += unknown_fields(obj, t, at)
+    elif isinstance(info, msgspec.inspect.StructType) and isinstance(obj, dict):
+        fields = {f.encode_name: f for f in info.fields}
+        for k, v in obj.items():
+            path = f"{at}.{k}" if at else str(k)
+            if k not in fields:
+                out.append(FieldError(path=path, message="unknown field (the contract has: " + ", ".join(sorted(fields)) + ")"))
+            else:
+                out += unknown_fields(v, fields[k].type, path)
+    elif isinstance(info, msgspec.inspect.ListType) and isinstance(obj, list):
+        for i, v in enumerate(obj):
+            out += unknown_fields(v, info.item_type, f"{at}[{i}]")
+    return out
+
+
 def workload_from_obj(obj: Any) -> Workload:
-    """Convert a parsed YAML/JSON document into a valid Workload, or raise ContractError."""
+    """Convert a parsed YAML/JSON document into a valid Workload, or raise ContractError.
+
+    Strict, as for anything people write: unknown fields are errors (the JSON Schema is closed too).
+    """
     if not isinstance(obj, dict):
         raise ContractError("invalid workload", [FieldError(path="$", message="expected a mapping")])
+    extra = unknown_fields(obj)
+    if extra:
+        raise ContractError("invalid workload", extra)
     try:
         wl = msgspec.convert(obj, Workload)
     except msgspec.ValidationError as exc:

@@ -1,0 +1,106 @@
+// Submit, follow and cancel a gpuorch workload from Node with the official nats.js client,
+// using only docs/contract.md and proto/schemas/ (no gpuorch code).
+//
+//   NATS_URL=nats://127.0.0.1:4222 node client.mjs workload.json [--cancel-after running|attempt-created|submitted]
+//
+// Environment: NATS_URL (default nats://127.0.0.1:4222), GPUORCH_PREFIX (default gpuorch),
+// GPUORCH_NATS_CREDS (an nkey seed file or a .creds file, when the server requires one),
+// SCHEMA_DIR (default ../../proto/schemas), TIMEOUT_S (default 120).
+// Prints one JSON line per event it sees ({"seq", "subject", "type", ...}) and a last line
+// {"result": ...}; exits 0 when the workload ended as expected (cancelled, or completed without
+// --cancel-after), 1 otherwise, 2 when the document is invalid.
+
+import { createHash, randomUUID, randomBytes } from "node:crypto";
+import fs from "node:fs";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import Ajv2020 from "ajv/dist/2020.js";
+import {
+  connect, headers, nkeyAuthenticator, credsAuthenticator, DeliverPolicy, JSONCodec,
+} from "nats";
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const args = process.argv.slice(2);
+const file = args.find((a) => !a.startsWith("--"));
+const cancelAfter = args.includes("--cancel-after") ? args[args.indexOf("--cancel-after") + 1] : null;
+const prefix = process.env.GPUORCH_PREFIX || "gpuorch";
+const up = prefix.toUpperCase().replace(/[.-]/g, "_");
+const STREAM_EVT = `${up}_EVT`;                       // contract.md: stream GPUORCH_EVT
+const SUBMIT = `${prefix}.cmd.submit`;                // contract.md: Submit
+const CANCEL = `${prefix}.cmd.cancel`;                // contract.md: Cancel
+const TERMINAL = new Set(["completed", "cancelled", "workload-failed", "rejected"]);
+const timeoutMs = 1000 * Number(process.env.TIMEOUT_S || 120);
+const jc = JSONCodec();
+const out = (o) => process.stdout.write(JSON.stringify(o) + "\n");
+
+// 1. the document, checked against the published schema before anything is sent
+const schemaDir = process.env.SCHEMA_DIR || path.join(here, "..", "..", "proto", "schemas");
+const ajv = new Ajv2020();   // Ajv's default strict mode
+const validWorkload = ajv.compile(JSON.parse(fs.readFileSync(path.join(schemaDir, "workload.schema.json"))));
+const validEvent = ajv.compile(JSON.parse(fs.readFileSync(path.join(schemaDir, "event.schema.json"))));
+const workload = JSON.parse(fs.readFileSync(file, "utf8"));
+if (!validWorkload(workload)) {
+  out({ result: "invalid", errors: validWorkload.errors });
+  process.exit(2);
+}
+
+// 2. the workload id, derived from the idempotency key as contract.md says:
+//    <slug(metadata.name)>-<first 10 hex of sha256(key)>
+const key = `node-${randomUUID()}`;
+const slug = workload.metadata.name.toLowerCase().replace(/[^a-z0-9-]+/g, "-").replace(/^-+|-+$/g, "")
+  .slice(0, 30).replace(/^-+|-+$/g, "") || "wl";
+const workloadId = `${slug}-${createHash("sha256").update(key).digest("hex").slice(0, 10)}`;
+// W3C trace context: every span of the workload's life joins this trace
+const traceId = randomBytes(16).toString("hex");
+const traceparent = `00-${traceId}-${randomBytes(8).toString("hex")}-01`;
+
+function authenticator() {
+  const f = process.env.GPUORCH_NATS_CREDS;
+  if (!f) return undefined;
+  const text = fs.readFileSync(f);
+  return text.includes("BEGIN NATS USER JWT") ? credsAuthenticator(text) : nkeyAuthenticator(new TextEncoder().encode(text.toString().trim()));
+}
+
+const nc = await connect({ servers: process.env.NATS_URL || "nats://127.0.0.1:4222", authenticator: authenticator(), name: "gpuorch-node-example" });
+const js = nc.jetstream();
+const deadline = setTimeout(() => { out({ result: "timeout", workload_id: workloadId }); process.exit(1); }, timeoutMs);
+
+// 3. follow the one workload: an ordered consumer on GPUORCH_EVT filtered to evt.<id>.>,
+//    deliver policy "all" (from its first event), started before the submit so nothing is missed
+const consumer = await js.consumers.get(STREAM_EVT, { filterSubjects: [`${prefix}.evt.${workloadId}.>`], deliver_policy: DeliverPolicy.All });
+const messages = await consumer.consume();
+
+// 4. submit: Nats-Msg-Id is the idempotency key, traceparent the trace
+const h = headers();
+h.set("Nats-Msg-Id", key);
+h.set("traceparent", traceparent);
+const ack = await js.publish(SUBMIT, jc.encode({ type: "submit", schema_version: 1, workload }), { headers: h });
+out({ published: SUBMIT, stream: ack.stream, seq: ack.seq, workload_id: workloadId, idempotency_key: key, trace_id: traceId });
+
+let cancelled = false;
+let last = null;
+const seen = [];
+for await (const m of messages) {
+  const evt = jc.decode(m.data);
+  const type = m.subject.split(".").pop();      // the subject ends in the event's type
+  seen.push(type);
+  out({ seq: m.seq, subject: m.subject, type, schema_ok: validEvent(evt), at: evt.at, ...(evt.reason ? { reason: evt.reason } : {}),
+        ...(evt.message ? { message: evt.message } : {}), ...(evt.cluster ? { cluster: evt.cluster } : {}) });
+  last = type;
+  if (!cancelled && cancelAfter && type === cancelAfter) {
+    // 5. cancel: works in every state; the workload ends `cancelled` once every attempt is confirmed gone
+    const ch = headers();
+    ch.set("Nats-Msg-Id", `cancel-${workloadId}`);
+    ch.set("traceparent", traceparent);
+    const cack = await js.publish(CANCEL, jc.encode({ type: "cancel", schema_version: 1, workload_id: workloadId, reason: "node example" }), { headers: ch });
+    out({ published: CANCEL, stream: cack.stream, seq: cack.seq, record: `msg-${cack.stream.toLowerCase().replace(/[^a-z0-9]+/g, "-")}-${cack.seq}` });
+    cancelled = true;
+  }
+  if (TERMINAL.has(type)) break;
+}
+clearTimeout(deadline);
+const expected = cancelAfter ? "cancelled" : "completed";
+out({ result: last, expected, workload_id: workloadId, events: seen });
+await messages.close();
+await nc.close();
+process.exit(last === expected ? 0 : 1);
