@@ -13,7 +13,7 @@ still a span of the workload's one trace.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +53,28 @@ class Follower:
             self.remember(evt.workload_id, headers)
             n += 1
         return n
+
+
+async def every(
+    stop: asyncio.Event, interval: float, tick: Callable[[], Awaitable[None]], *, name: str
+) -> None:
+    """Run `tick` now and then every `interval` seconds until `stop` (the one periodic loop).
+
+    A tick that raises is logged and the next one runs: a service's loop never dies silently
+    while the service goes on answering as if it watched.
+    """
+    log = structlog.get_logger("gpuorch.loop")
+    while not stop.is_set():
+        try:
+            await tick()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("loop.tick_failed", loop=name)
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=interval)
+        except TimeoutError:
+            pass
 
 
 async def run_until_stopped(service: str, stop: asyncio.Event, work: list[Coroutine[Any, Any, Any]], **ready: Any) -> None:

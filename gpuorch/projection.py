@@ -18,7 +18,7 @@ from gpuorch_proto import Event, RoutingDecision, Workload, k8s
 from gpuorch_proto import events as ev
 
 LIVE_ATTEMPT = frozenset({"created", "admitted", "running", "lost"})
-TERMINAL = frozenset({"completed", "cancelled", "failed", "rejected"})
+TERMINAL = ev.TERMINAL_STATUSES
 
 
 @dataclass

@@ -262,6 +262,8 @@ Event = (
 EVENT_TYPES: tuple[type[Base], ...] = Event.__args__  # type: ignore[attr-defined, unused-ignore]
 
 TERMINAL_TYPES = frozenset({"completed", "cancelled", "workload-failed", "rejected"})
+#: A workload's terminal statuses (as `gpuorch.projection` names them): nothing happens after one.
+TERMINAL_STATUSES = frozenset({"completed", "cancelled", "failed", "rejected"})
 
 
 MESSAGE_REF_PREFIX = "msg-"

@@ -18,13 +18,13 @@ from typing import Any
 
 import structlog
 from kubernetes.client.exceptions import ApiException
-from nats.js.errors import KeyNotFoundError, NotFoundError
+from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
 
 from gpuorch.config import Settings, load_registry
-from gpuorch.follow import Follower, run_until_stopped
+from gpuorch.follow import Follower, every, run_until_stopped
 from gpuorch.kube import TIMEOUT, ClusterClient, make_clients, unreachable
 from gpuorch.projection import AttemptView, WorkloadView
-from gpuorch.runtime import bus
+from gpuorch.runtime import bus, kv
 from gpuorch.runtime.shell import Incoming, Publisher, Reject, Retry, consume, guard_commands, run_service
 from gpuorch_proto import OwnerLease, decode_owner, encode, k8s
 from gpuorch_proto import events as ev
@@ -171,30 +171,31 @@ class Dispatcher:
 
     async def _claim(self, workload_id: str) -> str | None:
         """Try to (re)claim; returns the previous owner ("" if none) on success, None otherwise."""
-        try:
-            entry = await self.kv_owners.get(workload_id)
-            current, rev = decode_owner(entry.value), entry.revision
-        except KeyNotFoundError:
-            current, rev = None, 0
-        lease = core.claim(current, self.me, time.time(), self.owner_ttl)
-        if lease is None:
+
+        def step(value: bytes | None) -> tuple[OwnerLease | None, bytes | None]:
+            current = decode_owner(value) if value is not None else None
+            lease = core.claim(current, self.me, time.time(), self.owner_ttl)
+            return current, (encode(lease) if lease is not None else None)
+
+        try:  # one try: a lost race means another dispatcher owns it now
+            w = await kv.compare_and_set(self.kv_owners, workload_id, step, attempts=1)
+        except KeyWrongLastSequenceError:
+            log.info("ownership.lost_race", workload=workload_id)
             return None
-        try:
-            if rev == 0:
-                new_rev = await self.kv_owners.create(workload_id, encode(lease))
-            else:
-                new_rev = await self.kv_owners.update(workload_id, encode(lease), last=rev)
-        except Exception as exc:  # someone else won the compare-and-set
-            log.info("ownership.lost_race", workload=workload_id, error=type(exc).__name__)
+        except Exception as exc:  # the bucket did not answer: not ours for now, asked again later
+            log.warning("ownership.claim_failed", workload=workload_id, error=type(exc).__name__)
             return None
-        self.owned[workload_id] = int(new_rev)
+        if w.value is None:
+            return None  # someone else holds an unexpired lease
+        self.owned[workload_id] = w.revision
+        current = w.decision
         previous = current.owner if current else ""
         if previous and previous != self.me:
             log.info("ownership.takeover", workload=workload_id, previous=previous)
         return previous
 
     async def renew(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
+        async def tick() -> None:
             for wid, rev in list(self.owned.items()):
                 view = self.follower.projection.get(wid)
                 if view is not None and view.terminal:
@@ -206,31 +207,25 @@ class Dispatcher:
                 except Exception as exc:
                     log.warning("ownership.renew_failed", workload=wid, error=type(exc).__name__)
                     self.owned.pop(wid, None)
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=self.owner_ttl / 3)
-            except TimeoutError:
-                pass
+        await every(stop, self.owner_ttl / 3, tick, name="renew")
 
     async def take_over(self, stop: asyncio.Event) -> None:
         """Workloads whose owner's lease ran out (it died) are claimed and re-driven."""
         assert self.publisher is not None
-        while not stop.is_set():
+        async def tick() -> None:
             for wid, view in list(self.follower.projection.workloads.items()):
                 if view.terminal or view.workload is None or not view.routed_attempts or wid in self.owned:
                     continue
                 if await self._claim(wid) is None:
                     continue
                 await self.redrive(view)
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=self.owner_ttl / 2)
-            except TimeoutError:
-                pass
+        await every(stop, self.owner_ttl / 2, tick, name="take_over")
 
     async def reconcile_owned(self, stop: asyncio.Event) -> None:
         """Level-triggered upkeep of the workloads we own: whatever is due by time alone (a
         replacement once its retry backoff has passed) or was missed. `core.reconcile` asks for
         nothing the state already shows, so this is a no-op for a workload that is on track."""
-        while not stop.is_set():
+        async def tick() -> None:
             for wid in list(self.owned):
                 view = self.follower.projection.get(wid)
                 if view is None or view.terminal or view.workload is None or self.busy.get(wid):
@@ -239,10 +234,7 @@ class Dispatcher:
                     await self.redrive(view)
                 except Exception as exc:  # e.g. a cluster that does not answer a create: next round
                     log.warning("reconcile.failed", workload=wid, error=str(exc))
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=self.reconcile_every)
-            except TimeoutError:
-                pass
+        await every(stop, self.reconcile_every, tick, name="reconcile_owned")
 
     async def redrive(self, view: WorkloadView) -> None:
         assert self.publisher is not None
@@ -356,7 +348,8 @@ class Dispatcher:
 
     async def watch(self, stop: asyncio.Event) -> None:
         assert self.publisher is not None
-        while not stop.is_set():
+        async def tick() -> None:
+            assert self.publisher is not None
             live: dict[str, list[tuple[WorkloadView, AttemptView]]] = {}
             for view in self.follower.projection.workloads.values():
                 if view.workload_id not in self.owned:
@@ -380,7 +373,7 @@ class Dispatcher:
                     if why is not None:
                         for view, a in items:
                             acts = core.lost(view, a, now, f"{cluster} {why} ({type(exc).__name__})")
-                            await self.publisher.publish(await self.execute(acts, a.attempt_id), context=self.follower.context(view.workload_id))
+                            await self.publisher.publish(await self.execute(acts, view.workload_id), context=self.follower.context(view.workload_id))
                     continue
                 for view, a in items:
                     job = jobs.get(a.job_name)
@@ -389,10 +382,7 @@ class Dispatcher:
                     if acts:
                         wid = view.workload_id
                         await self.publisher.publish(await self.execute(acts, wid), context=self.follower.context(wid))
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=self.interval)
-            except TimeoutError:
-                pass
+        await every(stop, self.interval, tick, name="watch")
 
     async def run(self, stop: asyncio.Event) -> None:
         nc = await bus.connect(self.settings.nats_url, "gpuorch-dispatcher")

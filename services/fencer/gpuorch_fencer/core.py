@@ -30,7 +30,7 @@ from gpuorch_proto.units import parse_duration
 # It only gets a short grace, so that a Job is never judged in the instant it appears.
 ORPHAN_GRACE = 30.0
 ORPHAN_GRACE_UNKNOWN = 5.0
-TERMINAL = frozenset({"completed", "cancelled", "failed", "rejected"})
+TERMINAL = ev.TERMINAL_STATUSES
 
 
 ConfirmHow = Literal["deleted", "already-gone", "lease-expired"]

@@ -15,12 +15,12 @@ from typing import Any
 
 import structlog
 from kubernetes.client.exceptions import ApiException
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.errors import KeyNotFoundError, NotFoundError
 
 from gpuorch.config import Settings, load_registry
-from gpuorch.follow import Follower, run_until_stopped
+from gpuorch.follow import Follower, every, run_until_stopped
 from gpuorch.kube import TIMEOUT, ClusterClient, make_clients, unreachable
-from gpuorch.runtime import bus
+from gpuorch.runtime import bus, kv
 from gpuorch.runtime.shell import Incoming, Publisher, consume, run_service
 from gpuorch_proto import FenceRecord, decode_fence, encode
 from gpuorch_proto import events as ev
@@ -83,26 +83,13 @@ class Fencer:
 
     # --- compare-and-set on the fence record ------------------------------------------------
     async def cas(self, workload_id: str, decide: Callable[[FenceRecord | None], core.Decision]) -> core.Decision:
-        while True:
-            try:
-                entry = await self.kv.get(workload_id)
-                rec, rev = decode_fence(entry.value), entry.revision
-            except KeyNotFoundError:
-                rec, rev = None, 0
-            d = decide(rec)
-            if d.record is None:
-                return d
-            try:
-                if rev == 0:
-                    await self.kv.create(workload_id, encode(d.record))
-                else:
-                    await self.kv.update(workload_id, encode(d.record), last=rev)
-                return d
-            except (KeyWrongLastSequenceError, Exception) as exc:
-                if isinstance(exc, KeyWrongLastSequenceError) or "wrong last sequence" in str(exc).lower() or "key exists" in str(exc).lower():
-                    log.info("fence.cas_conflict", workload=workload_id)
-                    continue
-                raise
+        """The fence record changes only by compare-and-set (`gpuorch.runtime.kv`)."""
+
+        def step(value: bytes | None) -> tuple[core.Decision, bytes | None]:
+            d = decide(decode_fence(value) if value is not None else None)
+            return d, (encode(d.record) if d.record is not None else None)
+
+        return (await kv.compare_and_set(self.kv, workload_id, step)).decision
 
     async def record(self, workload_id: str) -> FenceRecord | None:
         try:
@@ -188,16 +175,13 @@ class Fencer:
         return "deleted" if p.deleted else "already-gone"
 
     async def pursue_loop(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
+        async def tick() -> None:
             for key, p in list(self.pursuits.items()):
                 try:
                     await self.pursue_one(key, p)
                 except Exception as exc:  # never let one pursuit stop the others: try again next round
                     log.warning("pursuit.failed", attempt=p.attempt_id, error=str(exc))
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=self.interval)
-            except TimeoutError:
-                pass
+        await every(stop, self.interval, tick, name="pursue_loop")
 
     async def pursue_one(self, key: str, p: Pursuit) -> None:
         assert self.publisher is not None
@@ -235,7 +219,7 @@ class Fencer:
     async def collect_orphans(self, stop: asyncio.Event) -> None:
         """When a cluster answers, every Job of a stale epoch, an unknown attempt or a finished
         workload is deleted (and recorded as `orphan-deleted`)."""
-        while not stop.is_set():
+        async def tick() -> None:
             for cluster, cc in self.clients.items():
                 try:
                     listed = await asyncio.to_thread(cc.batch.list_namespaced_job, NAMESPACE, label_selector=f"{LABEL_MANAGED}=true", _request_timeout=TIMEOUT)
@@ -246,10 +230,7 @@ class Fencer:
                         await self.judge(cluster, j)
                     except Exception as exc:
                         log.warning("orphan.judge_failed", cluster=cluster, job=(j.get("metadata") or {}).get("name"), error=str(exc))
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=max(2.0, self.interval * 4))
-            except TimeoutError:
-                pass
+        await every(stop, max(2.0, self.interval * 4), tick, name="collect_orphans")
 
     async def judge(self, cluster: str, job: dict[str, Any]) -> None:
         """One managed Job found on a cluster: leave it, or start pursuing it as an orphan."""
