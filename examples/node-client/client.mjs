@@ -16,7 +16,7 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 import Ajv2020 from "ajv/dist/2020.js";
 import {
-  connect, headers, nkeyAuthenticator, credsAuthenticator, DeliverPolicy, JSONCodec,
+  connect, headers, nkeyAuthenticator, credsAuthenticator, JSONCodec,
 } from "nats";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
@@ -66,8 +66,9 @@ const js = nc.jetstream();
 const deadline = setTimeout(() => { out({ result: "timeout", workload_id: workloadId }); process.exit(1); }, timeoutMs);
 
 // 3. follow the one workload: an ordered consumer on GPUORCH_EVT filtered to evt.<id>.>,
-//    deliver policy "all" (from its first event), started before the submit so nothing is missed
-const consumer = await js.consumers.get(STREAM_EVT, { filterSubjects: [`${prefix}.evt.${workloadId}.>`], deliver_policy: DeliverPolicy.All });
+//    deliver policy "all" (an ordered consumer's default: from the workload's first event), started
+//    before the submit so nothing is missed; the server removes it when the client goes away
+const consumer = await js.consumers.get(STREAM_EVT, { filterSubjects: [`${prefix}.evt.${workloadId}.>`] });
 const messages = await consumer.consume();
 
 // 4. submit: Nats-Msg-Id is the idempotency key, traceparent the trace
@@ -101,6 +102,5 @@ for await (const m of messages) {
 clearTimeout(deadline);
 const expected = cancelAfter ? "cancelled" : "completed";
 out({ result: last, expected, workload_id: workloadId, events: seen });
-await messages.close();
-await nc.close();
+await Promise.race([nc.close(), new Promise((r) => setTimeout(r, 1000))]);
 process.exit(last === expected ? 0 : 1);

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.e2e
 def test_node_client_submits_follows_and_cancels(system: System, tmp_path: Path) -> None:
     cwd = node_client_dir()
     doc = tmp_path / "workload.json"
-    doc.write_text(json.dumps(msgspec.to_builtins(train(name="Node_Example", steps=400))))
+    doc.write_text(json.dumps(msgspec.to_builtins(train(name="node-example", steps=400))))
     s = system.settings
     env = {**os.environ, "NATS_URL": s.nats_url, "GPUORCH_PREFIX": system.prefix, "TIMEOUT_S": "60"}
     creds = getattr(s, "nats_creds", None)
@@ -34,7 +34,7 @@ def test_node_client_submits_follows_and_cancels(system: System, tmp_path: Path)
     assert p.returncode == 0, f"node client exited {p.returncode}:\n{p.stdout}\n{p.stderr}"
     published = lines[0]
     # the id it derived from the docs' rule is the one the router gave the workload
-    assert published["workload_id"] == workload_id_for(published["idempotency_key"], "Node_Example")
+    assert published["workload_id"] == workload_id_for(published["idempotency_key"], "node-example")
     assert published["workload_id"].startswith("node-example-")
     events = [ln for ln in lines if "type" in ln]
     types = [e["type"] for e in events]
