@@ -1,0 +1,789 @@
+"""The four services' shells over the simulated bus: what the real shells do, calling the same cores.
+
+Each class mirrors one ``services/*/service.py``: it folds the event log into a projection, calls
+the same pure functions (``gpuorch_router.policy.route`` through ``gpuorch_router.core``,
+``gpuorch_dispatcher.core``, ``gpuorch_fencer.core``, ``gpuorch_inventory.core``), publishes, then
+acks. Where a real shell awaits (NATS, KV, the Kubernetes API), the generator yields: another task,
+a fault or a crash may come in between. Where a real shell holds decision logic of its own (not in
+a core), it is repeated here, marked ``# shell logic``, and listed in docs/simulation-testing.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import msgspec
+
+from gpuorch.projection import AttemptView, Projection, WorkloadView
+from gpuorch_dispatcher import core as dcore
+from gpuorch_fencer import core as fcore
+from gpuorch_inventory import core as icore
+from gpuorch_proto import ClusterSnapshot, Event, FenceRecord, OwnerLease, event_id, workload_id_for
+from gpuorch_proto import events as ev
+from gpuorch_proto.events import message_ref
+from gpuorch_proto.k8s import LABEL_ATTEMPT, LABEL_EPOCH, LABEL_WORKLOAD, NAMESPACE
+from gpuorch_proto.subjects import valid_token
+from gpuorch_router import core as rcore
+from gpuorch_router.policy import SnapshotIndex, build_index
+
+from .bus import KVConflict, SimConsumer, SimKV, StoredMsg
+from .cluster import SimCluster, Unreachable
+from .runtime import Fetch, Gen, Reject, Retry, Sleep, Task, Until, default_backoff
+from .world import STREAM_CMD, STREAM_EVT, World
+
+
+@dataclass(frozen=True)
+class Incoming:
+    event: Event
+    stream: str
+    stream_seq: int
+    delivered: int
+    msg_id: str
+
+
+class Service:
+    """One process: its tasks die with it; its durable consumers live on the server."""
+
+    kind = "service"
+
+    def __init__(self, w: World, name: str) -> None:
+        self.w = w
+        self.name = name
+        self.alive = True
+        self.tasks: list[Task] = []
+
+    def spawn(self, name: str, gen: Gen) -> None:
+        t = Task(f"{self.name}.{name}", self, gen)
+        self.tasks.append(t)
+        self.w.spawned.append(t)
+
+    def start(self) -> Gen:
+        """The start-up task: replay the log, then spawn the loops."""
+        raise NotImplementedError
+        yield
+
+    def replay(self, fold: Callable[[Event, int], object]) -> Gen:
+        """`replay()`: read the event stream up to its last sequence now (one step per 64 messages)."""
+        last = self.w.evt.last_seq
+        for m in self.w.evt.msgs[:last]:
+            fold(m.data, m.seq)
+            if m.seq % 64 == 0:
+                yield None
+        self.w.log(self.name, f"replayed {last} events")
+
+    # --- the consume loop of gpuorch.runtime.shell --------------------------------------------
+    def consume(self, consumer: SimConsumer, handler: Callable[[Incoming], Gen], max_deliver: int = 5) -> Gen:
+        w = self.w
+        stream = consumer.stream.name
+        while True:
+            yield Fetch(consumer)
+            got = consumer.fetch(w.now, self)
+            if got is None:
+                continue
+            msg, delivered = got
+            w.log(self.name, f"deliver {stream}#{msg.seq} {ev.type_tag(msg.data)} {msg.msg_id} (delivery {delivered})")
+            inc = Incoming(msg.data, stream, msg.seq, delivered, msg.msg_id)
+            if delivered > max_deliver:
+                yield from self.dead_letter(consumer, msg, f"did not complete in {max_deliver} deliveries")
+                continue
+            try:
+                out = yield from handler(inc)
+            except Reject as r:
+                rej = ev.Rejected(
+                    event_id=f"{message_ref(stream, msg.seq)}.rejected", workload_id=message_ref(stream, msg.seq), at=w.now,
+                    reason=r.reason, source_sequence=msg.seq, source_stream=stream, idempotency_key=msg.msg_id or None,
+                    claimed_workload_id=r.claimed_workload_id,
+                )
+                yield None
+                w.publish(rej, self.name)
+                consumer.term(msg.seq)
+                continue
+            except Exception as exc:  # Retry, an unreachable cluster, a KV conflict, a bug
+                if delivered >= max_deliver:
+                    yield from self.dead_letter(consumer, msg, f"failed {delivered} times; last error: {type(exc).__name__}: {exc}")
+                    continue
+                delay = exc.delay if isinstance(exc, Retry) else default_backoff(delivered)
+                if not isinstance(exc, Retry | Unreachable | KVConflict):
+                    w.loop_errors.append(f"{self.name} handler {type(exc).__name__}: {exc}")
+                w.log(self.name, f"nak {stream}#{msg.seq} in {delay:g}s ({type(exc).__name__}: {exc})")
+                consumer.nak(msg.seq, w.now, delay)
+                continue
+            for e in out:  # publish, then ack: a crash in between republishes the same ids
+                yield None
+                w.publish(e, self.name)
+            yield None
+            consumer.ack(msg.seq)
+
+    def dead_letter(self, consumer: SimConsumer, msg: StoredMsg, why: str) -> Gen:
+        stream = consumer.stream.name
+        if not isinstance(msg.data, ev.Rejected):
+            rej = ev.Rejected(
+                event_id=f"{message_ref(stream, msg.seq)}.rejected.{consumer.durable}", workload_id=message_ref(stream, msg.seq),
+                at=self.w.now, reason=f"handler on {consumer.durable} {why}", source_sequence=msg.seq, source_stream=stream,
+                idempotency_key=msg.msg_id or None, claimed_workload_id=msg.data.workload_id or None,
+            )
+            yield None
+            self.w.publish(rej, self.name)
+        consumer.term(msg.seq)
+
+    def every(self, interval: float, round_: Callable[[], Gen], name: str) -> Gen:
+        """A periodic loop (`gpuorch.follow.every`): a tick that raises is logged, the next one runs."""
+        while True:
+            try:
+                yield from round_()
+            except Exception as exc:
+                if not isinstance(exc, Unreachable | KVConflict):
+                    self.w.loop_errors.append(f"{self.name}.{name} {type(exc).__name__}: {exc}")
+                self.w.log(self.name, f"tick {name} failed: {type(exc).__name__}: {exc}")
+            yield Sleep(self.w.now + interval)
+
+    def api(self, cluster: SimCluster) -> Gen:
+        """An API call's latency (raises after the client timeout)."""
+        if cluster.latency > 0:
+            yield Sleep(self.w.now + min(cluster.latency, 5.0))
+        else:
+            yield None
+        cluster.call()
+
+
+# =============================================================================== router
+
+
+class RouterSim(Service):
+    kind = "router"
+
+    def __init__(self, w: World, name: str, consumers: dict[str, SimConsumer]) -> None:
+        super().__init__(w, name)
+        self.projection = Projection()
+        self.state = rcore.RouterState()
+        self.snapshots: dict[str, ClusterSnapshot] = {}
+        self.indexes: dict[str, SnapshotIndex] = {}
+        self.changed = False
+        self.c = consumers
+        self.inv = SimConsumer(w.inv, f"{name}-inventory", lambda s: True, ack_wait=1e9)  # ordered, last per subject
+
+    def fold(self, e: Event, seq: int) -> None:
+        self.projection.apply(e, seq)
+        self.state.apply(e, seq)
+
+    def start(self) -> Gen:
+        yield from self.replay(self.fold)
+        self.spawn("submit", self.consume(self.c["submit"], self.on_command))
+        self.spawn("events", self.consume(self.c["events"], self.on_event))
+        self.spawn("inventory", self.follow_inventory())
+        self.spawn("reevaluate", self.reevaluate())
+
+    def decide(self, wl: Any, wid: str, n: int, now: float) -> Any:
+        return rcore.decide(self.state, wl, wid, n, self.indexes, now)
+
+    def on_command(self, msg: Incoming) -> Gen:
+        e = msg.event
+        if not isinstance(e, ev.Submit):
+            return []
+        key = msg.msg_id or e.idempotency_key or f"{msg.stream}-{msg.stream_seq}"
+        wid = e.workload_id or workload_id_for(key, e.workload.metadata.name)
+        view = self.projection.get(wid)
+        if view is not None and view.workload is not None:  # shell logic: a re-send, or another body
+            if view.workload != e.workload:
+                raise Reject(f"submit names workload {wid}, which exists with a different body", claimed_workload_id=wid)
+            return []
+        now = self.w.now
+        submitted = ev.Submitted(event_id=event_id(wid, "submitted"), workload_id=wid, at=now, workload=e.workload, idempotency_key=key, source_sequence=msg.stream_seq)
+        decision = self.decide(e.workload, wid, 1, now)
+        out = rcore.decision_events(wid, decision, 1, now)
+        self.state.note_published(out)
+        yield None
+        return [submitted, *out]
+
+    def on_event(self, msg: Incoming) -> Gen:
+        e = msg.event
+        self.fold(e, msg.stream_seq)
+        if not isinstance(e, ev.RouteRequested):
+            return []
+        view = self.projection.get(e.workload_id)
+        if view is None or view.workload is None:
+            raise Retry(0.5)
+        if view.terminal or view.cancel_requested or e.attempt_number in view.routed_attempts:
+            return []
+        last = self.state.published.get(e.workload_id)
+        if last is not None and last.attempt_number == e.attempt_number:
+            return []  # shell logic: a redelivery, decided already
+        now = self.w.now
+        decision = self.decide(view.workload, e.workload_id, e.attempt_number, now)
+        out = rcore.decision_events(e.workload_id, decision, e.attempt_number, now)
+        self.state.note_published(out)
+        yield None
+        return out
+
+    def follow_inventory(self) -> Gen:
+        while True:
+            yield Fetch(self.inv)
+            got = self.inv.fetch(self.w.now, self)
+            if got is None:
+                continue
+            self.inv.ack(got[0].seq)
+            snap: ClusterSnapshot = got[0].data
+            old = self.snapshots.get(snap.cluster)
+            self.snapshots[snap.cluster] = snap
+            self.indexes[snap.cluster] = build_index(snap)
+            if old is None or old.reachable != snap.reachable or old.observed_at != snap.observed_at:
+                self.changed = True
+
+    def pending_attempt(self, wid: str) -> int | None:  # shell logic (Router.pending_attempt)
+        v = self.projection.get(wid)
+        if v is None or v.workload is None or v.terminal or v.cancel_requested:
+            return None
+        wanted = max(v.route_requested | {1})
+        if wanted in v.routed_attempts:
+            return None
+        if wanted == 1:
+            return 1 if v.status == "waiting" else None
+        return wanted
+
+    def reevaluate(self) -> Gen:
+        while True:
+            yield Until(lambda: self.changed, self.w.now + 2.0)
+            self.changed = False
+            for wid, view in list(self.projection.workloads.items()):
+                n = self.pending_attempt(wid)
+                if n is None or view.workload is None:
+                    continue
+                now = self.w.now
+                decision = self.decide(view.workload, wid, n, now)
+                out = rcore.reevaluation(self.state, wid, n, decision, now)
+                if not out:
+                    continue
+                for e in out:
+                    yield None
+                    self.w.publish(e, self.name)
+                self.state.note_published(out)
+
+
+# =============================================================================== dispatcher
+
+
+class DispatcherSim(Service):
+    kind = "dispatcher"
+    interval = 0.5  # GPUORCH_DISPATCH_INTERVAL
+    lost_after = 3.0  # GPUORCH_LOST_AFTER
+    owner_ttl = 6.0  # GPUORCH_OWNER_TTL
+    reconcile_every = 1.0  # GPUORCH_RECONCILE_INTERVAL
+    unschedulable_grace = 10.0  # GPUORCH_UNSCHEDULABLE_AFTER (60 s by default)
+    unknown_cancel_retries = 3
+
+    def __init__(self, w: World, name: str, me: str, consumers: dict[str, SimConsumer]) -> None:
+        super().__init__(w, name)
+        self.me = me
+        self.c = consumers
+        self.projection = Projection()
+        self.contacts: dict[str, dcore.Contact] = {}
+        self.owned: dict[str, int] = {}
+        self.busy: dict[str, int] = {}
+        self.created: dict[str, set[str]] = {}
+        self.kv: SimKV = w.owners
+
+    def environment(self, attempts: Sequence[AttemptView] = ()) -> dcore.Environment:
+        reg = self.w.registry
+        stores = sorted({s for e in reg.values() for s in (*e.artifact_stores, *e.checkpoint_stores)})
+        return dcore.Environment(
+            registry=reg,
+            store_roots={s: f"/sim/stores/{s}" for s in stores},
+            data_roots={},
+            cache_roots={c: f"/sim/caches/{c}" for c in reg},
+            time_scale=1.0,
+            checkpoints={a.attempt_id: ck for a in attempts if (ck := self.w.checkpoints.get(a.attempt_id))},
+        )
+
+    def start(self) -> Gen:
+        yield from self.replay(self.projection.apply)
+        for wid, view in list(self.projection.workloads.items()):
+            if not view.terminal and view.routed_attempts:
+                prev = yield from self._claim(wid)
+                if prev is not None:
+                    yield from self.redrive(view)
+        self.spawn("events", self.consume(self.c["events"], self.on_event))
+        self.spawn("cancel", self.consume(self.c["cancel"], self.on_command, max_deliver=40))
+        self.spawn("renew", self.every(self.owner_ttl / 3, self.renew, "renew"))
+        self.spawn("take-over", self.every(self.owner_ttl / 2, self.take_over, "take-over"))
+        self.spawn("reconcile", self.every(self.reconcile_every, self.reconcile_owned, "reconcile"))
+        self.spawn("watch", self.every(self.interval, self.watch, "watch"))
+
+    # --- actions -------------------------------------------------------------------------
+    def execute(self, actions: Sequence[dcore.Action], workload_id: str) -> Gen:
+        out: list[ev.Base] = []
+        for act in actions:
+            if isinstance(act, dcore.Emit):
+                out.append(act.event)
+            elif isinstance(act, dcore.CreateJob):
+                cl = self.w.clusters.get(act.cluster)
+                if cl is None:
+                    raise RuntimeError(f"routed to unknown cluster {act.cluster!r}")
+                yield from self.api(cl)
+                seconds, code = self.w.outcome(act.created.attempt_id, act.manifest)
+                made = cl.create_job(act.manifest, self.w.now, seconds, code)
+                self.w.log(self.name, f"job {'created' if made else 'exists'} {act.cluster}/{act.manifest['metadata']['name']}")
+                self.created.setdefault(workload_id, set()).add(act.created.attempt_id)
+                out.append(act.created)
+            elif isinstance(act, dcore.DeleteJob):
+                cl = self.w.clusters.get(act.cluster)
+                if cl is None:
+                    continue
+                try:
+                    yield from self.api(cl)
+                    cl.delete_job(act.job_name, self.w.now)
+                except Unreachable:
+                    pass
+            elif isinstance(act, dcore.RefuseMessage):
+                raise Reject(act.reason, act.claimed_workload_id)
+        return out
+
+    def publish(self, events: Sequence[ev.Base]) -> Gen:
+        for e in events:
+            yield None
+            self.w.publish(e, self.name)
+
+    # --- ownership ----------------------------------------------------------------------------
+    def owns(self, wid: str) -> Gen:
+        if wid in self.owned:
+            return True
+        prev = yield from self._claim(wid)
+        return prev is not None
+
+    def _claim(self, wid: str) -> Gen:
+        got = self.kv.get(wid)
+        yield None
+        current, rev = (got[0], got[1]) if got else (None, 0)
+        lease = dcore.claim(current, self.me, self.w.now, self.owner_ttl)
+        if lease is None:
+            return None
+        yield None
+        try:
+            if rev == 0:
+                new_rev = self.kv.create(wid, lease, self.w.now, self.name)
+            else:
+                new_rev = self.kv.update(wid, lease, rev, self.w.now, self.name)
+        except KVConflict:
+            return None
+        self.owned[wid] = new_rev
+        self.w.log(self.name, f"owns {wid} (previous {current.owner if current else '-'})")
+        return current.owner if current else ""
+
+    def renew(self) -> Gen:
+        for wid, rev in list(self.owned.items()):
+            view = self.projection.get(wid)
+            if view is not None and view.terminal:
+                self.owned.pop(wid, None)
+                continue
+            yield None
+            try:
+                self.owned[wid] = self.kv.update(wid, OwnerLease(owner=self.me, expires_at=self.w.now + self.owner_ttl), rev, self.w.now, self.name)
+            except KVConflict:
+                self.owned.pop(wid, None)
+                self.w.log(self.name, f"lost ownership of {wid}")
+
+    def take_over(self) -> Gen:
+        for wid, view in list(self.projection.workloads.items()):
+            if view.terminal or view.workload is None or not view.routed_attempts or wid in self.owned:
+                continue
+            prev = yield from self._claim(wid)
+            if prev is None:
+                continue
+            yield from self.redrive(view)
+
+    def reconcile_owned(self) -> Gen:
+        for wid in list(self.owned):
+            view = self.projection.get(wid)
+            if view is None or view.terminal or view.workload is None or self.busy.get(wid):
+                continue
+            try:
+                yield from self.redrive(view)
+            except (Unreachable, RuntimeError):
+                pass  # next round
+
+    def redrive(self, view: WorkloadView) -> Gen:
+        now = self.w.now
+        actions = dcore.reconcile(view, now, self.environment(list(view.attempts.values())))
+        mine = self.created.get(view.workload_id, set())
+        actions = [a for a in actions if not (isinstance(a, dcore.CreateJob) and a.created.attempt_id in mine)]
+        if actions:
+            out = yield from self.execute(actions, view.workload_id)
+            yield from self.publish(out)
+
+    # --- handlers -------------------------------------------------------------------------
+    def on_event(self, msg: Incoming) -> Gen:
+        wid = msg.event.workload_id
+        self.busy[wid] = self.busy.get(wid, 0) + 1
+        try:
+            return (yield from self._on_event(msg))
+        finally:
+            self.busy[wid] -= 1
+            if not self.busy[wid]:
+                del self.busy[wid]
+
+    def _on_event(self, msg: Incoming) -> Gen:
+        e = msg.event
+        view = self.projection.apply(e, msg.stream_seq)
+        if view is None:
+            return []
+        now = self.w.now
+        if isinstance(e, ev.Routed):
+            actions = dcore.on_routed(view, e, now, self.environment(list(view.attempts.values())))
+            if not actions:
+                return []
+            if not (yield from self.owns(e.workload_id)):
+                return []
+            try:
+                return (yield from self.execute(actions, e.workload_id))
+            except Unreachable as exc:
+                out: list[ev.Base] = []
+                for c in (a for a in actions if isinstance(a, dcore.CreateJob)):
+                    evs = dcore.create_unanswered(c, now, str(exc), unreachable=True, delivered=msg.delivered)
+                    if evs is None:
+                        raise Retry(1.0) from exc
+                    out.extend(evs)
+                return out
+        actions = dcore.on_event(view, e, now, self.environment())
+        if not actions:
+            return []
+        if not (yield from self.owns(e.workload_id)):
+            return []
+        return (yield from self.execute(actions, e.workload_id))
+
+    def on_command(self, msg: Incoming) -> Gen:
+        e = msg.event
+        if not isinstance(e, ev.Cancel):
+            return []
+        wid = e.workload_id
+        view = self.projection.get(wid)
+        mine = self.created.get(wid, set())
+        unrecorded = mine - set(view.attempts) if view is not None else mine
+        if self.busy.get(wid) or unrecorded:  # shell logic
+            raise Retry(0.5, "an attempt of this workload is being created")
+        if view is None or view.workload is None:
+            yield None
+            if wid in self.w.submitted:  # in_log: the stream has its `submitted`
+                raise Retry(0.5, "our projection is behind the event log")
+            if msg.delivered < self.unknown_cancel_retries:
+                raise Retry(1.0, "unknown workload: its submit may still be on its way")
+        actions = dcore.on_cancel(view, wid, e.reason, self.w.now, self.environment())
+        return (yield from self.execute(actions, wid))
+
+    # --- watching the clusters ----------------------------------------------------------------
+    def watch(self) -> Gen:
+        live: dict[str, list[tuple[WorkloadView, AttemptView]]] = {}
+        for view in self.projection.workloads.values():
+            if view.workload_id not in self.owned:
+                continue
+            for a in view.attempts.values():
+                if a.live or (a.status == "lost" and not a.gone):
+                    live.setdefault(a.cluster, []).append((view, a))
+        for cluster, items in live.items():
+            cl = self.w.clusters.get(cluster)
+            if cl is None:
+                continue
+            try:
+                yield from self.api(cl)
+                jobs = cl.list_jobs()
+                now = self.w.now
+                self.contacts[cluster] = dcore.contact(self.contacts.get(cluster), True, now)
+            except Unreachable as exc:
+                now = self.w.now
+                c = self.contacts[cluster] = dcore.contact(self.contacts.get(cluster), False, now)
+                why = dcore.silence(c, now, self.lost_after)
+                if why is not None:
+                    for view, a in items:
+                        acts = dcore.lost(view, a, now, f"{cluster} {why} ({type(exc).__name__})")
+                        out = yield from self.execute(acts, view.workload_id)
+                        yield from self.publish(out)
+                continue
+            for view, a in items:
+                job = jobs.get(a.job_name)
+                obs = cl.observe(job) if job else dcore.JobObservation(exists=False)
+                acts = dcore.on_observation(view, a, obs, now, unschedulable_grace=self.unschedulable_grace)
+                if acts:
+                    out = yield from self.execute(acts, view.workload_id)
+                    yield from self.publish(out)
+
+
+# =============================================================================== fencer
+
+
+@dataclass
+class Pursuit:
+    workload_id: str
+    attempt_id: str
+    epoch: int
+    cluster: str
+    namespace: str
+    job_name: str
+    lease_expires_at: float
+    orphan_reason: str | None = None
+    deleted: bool = False
+    replacement_pending: bool = False  # strict: the verdict on its replacement waits for this confirmation
+
+
+def _attempt_event(p: Pursuit) -> ev.AttemptEvent:
+    return ev.Admitted(workload_id=p.workload_id, at=0.0, attempt_id=p.attempt_id, epoch=p.epoch, cluster=p.cluster)
+
+
+class FencerSim(Service):
+    kind = "fencer"
+    interval = 0.5  # GPUORCH_FENCE_INTERVAL
+    orphan_grace = fcore.ORPHAN_GRACE
+    orphan_grace_unknown = fcore.ORPHAN_GRACE_UNKNOWN
+
+    def __init__(self, w: World, name: str, consumers: dict[str, SimConsumer]) -> None:
+        super().__init__(w, name)
+        self.c = consumers
+        self.projection = Projection()
+        self.pursuits: dict[str, Pursuit] = {}
+        self.kv = w.fence
+        self.published: dict[str, str] = {}  # result path -> output path (publish_dir)
+
+    def start(self) -> Gen:
+        yield from self.replay(self.projection.apply)
+        self.resume_pursuits()
+        self.spawn("events", self.consume(self.c["events"], self.on_event))
+        self.spawn("pursue", self.every(self.interval, self.pursue_loop, "pursue"))
+        self.spawn("orphans", self.every(max(2.0, self.interval * 4), self.collect_orphans, "orphans"))
+
+    def cas(self, wid: str, decide: Callable[[FenceRecord | None], fcore.Decision]) -> Gen:
+        while True:
+            got = self.kv.get(wid)
+            yield None
+            rec, rev = (got[0], got[1]) if got else (None, 0)
+            d = decide(rec)
+            if d.record is None:
+                return d
+            try:
+                if rev == 0:
+                    self.kv.create(wid, d.record, self.w.now, self.name)
+                else:
+                    self.kv.update(wid, d.record, rev, self.w.now, self.name)
+                return d
+            except KVConflict:
+                continue
+
+    def pursue(self, e: ev.AttemptEvent, lease_expires_at: float, orphan_reason: str | None = None, *, replacement_pending: bool = False) -> None:
+        view = self.projection.get(e.workload_id)
+        a = view.attempts.get(e.attempt_id) if view else None
+        job = a.job_name if a and a.job_name else e.attempt_id
+        ns = a.namespace if a else NAMESPACE
+        if e.attempt_id not in self.pursuits:
+            self.pursuits[e.attempt_id] = Pursuit(e.workload_id, e.attempt_id, e.epoch, e.cluster, ns, job, lease_expires_at, orphan_reason, replacement_pending=replacement_pending)
+
+    def on_event(self, msg: Incoming) -> Gen:
+        e = msg.event
+        self.projection.apply(e, msg.stream_seq)
+        now = self.w.now
+        if isinstance(e, ev.AttemptCreated):
+            d = yield from self.cas(e.workload_id, lambda r: fcore.on_attempt_created(r, e, now))
+            if d.delete_job:
+                self.pursue(e, now)
+            return d.events
+        if isinstance(e, ev.FenceRequested):
+            d = yield from self.cas(e.workload_id, lambda r: fcore.on_fence_requested(r, e, now))
+            if d.delete_job:
+                allowed = any(isinstance(x, ev.ReplacementAllowed) for x in d.events)
+                self.pursue(e, e.lease_expires_at, replacement_pending=not allowed)
+            return d.events
+        if isinstance(e, ev.PromoteRequested):
+            result = fcore.result_path_for(e.output_path)
+            d = yield from self.cas(e.workload_id, lambda r: fcore.on_promote_requested(r, e, now, result))
+            if d.promote is not None:
+                yield None
+                self.published.setdefault(d.promote[1], d.promote[0])
+            if d.delete_job:
+                self.pursue(e, now, orphan_reason="promotion rejected: " + "; ".join(getattr(x, "reason", "") for x in d.events))
+            return d.events
+        return []
+
+    def pursue_loop(self) -> Gen:
+        for key, p in list(self.pursuits.items()):
+            try:
+                yield from self.pursue_one(key, p)
+            except Exception as exc:  # never let one pursuit stop the others
+                self.w.loop_errors.append(f"{self.name}.pursue {type(exc).__name__}: {exc}")
+
+    def _delete_and_check(self, cl: SimCluster, p: Pursuit) -> Gen:
+        yield from self.api(cl)
+        if cl.delete_job(p.job_name, self.w.now):
+            p.deleted = True
+        yield from self.api(cl)
+        if [x for x in cl.pods_of(p.job_name) if x.deleting_at is None or x.deleting_at > self.w.now]:
+            return None
+        yield from self.api(cl)
+        if cl.read_job(p.job_name) is not None:
+            return None
+        return "deleted" if p.deleted else "already-gone"
+
+    def pursue_one(self, key: str, p: Pursuit) -> Gen:
+        cl = self.w.clusters.get(p.cluster)
+        how: Any = None
+        try:
+            how = "already-gone" if cl is None else (yield from self._delete_and_check(cl, p))
+        except Unreachable:
+            now = self.w.now
+            view = self.projection.get(p.workload_id)
+            a = view.attempts.get(p.attempt_id) if view else None
+            # shell logic: when an unreachable attempt is presumed dead
+            if p.orphan_reason is None and fcore.cancellation_due(p.lease_expires_at, now) and a is not None and a.cancel_confirmed is None:
+                for x in fcore.confirm(_attempt_event(p), now, "lease-expired", replacement_pending=p.replacement_pending):
+                    yield None
+                    self.w.publish(x, self.name)
+                p.orphan_reason, p.replacement_pending = "lease expired while unreachable", False
+            return
+        if how is None:
+            return
+        now = self.w.now
+        if p.orphan_reason:
+            evts: list[ev.Base] = [fcore.orphan_deleted(p.workload_id, p.attempt_id, p.epoch, p.cluster, p.job_name, p.orphan_reason, now)]
+            if p.replacement_pending:
+                evts.append(fcore.replacement_allowed(_attempt_event(p), now, "confirmed"))
+        else:
+            evts = fcore.confirm(_attempt_event(p), now, how, replacement_pending=p.replacement_pending)
+        for x in evts:
+            yield None
+            self.w.publish(x, self.name)
+        self.pursuits.pop(key, None)
+
+    def collect_orphans(self) -> Gen:
+        for name in sorted(self.w.clusters):
+            cl = self.w.clusters[name]
+            try:
+                yield from self.api(cl)
+                jobs = cl.list_jobs()
+            except Unreachable:
+                continue
+            for j in jobs.values():
+                yield from self.judge(name, j.name, j.labels, j.created, j.deleting)
+
+    def judge(self, cluster: str, name: str, labels: dict[str, str], created: float, deleting: bool) -> Gen:
+        if deleting:
+            return
+        aid = labels.get(LABEL_ATTEMPT) or name
+        wid = fcore.orphan_workload_id(labels.get(LABEL_WORKLOAD, ""), cluster, NAMESPACE, name)
+        if aid in self.pursuits:
+            return
+        try:
+            epoch = int(labels.get(LABEL_EPOCH) or 0)
+        except ValueError:
+            epoch = 0
+        now = self.w.now
+        view = self.projection.get(wid)
+        known_attempt = view is not None and aid in view.attempts
+        known_workload = known_attempt or (view is not None and view.workload is not None) or (valid_token(wid) and wid in self.w.submitted)
+        rec = None
+        if known_workload:
+            got = self.kv.get(wid)
+            yield None
+            rec = got[0] if got else None
+        reason = fcore.orphan_reason(
+            rec, aid, epoch, known_attempt=known_attempt, known_workload=known_workload, age=now - created,
+            workload_status=view.status if view is not None else None, grace=self.orphan_grace, grace_unknown=self.orphan_grace_unknown,
+        )
+        if reason is None:
+            return
+        self.w.log(self.name, f"orphan {cluster}/{name}: {reason}")
+        self.pursuits[aid] = Pursuit(wid, aid, epoch, cluster, NAMESPACE, name, now, reason)
+
+    def resume_pursuits(self) -> None:  # shell logic (Fencer.resume_pursuits)
+        for view in self.projection.workloads.values():
+            for a in view.attempts.values():
+                if a.gone:
+                    continue
+                if a.promotion_rejected:
+                    pending = a.fenced and "replacement-allowed" not in a.times
+                    self.pursuits.setdefault(a.attempt_id, Pursuit(view.workload_id, a.attempt_id, a.epoch, a.cluster, a.namespace, a.job_name, 0.0, "promotion rejected", replacement_pending=pending))
+                elif a.fenced:
+                    asked = a.times.get("fence-requested", a.times.get("fenced", 0.0))
+                    lease = fcore.lease_expires_at(asked, view.workload.spec.lease, 1.0) if view.workload else asked
+                    pending = "replacement-allowed" not in a.times
+                    self.pursuits.setdefault(a.attempt_id, Pursuit(view.workload_id, a.attempt_id, a.epoch, a.cluster, a.namespace, a.job_name, lease, replacement_pending=pending))
+
+
+# =============================================================================== inventory
+
+
+@dataclass
+class ClusterState:
+    name: str
+    last_ok: ClusterSnapshot | None = None
+    last_published: ClusterSnapshot | None = None
+    last_published_at: float = float("-inf")
+    seen_started: frozenset[str] = frozenset()
+    version: int = -1  # the cluster version last observed (skip rebuilding an unchanged cluster)
+
+
+class InventorySim(Service):
+    kind = "inventory"
+    interval = 1.0  # GPUORCH_INVENTORY_INTERVAL
+    heartbeat = 5.0  # GPUORCH_INVENTORY_HEARTBEAT
+
+    def __init__(self, w: World, name: str) -> None:
+        super().__init__(w, name)
+        self.history = icore.QueueHistory()
+        self.states = {c: ClusterState(c) for c in sorted(w.clusters)}
+
+    def start(self) -> Gen:
+        yield None
+        for c in sorted(self.w.clusters):
+            self.spawn(f"poll-{c}", self.every(self.interval, partial(self.poll, c), f"poll-{c}"))
+
+    def poll(self, name: str) -> Gen:
+        state, cl = self.states[name], self.w.clusters[name]
+        entry = self.w.registry[name]
+        snap: ClusterSnapshot | None = None
+        due = self.w.now - state.last_published_at >= self.heartbeat
+        quiet = not cl.partitioned and cl.latency == 0 and state.last_published is not None and state.last_published.reachable
+        if quiet and cl.version == state.version and state.last_ok is not None and not due:
+            return  # nothing changed since the last observation: the same snapshot, not due (a sim shortcut)
+        try:
+            yield from self.api(cl)
+            nodes, pods = cl.list_nodes_pods()
+            state.version = cl.version
+            now = self.w.now
+            starts, state.seen_started = icore.observe_pod_starts(pods, entry, time_scale=1.0, seen=state.seen_started)
+            for s in starts:
+                if s.gpus > 0:
+                    self.history = icore.observe(self.history, name, s.queue, s.delay_s)
+            snap = icore.build_snapshot(name, nodes, pods, entry, now=now, observed_at=now, time_scale=1.0, history=self.history)
+            state.last_ok = snap
+        except Unreachable as exc:
+            snap = icore.unreachable_snapshot(state.last_ok, name, entry, self.w.now, f"unreachable: {exc}", time_scale=1.0)
+            state.version = -1
+        yield None
+        due = self.w.now - state.last_published_at >= self.heartbeat
+        if snap is None:
+            if not due or state.last_published is None:
+                return
+            snap = state.last_published
+        elif not (due or icore.snapshot_changed(state.last_published, snap)):
+            return
+        snap = msgspec.structs.replace(snap, published_at=self.w.now)
+        self.w.publish_snapshot(snap, self.name)
+        state.last_published, state.last_published_at = snap, self.w.now
+
+
+def consumers_for(w: World) -> dict[str, dict[str, SimConsumer]]:
+    """The durable consumers of every service (they live on the server, across restarts)."""
+    def is_submit(e: Any) -> bool:
+        return isinstance(e, ev.Submit)
+
+    def is_cancel(e: Any) -> bool:
+        return isinstance(e, ev.Cancel)
+
+    def every(e: Any) -> bool:
+        return True
+
+    assert w.cmd.name == STREAM_CMD and w.evt.name == STREAM_EVT
+    return {
+        "router": {"submit": SimConsumer(w.cmd, "router_submit", is_submit), "events": SimConsumer(w.evt, "router_events", every)},
+        "dispatcher": {"cancel": SimConsumer(w.cmd, "dispatcher_cancel", is_cancel, max_deliver=40)},
+        "dispatcher-0": {"events": SimConsumer(w.evt, "dispatcher_events_0", every)},
+        "dispatcher-1": {"events": SimConsumer(w.evt, "dispatcher_events_1", every)},
+        "fencer": {"events": SimConsumer(w.evt, "fencer_events", every)},
+    }
