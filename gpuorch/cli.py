@@ -31,7 +31,7 @@ import msgspec
 from gpuorch.client import Client
 from gpuorch.config import Settings
 from gpuorch.projection import WorkloadView
-from gpuorch_proto import ContractError, load_workload_yaml, type_tag
+from gpuorch_proto import ContractError, load_workload_yaml, type_tag, workload_id_for
 from gpuorch_proto.units import format_duration
 
 DEFAULT_STATE = Path(os.environ.get("GPUORCH_STATE_DIR", ".gpuorch"))
@@ -106,18 +106,74 @@ async def cmd_submit(ns: argparse.Namespace, s: Settings) -> int:
         print(f"{ns.file}: {exc.reason}", file=sys.stderr)
         for e in exc.errors:
             print(f"  {e.path}: {e.message}", file=sys.stderr)
+        print("fix the fields above (proto/schemas/workload.schema.json lists every rule), then submit again", file=sys.stderr)
         return 2
+    except OSError as exc:
+        print(f"gpuorch submit: cannot read {ns.file}: {exc.strerror}", file=sys.stderr)
+        return 2
+    if ns.dry_run:
+        return await _submit_dry_run(ns, s, wl)
     async with Client(s.nats_url, s.names) as c:
         wid = await c.submit(wl, ns.key)
         if not ns.wait:
             print(json.dumps({"id": wid}) if ns.output == "json" else wid)
             return 0
-        v = await c.wait(wid, timeout=ns.timeout)
+        v = await _wait_with_progress(c, wid, ns.timeout, ns.output != "json")
         if ns.output == "json":
             print(json.dumps(_jsonable(view_detail(v)), indent=2))
         else:
             print(f"{wid}: {v.status} — {v.reason}")
         return 0 if v.status == "completed" else 1
+
+
+async def _wait_with_progress(c: Client, wid: str, timeout: float, show: bool) -> Any:
+    """Follow until terminal; on a terminal, one line per status change on stderr while waiting."""
+    from gpuorch.projection import Projection
+
+    p = Projection()
+    last = ""
+
+    async def run() -> Any:
+        nonlocal last
+        async for seq, e in c.follow(wid):
+            v = p.apply(e, seq)
+            if v is None:
+                continue
+            line = f"{v.status}: {v.reason}" if v.reason else v.status
+            if show and line != last and not v.terminal:
+                print(f"  {wid} {line}", file=sys.stderr, flush=True)
+                last = line
+            if v.terminal:
+                return v
+        raise RuntimeError("event stream ended")
+
+    try:
+        return await asyncio.wait_for(run(), timeout)
+    except TimeoutError:
+        print(f"gpuorch: {wid} not finished after {timeout:g}s (last: {last or 'no event'}); "
+              f"it keeps going: `gpuorch events {wid} --follow`, or `gpuorch cancel {wid}`", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+async def _submit_dry_run(ns: argparse.Namespace, s: Settings, wl: Any) -> int:
+    """The routing decision the router would make now, from the current snapshots; nothing is published."""
+    from gpuorch_router.explain import render_explain
+    from gpuorch_router.policy import build_index, route
+
+    async with Client(s.nats_url, s.names) as c:
+        snaps = await c.snapshots()
+    if not snaps:
+        print("gpuorch submit --dry-run: no capacity snapshot yet (is the inventory service running? `gpuorch status`)",
+              file=sys.stderr)
+        return 1
+    wid = workload_id_for(ns.key or "dry-run", wl.metadata.name)
+    decision = route(wl, wid, {n: build_index(sn) for n, sn in snaps.items()}, time.time())
+    if ns.output == "json":
+        print(json.dumps({"dry_run": True, "decision": msgspec.to_builtins(decision)}, indent=2))
+    else:
+        print(f"dry run: nothing submitted ({len(snaps)} cluster snapshots)\n")
+        print(render_explain(decision))
+    return 0 if decision.outcome != "rejected" else 1
 
 
 async def cmd_get(ns: argparse.Namespace, s: Settings) -> int:
@@ -291,6 +347,23 @@ def cmd_restart(ns: argparse.Namespace) -> int:
     return 0 if res.get("ok") else 1
 
 
+FAULT_KINDS = """fault kinds:
+  partition              the API stops answering (connection refused); pods keep running
+  heal                   the API answers again on the same port
+  lose-node NODE         delete NODE and kill its pods' processes; Jobs replace them
+  add-node NODE [GROUP]  re-add a lost node, or add one shaped like node group GROUP
+  capacity NODE GPUS     set NODE's allocatable nvidia.com/gpu to GPUS
+  slow-api SECONDS       delay every API response by SECONDS (0 stops it)
+  background YAML        replace the background load (a YAML/JSON list, see docs/local-clusters.md)
+
+examples:
+  gpuorch fault primary partition
+  gpuorch fault primary lose-node primary-a100-1
+  gpuorch fault spare capacity spare-a100-0 4
+
+exit status: 0 done, 1 the cluster refused the fault, 2 the embedded system is not running (gpuorch up)"""
+
+
 def cmd_fault(ns: argparse.Namespace) -> int:
     import subprocess
 
@@ -314,11 +387,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("service", choices=SERVICE_NAMES, metavar="SERVICE",
                    help=f"one of {', '.join(SERVICE_NAMES)}")
     p.add_argument("--timeout", type=float, default=120)
-    p = out(sub.add_parser("submit", help="submit a workload file"))
-    p.add_argument("file")
-    p.add_argument("--wait", action="store_true")
-    p.add_argument("--key", default=None, help="idempotency key (default: random)")
-    p.add_argument("--timeout", type=float, default=600)
+    p = out(sub.add_parser("submit", help="submit a workload file",
+                           description="Validate a workload file (YAML or JSON) and publish it on gpuorch.cmd.submit."))
+    p.add_argument("file", help="the workload document (proto/schemas/workload.schema.json)")
+    p.add_argument("--wait", action="store_true", help="follow it until it ends, showing each status change; exit 0 if completed")
+    p.add_argument("--key", default=None, help="idempotency key, sent as Nats-Msg-Id (default: random); the same key names the same workload")
+    p.add_argument("--timeout", type=float, default=600, help="seconds --wait waits (default 600)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the routing decision it would get now (every cluster's verdict and estimate, as explain does); submit nothing")
     out(sub.add_parser("get", help="one workload")).add_argument("id")
     out(sub.add_parser("list", help="all workloads"))
     p = out(sub.add_parser("events", help="lifecycle events"))
@@ -334,9 +410,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="run the seed's scenario end to end, then stop")
     p.add_argument("--clusters", default=str(DEFAULT_CLUSTERS))
     p.add_argument("--keep", action="store_true", help="leave the system running")
-    p = sub.add_parser("fault", help="inject a fault into a local cluster")
-    p.add_argument("cluster")
-    p.add_argument("args", nargs=argparse.REMAINDER)
+    p = sub.add_parser("fault", help="inject a fault into a local cluster", formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Inject a fault into one local cluster of the embedded system (docs/local-clusters.md).",
+                       epilog=FAULT_KINDS)
+    p.add_argument("cluster", help="cluster name (gpuorch clusters lists them)")
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="KIND [ARGS]", help="the fault and its arguments, below")
     from gpuorch.simulate.cli import add_arguments as simulate_arguments
 
     simulate_arguments(sub.add_parser("simulate", help="replay a job trace over simulated clusters, compare policies"))
