@@ -4,7 +4,8 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-N ?= 20
+N ?= 3
+SIM_N ?= 10000
 
 .DEFAULT_GOAL := help
 
@@ -33,8 +34,11 @@ test: $(STAMP) ## Lint, then the whole pytest suite against a real nats-server a
 demo: $(STAMP) ## Start NATS, the four services and local clusters; run the seed's scenario; stop everything
 	$(BIN)/gpuorch demo
 
-chaos: $(STAMP) ## Randomized fault schedules with the invariant checker (N=schedules)
-	$(BIN)/python -m gpuorch.chaos --schedules $(N)
+chaos: $(STAMP) ## Deterministic simulation (SIM_N=10000 schedules), then real-process chaos (N=3 schedules)
+	@$(BIN)/python -m gpuorch.dst --schedules $(SIM_N); sim=$$?; \
+	echo; echo "real-process chaos (the shells):"; \
+	$(BIN)/python -m gpuorch.chaos --schedules $(N); real=$$?; \
+	exit $$(( sim | real ))
 
 bench: $(STAMP) ## Benchmarks: routing policy throughput and more; prints numbers
 	$(BIN)/python -m gpuorch.bench

@@ -18,29 +18,32 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 
+from .mutants import MUTANTS, applied
 from .sim import Result, run
 
 DEFAULT_SCHEDULES = 10_000
 
 
-def _batch(seeds: list[int]) -> list[Result]:
-    return [run(s) for s in seeds]
+def _batch(seeds: list[int], mutant: str | None = None) -> list[Result]:
+    with applied(mutant):
+        return [run(s) for s in seeds]
 
 
-def results(seeds: list[int], jobs: int) -> Iterator[Result]:
+def results(seeds: list[int], jobs: int, mutant: str | None = None) -> Iterator[Result]:
     """Every schedule's result, in seed order (with `jobs` worker processes)."""
     if jobs <= 1 or len(seeds) < 50:
-        for s in seeds:
-            yield run(s)
+        with applied(mutant):
+            for s in seeds:
+                yield run(s)
         return
     chunk = 100
     parts = [seeds[i : i + chunk] for i in range(0, len(seeds), chunk)]
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        for part in pool.map(_batch, parts):
+        for part in pool.map(_batch, parts, [mutant] * len(parts)):
             yield from part
 
 
-def summarize(found: Iterable[Result], *, out: object = None, progress: bool = False) -> tuple[int, Counter[str], dict[str, list[int]]]:
+def summarize(found: Iterable[Result], *, progress: bool = False, mutant: str | None = None) -> tuple[int, Counter[str], dict[str, list[int]]]:
     """(schedules, faults by kind, seeds per violated invariant) over `found`, printed as it goes."""
     faults: Counter[str] = Counter()
     bad: dict[str, list[int]] = {}
@@ -62,14 +65,13 @@ def summarize(found: Iterable[Result], *, out: object = None, progress: bool = F
     print(f"simulated schedules: {n} in {dt:.1f}s ({n / dt if dt else 0:.0f}/s), {steps} steps, {unsettled} not settled by the horizon")
     print("faults injected: " + (", ".join(f"{k}={faults[k]}" for k in sorted(faults)) or "none"))
     print(f"schedules with invariant violations: {len({s for v in bad.values() for s in v})}")
+    flag = f" --mutant {mutant}" if mutant else ""
     for kind, seeds in sorted(bad.items()):
         more = f" ... ({len(seeds)} seeds)" if len(seeds) > 10 else ""
         print(f"  {kind}: seeds {', '.join(map(str, seeds[:10]))}{more}")
+        print(f"    replay: python -m gpuorch.dst --seed {seeds[0]} --trace{flag}")
     if loop_errors:
         print("service loop errors (logged by the shell, not violations): " + ", ".join(f"{k} x{v}" for k, v in loop_errors.most_common(5)))
-    if bad:
-        first = min(s for v in bad.values() for s in v)
-        print(f"replay: python -m gpuorch.dst --seed {first} --trace")
     return n, faults, bad
 
 
@@ -79,14 +81,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1, help="first seed (with --trace: the one seed to replay)")
     ap.add_argument("--trace", action="store_true", help="replay the one schedule of --seed and print every step")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
+    ap.add_argument("--mutant", choices=sorted(MUTANTS), help="run with a deliberate bug in a core (gpuorch.dst.mutants)")
     ns = ap.parse_args(argv)
     if ns.trace:
-        r = run(ns.seed, trace=True)
+        with applied(ns.mutant):
+            r = run(ns.seed, trace=True)
         assert r.trace is not None
         print("\n".join(r.trace))
         return 1 if r.violations else 0
-    print(f"deterministic simulation: {ns.schedules} schedules from seed {ns.seed}")
-    _, _, bad = summarize(results(list(range(ns.seed, ns.seed + ns.schedules)), ns.jobs), progress=True)
+    print(f"deterministic simulation: {ns.schedules} schedules from seed {ns.seed}" + (f", mutant {ns.mutant}" if ns.mutant else ""))
+    _, _, bad = summarize(results(list(range(ns.seed, ns.seed + ns.schedules)), ns.jobs, ns.mutant), progress=True, mutant=ns.mutant)
     return 1 if bad else 0
 
 

@@ -1,11 +1,9 @@
-"""Checks the simulation adds to `gpuorch.invariants` (pure: the log and the owners bucket's writes).
+"""What the simulation checks beyond `gpuorch.invariants` (pure: the owners bucket's writes).
 
-* ``strict-after-confirmation`` (DESIGN §7.4): a `strict` workload's replacement attempt is created
-  only once every earlier attempt is known stopped: confirmed gone (``cancel-confirmed``, whatever
-  how, lease expiry included), collected as an orphan, or finished (its pods ended: succeeded or
-  failed). Read from the event log alone, so it could move into `gpuorch.invariants`.
 * ``one-owner`` (DESIGN §6, one dispatch owner per workload): no write to the owners bucket
-  replaces another dispatcher's lease before that lease expired.
+  replaces another dispatcher's lease before that lease expired. The event log cannot show this
+  (two owners publish the same deterministic ids, and JetStream keeps one of each); the KV
+  history can.
 """
 
 from __future__ import annotations
@@ -13,29 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gpuorch.invariants import Violation
-from gpuorch.projection import Projection
-from gpuorch_proto import Event, OwnerLease
-from gpuorch_proto import events as ev
+from gpuorch_proto import OwnerLease
 
 from .bus import KVWrite
-
-
-def check_strict(events: Iterable[tuple[int, Event]]) -> list[Violation]:
-    p = Projection()
-    out: list[Violation] = []
-    for seq, e in events:
-        if isinstance(e, ev.AttemptCreated):
-            v = p.get(e.workload_id)
-            if v is not None and v.workload is not None and v.workload.spec.fencing == "strict" and e.attempt_id not in v.attempts:
-                for a in v.attempts.values():
-                    stopped = a.cancel_confirmed is not None or a.orphan_deleted or a.status in ("succeeded", "failed")
-                    if a.number < e.attempt_number and not stopped:
-                        out.append(Violation(
-                            "strict-after-confirmation", e.workload_id,
-                            f"{e.attempt_id} created (seq {seq}) while {a.attempt_id} on {a.cluster} was {a.status}, not confirmed stopped",
-                        ))
-        p.apply(e, seq)
-    return out
 
 
 def check_owners(writes: Iterable[KVWrite]) -> list[Violation]:

@@ -25,7 +25,7 @@ from gpuorch_proto.inventory import QueueRegistry
 from gpuorch_proto.k8s import LABEL_GPU_COUNT, LABEL_GPU_MEMORY, LABEL_GPU_PRODUCT, LABEL_POOL, LABEL_WORKLOAD
 from gpuorch_proto.validate import validate_workload
 
-from .checks import check_owners, check_strict
+from .checks import check_owners
 from .cluster import SimCluster, SimNode
 from .runtime import Gen, Sleep, Task
 from .shells import DispatcherSim, FencerSim, InventorySim, RouterSim, Service, consumers_for
@@ -451,7 +451,6 @@ class Simulation:
         }
         violations = check(events, jobs=jobs, snapshots=w.snapshots, now=w.now)
         violations += list(self.wait_violations.values())
-        violations += check_strict(events)
         violations += check_owners(w.owners.writes)
         if w.trace is not None:
             w.trace.append(f"--- settled={settled} after {self.steps} steps, {w.now - EPOCH0:.1f}s virtual, {len(events)} events")
