@@ -252,6 +252,9 @@ def _fold(view: WorkloadView, e: Event) -> None:
             view.epoch = max(view.epoch, e.new_epoch)
         case ev.ReplacementAllowed():
             _attempt(view, e).times.setdefault("replacement-allowed", e.at)
+        case ev.ComputeStarted():
+            # the program's own clock at its first step (the event's `at` is when it was seen)
+            _attempt(view, e).times.setdefault("compute-started", e.started_at or e.at)
         case ev.CancelConfirmed():
             a = _attempt(view, e)
             a.cancel_confirmed = e.how
@@ -265,7 +268,9 @@ def _fold(view: WorkloadView, e: Event) -> None:
             view.promoted_attempt = e.attempt_id
             view.result_path = e.result_path
         case ev.PromotionRejected():
-            _attempt(view, e).promotion_rejected = True
+            a = _attempt(view, e)
+            a.promotion_rejected = True
+            a.times.setdefault("promotion-rejected", e.at)
         case ev.OrphanDeleted():
             a = _attempt(view, e)
             a.orphan_deleted = True

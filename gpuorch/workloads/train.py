@@ -15,6 +15,10 @@ What it takes from gpuorch (the dispatcher sets these in the pod):
 | GPUORCH_ATTEMPT_ID        | recorded in metrics.json                                           |
 | GPUORCH_EPOCH             | recorded in metrics.json                                           |
 
+After its first step it writes ``.<attempt>.progress.json`` next to ``$GPUORCH_OUTPUT_DIR`` (the
+time and the step, `gpuorch.observe.progress`): the dispatcher reports it as ``compute-started``, the end of
+the attempt's start-up in its timeline.
+
 Determinism: the minibatch of step t is drawn from ``default_rng([seed, t])`` and the checkpoint
 holds the weights, the momentum buffer and the step, so a run resumed from step k ends with
 exactly the weights of an uninterrupted run. A checkpoint records the data fingerprint: resuming
@@ -44,6 +48,8 @@ from types import FrameType
 from typing import Any
 
 import numpy as np
+
+from gpuorch.observe.progress import write_marker
 
 from .dataset import (
     Dataset,
@@ -223,9 +229,13 @@ def run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     previous = signal.signal(signal.SIGTERM, term)
     print(f"training step={s.step} steps={args.steps}", flush=True)  # from here SIGTERM checkpoints
     started = time.monotonic()
+    first_step = True
     try:
         while s.step < args.steps:
             sgd_step(args.task, data, s, args)
+            if first_step:  # useful compute has started: tell gpuorch through the attempt's own marker
+                write_marker(output, attempt_id=env.get("GPUORCH_ATTEMPT_ID"), step=s.step)
+                first_step = False
             if args.step_seconds:
                 time.sleep(args.step_seconds / scale)
             if ckpt_dir is not None and (s.step % args.checkpoint_every == 0 or term.requested):

@@ -208,6 +208,19 @@ class OrphanDeleted(AttemptEvent, frozen=True, kw_only=True, tag="orphan-deleted
     reason: str
 
 
+class ComputeStarted(AttemptEvent, frozen=True, kw_only=True, tag="compute-started"):
+    """The running code reported its first useful step (DESIGN §6: "useful compute started").
+
+    The program writes an attempt-scoped progress marker (``gpuorch.workloads.progress``); the
+    dispatcher, which watches the attempt, publishes this once it sees it. `started_at` is the
+    program's own clock at its first step, `step` the first step it completed (> 1 when resumed), so
+    "running" -> `started_at` is the application's start-up and `started_at` -> finished its run.
+    """
+
+    started_at: float
+    step: int = 0
+
+
 class Completed(Base, frozen=True, kw_only=True, tag="completed"):
     attempt_id: str
     result_path: str
@@ -257,6 +270,7 @@ Event = (
     | WorkloadFailed
     | Unschedulable
     | ReplacementAllowed
+    | ComputeStarted
 )
 
 EVENT_TYPES: tuple[type[Base], ...] = Event.__args__  # type: ignore[attr-defined, unused-ignore]

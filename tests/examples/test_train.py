@@ -54,6 +54,9 @@ def test_runs_to_completion_and_writes_only_into_the_output_dir(dirs):
     proc = run_process(["--input", "imagenet@v3", "--steps", "50", "--step-seconds", "36"], env, dirs["cwd"])
     assert proc.returncode == 0, proc.stderr
     assert files_under(dirs["out"]) == {"model.npz", "metrics.json"}
+    # next to it, the marker of its first step ("useful compute started", for gpuorch's timeline)
+    marker = json.loads((dirs["out"].parent / f".{dirs['out'].name}.progress.json").read_text())
+    assert marker["attempt_id"] == "att-1" and marker["step"] == 1 and marker["started_at"] > 0
     assert files_under(dirs["cwd"]) == set()  # nothing in the pod's working directory
     assert files_under(dirs["data"]) == before  # the input is read-only to it
     assert not dirs["ckpt"].exists()  # no checkpoint dir given: none written

@@ -23,6 +23,7 @@ from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
 from gpuorch.config import Settings, load_registry
 from gpuorch.follow import Follower, every, run_until_stopped
 from gpuorch.kube import TIMEOUT, ClusterClient, make_clients, unreachable
+from gpuorch.observe import progress
 from gpuorch.projection import AttemptView, WorkloadView
 from gpuorch.runtime import bus, kv
 from gpuorch.runtime.shell import Incoming, Publisher, Reject, Retry, consume, guard_commands, run_service
@@ -379,16 +380,17 @@ class Dispatcher:
                     job = jobs.get(a.job_name)
                     obs = observe(job, pods.get(a.attempt_id, [])) if job else core.JobObservation(exists=False)
                     acts = core.on_observation(view, a, obs, now, unschedulable_grace=self.unschedulable_grace)
-                    if acts:
+                    seen = progress.compute_started(view.workload_id, a, now)  # the program's first step, if reported
+                    if acts or seen:
                         wid = view.workload_id
-                        await self.publisher.publish(await self.execute(acts, wid), context=self.follower.context(wid))
+                        await self.publisher.publish([*seen, *await self.execute(acts, wid)], context=self.follower.context(wid))
         await every(stop, self.interval, tick, name="watch")
 
     async def run(self, stop: asyncio.Event) -> None:
-        nc = await bus.connect(self.settings.nats_url, "gpuorch-dispatcher")
+        nc = await self.settings.connect("gpuorch-dispatcher")  # its own identity (GPUORCH_NATS_CREDS)
         try:
             js = self.js = nc.jetstream()
-            await bus.ensure_topology(js, self.names)
+            await bus.await_topology(js, self.names)  # created by the admin identity
             self.kv_staged = await js.key_value(self.names.kv_staged)
             self.kv_owners = await js.key_value(self.names.kv_owners)
             self.publisher = Publisher(js, self.names)

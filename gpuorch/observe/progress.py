@@ -1,0 +1,64 @@
+""""Useful compute started": an attempt-scoped marker the running program writes.
+
+The program (e.g. `gpuorch.workloads.train`) calls `write_marker` once, right after its first
+useful step. The marker lies next to its attempt's output directory (`$GPUORCH_OUTPUT_DIR`,
+`<store>/<workload>/attempts/<attempt>`), named after it: `attempts/.<attempt>.progress.json`.
+So it is the attempt's own, and the output directory itself still holds only outputs (it
+appears only when the program succeeds, and all of it is promoted). The dispatcher, which watches the attempt anyway, reads it (`compute_started`)
+and publishes one `compute-started` event: the program publishes nothing itself and needs no
+NATS credentials. The marker is small JSON: ``{"attempt_id", "started_at", "step"}``, where
+`started_at` is the program's wall clock at that first step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from gpuorch_proto import events as ev
+
+KIND = "compute-started"
+
+
+def marker_path(output_dir: str | os.PathLike[str]) -> Path:
+    out = Path(output_dir)
+    return out.parent / f".{out.name}.progress.json"
+
+
+def write_marker(output_dir: str | os.PathLike[str], *, attempt_id: str | None, step: int, at: float | None = None) -> Path:
+    """Write the marker atomically (rename), once; later calls leave the first one."""
+    path = marker_path(output_dir)
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    doc = {"attempt_id": attempt_id, "started_at": time.time() if at is None else at, "step": int(step)}
+    tmp.write_text(json.dumps(doc))
+    tmp.replace(path)
+    return path
+
+
+def read_marker(output_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The marker, or None when there is none (yet) or it cannot be read."""
+    try:
+        doc = json.loads(marker_path(output_dir).read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("started_at"), (int, float)) else None
+
+
+def compute_started(workload_id: str, a: Any, now: float) -> list[ev.Base]:
+    """The `compute-started` event for attempt view `a` if its program has written the marker
+    and the event is not on record yet (a deterministic id: a repeat is dropped by JetStream)."""
+    if KIND in a.times or not a.output_path:
+        return []
+    doc = read_marker(a.output_path)
+    if doc is None or doc.get("attempt_id") not in (None, a.attempt_id):
+        return []
+    return [ev.ComputeStarted(
+        event_id=f"{a.attempt_id}.{KIND}", workload_id=workload_id, at=now, attempt_id=a.attempt_id,
+        epoch=a.epoch, cluster=a.cluster, started_at=float(doc["started_at"]), step=int(doc.get("step") or 0),
+    )]  # fmt: skip
