@@ -20,6 +20,7 @@ from typing import Any
 import structlog
 from opentelemetry.context import Context
 
+from gpuorch.observe import metrics
 from gpuorch.projection import Projection
 from gpuorch.runtime import telemetry
 from gpuorch.runtime.shell import replay
@@ -29,6 +30,9 @@ from gpuorch.runtime.shell import replay
 class Follower:
     projection: Projection = field(default_factory=Projection)
     traceparents: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        metrics.watch_projection(self.projection)  # gauges of workloads and attempts, read at scrape time
 
     def remember(self, workload_id: str, headers: dict[str, str] | None) -> None:
         if headers and "traceparent" in headers and workload_id not in self.traceparents:

@@ -20,11 +20,11 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
-from .timeline import GAPS, WorkloadTimeline  # noqa: E402
+from .timeline import GAPS, WorkloadTimeline
 
 CHARTS = ("queue-delay", "gantt", "gpu-hours")
 PHASE_COLORS = {

@@ -4,12 +4,18 @@ Every line carries `timestamp`, `level`, `service`, `event` (a constant name suc
 `msg.processed`) and whatever the shell bound with structlog contextvars for the message being
 handled (subject, stream sequence, delivery count, event id, trace id). Standard-library log
 records (nats-py logs through `logging`) are rendered the same way.
+
+Every line about a workload carries `workload_id`, `trace_id` and, when it is about one attempt,
+`attempt_id`: the shell binds them per message, and `_workload_ids` fills them in on lines logged
+outside a message (a watch loop's `workload=...`, `attempt=...`) from the workload's trace id
+the shell last saw (`remember_trace`).
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+from collections import OrderedDict
 from typing import Any, TextIO
 
 import structlog
@@ -21,6 +27,31 @@ MSG_REJECTED = "msg.rejected"
 MSG_RETRY = "msg.retry"
 MSG_DEAD_LETTERED = "msg.dead_lettered"
 MSG_DUPLICATE = "msg.duplicate_publish"
+
+
+_TRACES: OrderedDict[str, str] = OrderedDict()
+_TRACES_MAX = 20000
+
+
+def remember_trace(workload_id: str, trace_id: str | None) -> None:
+    """The trace of `workload_id` (the first one seen: one workload is one trace)."""
+    if not trace_id or workload_id in _TRACES:
+        return
+    _TRACES[workload_id] = trace_id
+    if len(_TRACES) > _TRACES_MAX:
+        _TRACES.popitem(last=False)
+
+
+def _workload_ids(logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
+    wid = event_dict.get("workload_id") or event_dict.get("workload")
+    if isinstance(wid, str) and wid:
+        event_dict["workload_id"] = wid
+        if not event_dict.get("trace_id") and wid in _TRACES:
+            event_dict["trace_id"] = _TRACES[wid]
+    att = event_dict.get("attempt")
+    if isinstance(att, str) and att and not event_dict.get("attempt_id"):
+        event_dict["attempt_id"] = att
+    return event_dict
 
 
 def _add_service(service: str) -> Processor:
@@ -42,6 +73,7 @@ def configure_logging(service: str, level: str | int = "INFO", stream: TextIO | 
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         _add_service(service),
+        _workload_ids,
     ]
     structlog.configure(
         processors=[

@@ -45,6 +45,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, PubAck
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, Status, StatusCode
 
+from gpuorch.observe import metrics
 from gpuorch_proto import Base, ContractError, Event, FieldError, Names, encode, type_tag, workload_id_for
 from gpuorch_proto.codec import decode_event, is_msgpack
 from gpuorch_proto.events import Cancel, Rejected, Submit, message_ref
@@ -181,7 +182,7 @@ class Publisher:
             raise
         acks: list[PubAck] = []
         first_error: BaseException | None = None
-        for (span, subject, msg_id, _), result in zip(pending, results, strict=True):
+        for event, (span, subject, msg_id, _), result in zip(events, pending, results, strict=True):
             if isinstance(result, BaseException):
                 _end_error(span, result)
                 first_error = first_error or result
@@ -189,6 +190,8 @@ class Publisher:
             if result.duplicate:
                 span.set_attribute("messaging.nats.duplicate", True)
                 log.debug(logs.MSG_DUPLICATE, to=subject, msg_id=msg_id)
+            else:
+                metrics.published(event)  # counted once: a republished duplicate is not
             span.end()
             acks.append(result)
         if first_error is not None:
@@ -307,7 +310,9 @@ async def consume(
                 if batch > 1:
                     with contextlib.suppress(TimeoutError, nats.errors.TimeoutError):
                         msgs += await sub.fetch(batch - 1, timeout=BACKLOG_PROBE)
+                metrics.consumer_lag(stream, durable, msgs[-1].metadata.num_pending + len(msgs))
             except (TimeoutError, nats.errors.TimeoutError):
+                metrics.consumer_lag(stream, durable, 0)
                 continue
             except nats.errors.ConnectionClosedError:
                 if stop.is_set():
@@ -376,6 +381,7 @@ class _Worker:
             trace_id=telemetry.trace_id_hex(span),
             event_id=None,
             workload_id=None,
+            attempt_id=None,
             type=None,
         ):
             try:
@@ -430,8 +436,11 @@ class _Worker:
                 "(process died or ack_wait exceeded each time)",
             )  # fmt: skip
             return
+        if event.workload_id:
+            logs.remember_trace(event.workload_id, telemetry.trace_id_hex(span))
         with structlog.contextvars.bound_contextvars(
-            event_id=event.event_id or None, workload_id=event.workload_id or None, type=type_tag(event)
+            event_id=event.event_id or None, workload_id=event.workload_id or None, type=type_tag(event),
+            attempt_id=getattr(event, "attempt_id", None),
         ):
             await self._handle(msg, headers, msg_id, stream, seq, delivered, event, ctx, span)
 
@@ -594,6 +603,7 @@ class _Worker:
         )
         if not await self._record_then_term(msg, rejected, ctx, "msg.dead_letter_publish_failed"):
             return
+        metrics.handled(self.handler_name, "dead_lettered")
         log.error(logs.MSG_DEAD_LETTERED, record=ref, claimed_workload_id=claimed, reason=rejected.reason)
 
 
@@ -887,6 +897,7 @@ async def serve(
             loop.add_signal_handler(sig, on_signal, sig)
             installed.append(sig)
     log.info("service.started", pid=os.getpid())
+    metrics.start_server(name, log)  # Prometheus text on $GPUORCH_METRICS_PORT (docs/operations.md)
     try:
         await task
     except asyncio.CancelledError:

@@ -6,15 +6,24 @@ and so on through every service.
 
 `setup_tracing(service)` installs a TracerProvider. With `GPUORCH_TRACE_FILE=/path` every
 finished span is appended as one JSON line to that file (several processes may share it), which
-is how the end-to-end tests assert on whole traces.
+is how the end-to-end tests assert on whole traces. The standard OpenTelemetry variables select
+an OTLP exporter for a collector (`OTEL_TRACES_EXPORTER=otlp`, or any
+`OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`; the official HTTP/protobuf exporter, which reads the
+rest of `OTEL_EXPORTER_OTLP_*` itself; spans are batched per `OTEL_BSP_*`).
+
+Besides the messaging spans, each phase of a workload's life is a span of its own: the
+handler that decides it runs inside `phase_span` ("routing", "dispatch", "fence", "promotion",
+"cancel"), and the dispatcher records every attempt as a span "attempt <id>" with one child per
+phase of its timeline (`gpuorch.observe.spans`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -48,6 +57,17 @@ INSTRUMENTATION = "gpuorch.runtime"
 _propagator = TraceContextTextMapPropagator()
 _provider: TracerProvider | None = None
 _global_set = False
+_service = ""  # the service that set up tracing in this process
+
+#: (service, type of the input) -> the phase of a workload's life its handler decides
+PHASES: dict[tuple[str, str], str] = {
+    ("router", "submit"): "routing",
+    ("router", "route-requested"): "routing",
+    ("dispatcher", "routed"): "dispatch",
+    ("dispatcher", "cancel"): "cancel",
+    ("fencer", "fence-requested"): "fence",
+    ("fencer", "promote-requested"): "promotion",
+}
 
 
 class JsonlSpanExporter(SpanExporter):
@@ -127,18 +147,50 @@ def setup_tracing(service_name: str, exporter: SpanExporter | None = None) -> Tr
     helpers use; it is also made the OpenTelemetry global the first time (the global can be set
     only once per process, so later calls, as in tests, only switch this module's provider).
     """
-    global _provider, _global_set
+    global _provider, _global_set, _service
+    _service = service_name
     provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     trace_file = os.environ.get(TRACE_FILE_ENV)
     if trace_file:
         provider.add_span_processor(SimpleSpanProcessor(JsonlSpanExporter(trace_file)))
+    if otlp_wanted(os.environ):
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     _provider = provider
     if not _global_set:
         trace.set_tracer_provider(provider)
         _global_set = True
     return provider
+
+
+def otlp_wanted(env: Mapping[str, str]) -> bool:
+    """Do the standard OTEL_* variables ask for an OTLP trace exporter?"""
+    chosen = [x.strip() for x in env.get("OTEL_TRACES_EXPORTER", "").split(",") if x.strip()]
+    if "none" in chosen or (os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true"):
+        return False
+    if "otlp" in chosen:
+        return True
+    return bool(env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+
+
+@contextlib.contextmanager
+def phase_span(input_type: str, context: Context | None, service: str | None = None) -> Iterator[Span | None]:
+    """An INTERNAL span named for the phase this service's handler of `input_type` decides
+    (`PHASES`), child of `context`; nothing for inputs that decide no phase."""
+    phase = PHASES.get((service or _service, input_type))
+    if phase is None:
+        yield None
+        return
+    span = tracer().start_span(phase, context=context, kind=SpanKind.INTERNAL, attributes={"gpuorch.phase": phase})
+    try:
+        with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
+            yield span
+    finally:
+        span.end()
 
 
 def shutdown_tracing(provider: TracerProvider) -> None:

@@ -23,7 +23,7 @@ from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
 from gpuorch.config import Settings, load_registry
 from gpuorch.follow import Follower, every, run_until_stopped
 from gpuorch.kube import TIMEOUT, ClusterClient, make_clients, unreachable
-from gpuorch.observe import progress
+from gpuorch.observe import progress, spans
 from gpuorch.projection import AttemptView, WorkloadView
 from gpuorch.runtime import bus, kv
 from gpuorch.runtime.shell import Incoming, Publisher, Reject, Retry, consume, guard_commands, run_service
@@ -267,6 +267,8 @@ class Dispatcher:
         self.follower.remember(e.workload_id, msg.headers)
         if view is None:
             return []
+        if e.workload_id in self.owned:
+            spans.record_attempt(view, e, msg.context)  # an attempt that ended: its span and its phases
         now = time.time()
         if isinstance(e, ev.Routed):
             env = self.environment(list(view.attempts.values()))

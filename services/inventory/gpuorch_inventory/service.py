@@ -39,6 +39,7 @@ from opentelemetry.trace import SpanKind
 
 from gpuorch.config import Registry, Settings, load_registry
 from gpuorch.kube import TIMEOUT, ClusterClient, make_clients, unreachable
+from gpuorch.observe import metrics
 from gpuorch.runtime import bus, telemetry
 from gpuorch.runtime.shell import run_service
 from gpuorch_proto import ClusterRegistryEntry, ClusterSnapshot, Names, encode
@@ -216,6 +217,7 @@ class Inventory:
         except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
             log.warning("snapshot.publish_failed", cluster=state.name, error=repr(exc))
             return  # retried next round: last_published is unchanged
+        metrics.observe_snapshot(snap)  # queue depth and reachability gauges
         changed = core.snapshot_changed(state.last_published, snap)
         state.last_published, state.last_published_at = snap, time.monotonic()
         state.published_once.set()

@@ -1,0 +1,154 @@
+"""Prometheus metrics of every service (the official `prometheus_client`), served by the shell.
+
+`serve()` in `gpuorch.runtime.shell` starts the endpoint (`start_server`) on
+`$GPUORCH_METRICS_ADDR:$GPUORCH_METRICS_PORT` (default `127.0.0.1:0`: any free port; `off`
+disables it), logs `metrics.listening` with its URL and, with `$GPUORCH_STATE_DIR`, writes it to
+`<state>/metrics/<service>-<pid>.json`. The counters are incremented in the shell where events
+are published (`published`) and handled (`handled`); the gauges are read at scrape time from
+the service's live projection (`watch_projection`, set by `gpuorch.follow.Follower`) and, in the
+inventory, from the snapshots it publishes (`observe_snapshot`). docs/operations.md lists them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import weakref
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gpuorch_proto import Base, ClusterSnapshot, type_tag
+from gpuorch_proto import events as ev
+
+PORT_ENV = "GPUORCH_METRICS_PORT"
+ADDR_ENV = "GPUORCH_METRICS_ADDR"
+
+DECISIONS = Counter("gpuorch_routing_decisions", "Routing decisions published, by outcome", ["outcome"])
+ROUTING_LATENCY = Histogram(
+    "gpuorch_routing_latency_seconds", "From a routing input received to its decision published",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)  # fmt: skip
+HANDLING = Histogram(
+    "gpuorch_message_handling_seconds", "From a message received to its outputs published", ["handler"],
+)  # fmt: skip
+MESSAGES = Counter("gpuorch_messages_handled", "Input messages by handler and result (ok, retry, rejected, dead_lettered)", ["handler", "result"])
+EVENTS = Counter("gpuorch_events_published", "Events published (duplicates dropped by JetStream not counted), by type", ["type"])
+FENCES = Counter("gpuorch_fences", "Attempts fenced (epoch moved past them), by cluster", ["cluster"])
+PROMOTIONS = Counter("gpuorch_promotions", "Attempt outputs promoted to results, by cluster", ["cluster"])
+PROMOTION_REJECTIONS = Counter("gpuorch_promotion_rejections", "Promotions refused (stale epoch), by cluster", ["cluster"])
+ORPHANS = Counter("gpuorch_orphan_deletions", "Orphaned Jobs deleted, by cluster", ["cluster"])
+LOST = Counter("gpuorch_attempts_lost", "Attempts declared lost (their cluster stopped answering), by cluster", ["cluster"])
+CONSUMER_LAG = Gauge("gpuorch_consumer_lag_messages", "Messages left for a durable consumer after its latest fetch", ["stream", "durable"])
+QUEUE_DEPTH = Gauge("gpuorch_queue_depth", "Pending jobs in each destination queue (from inventory snapshots)", ["cluster", "queue"])
+REACHABLE = Gauge("gpuorch_cluster_reachable", "1 when the cluster answered inventory's latest list, else 0", ["cluster"])
+CLUSTERS_LOST = Gauge("gpuorch_clusters_lost", "Clusters that do not answer (from inventory snapshots)")
+
+_projection: Any = None  # weakref.ref to the live Projection
+_snapshots: dict[str, ClusterSnapshot] = {}
+
+
+def published(event: Base) -> None:
+    """Count one event that the stream stored (not a duplicate)."""
+    kind = type_tag(event)
+    EVENTS.labels(kind).inc()
+    match event:
+        case ev.Routed():
+            DECISIONS.labels("routed").inc()
+        case ev.Unroutable():
+            DECISIONS.labels("unroutable").inc()
+        case ev.Rejected() if event.decision is not None:
+            DECISIONS.labels("rejected").inc()
+        case ev.Fenced():
+            FENCES.labels(event.cluster).inc()
+        case ev.Promoted():
+            PROMOTIONS.labels(event.cluster).inc()
+        case ev.PromotionRejected():
+            PROMOTION_REJECTIONS.labels(event.cluster).inc()
+        case ev.OrphanDeleted():
+            ORPHANS.labels(event.cluster).inc()
+        case ev.Lost():
+            LOST.labels(event.cluster).inc()
+        case _:
+            pass
+
+
+def handled(handler: str, result: str, seconds: float | None = None, outputs: Sequence[Base] = ()) -> None:
+    MESSAGES.labels(handler, result).inc()
+    if seconds is None:
+        return
+    HANDLING.labels(handler).observe(seconds)
+    if any(isinstance(o, (ev.Routed, ev.Unroutable)) or (isinstance(o, ev.Rejected) and o.decision is not None) for o in outputs):
+        ROUTING_LATENCY.observe(seconds)
+
+
+def consumer_lag(stream: str, durable: str, pending: int) -> None:
+    CONSUMER_LAG.labels(stream, durable).set(pending)
+
+
+def observe_snapshot(snap: ClusterSnapshot) -> None:
+    _snapshots[snap.cluster] = snap
+    REACHABLE.labels(snap.cluster).set(1 if snap.reachable else 0)
+    for q in snap.queues:
+        QUEUE_DEPTH.labels(snap.cluster, q.name).set(q.pending_jobs)
+    CLUSTERS_LOST.set(sum(1 for s in _snapshots.values() if not s.reachable))
+
+
+def watch_projection(projection: Any) -> None:
+    """Export gauges of this live projection at every scrape (the latest one registered)."""
+    global _projection
+    _projection = weakref.ref(projection)
+
+
+class _ProjectionCollector(Collector):
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        p = _projection() if _projection is not None else None
+        workloads = GaugeMetricFamily("gpuorch_workloads", "Workloads by status (this service's projection)", labels=["status"])
+        attempts = GaugeMetricFamily("gpuorch_attempts", "Attempts by state and cluster (this service's projection)", labels=["cluster", "state"])
+        queue = GaugeMetricFamily("gpuorch_orchestration_queue_depth", "Workloads not yet dispatched: submitted, waiting or routed")
+        if p is not None:
+            by_status: dict[str, int] = {}
+            by_attempt: dict[tuple[str, str], int] = {}
+            for v in list(p.workloads.values()):
+                if v.workload is None:
+                    continue
+                by_status[v.status] = by_status.get(v.status, 0) + 1
+                for a in list(v.attempts.values()):
+                    key = (a.cluster, a.status)
+                    by_attempt[key] = by_attempt.get(key, 0) + 1
+            for status, n in sorted(by_status.items()):
+                workloads.add_metric([status], n)
+            for (cluster, state), n in sorted(by_attempt.items()):
+                attempts.add_metric([cluster, state], n)
+            queue.add_metric([], sum(by_status.get(s, 0) for s in ("submitted", "waiting", "routed")))
+        yield workloads
+        yield attempts
+        yield queue
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())
+
+
+REGISTRY.register(_ProjectionCollector())
+
+
+def start_server(service: str, log: Any = None) -> str | None:
+    """Serve `/metrics` in a thread; returns its URL (None when disabled by `GPUORCH_METRICS_PORT=off`)."""
+    raw = os.environ.get(PORT_ENV, "0").strip()
+    if raw.lower() in ("off", "none", "-1"):
+        return None
+    addr = os.environ.get(ADDR_ENV, "127.0.0.1")
+    server, _thread = start_http_server(int(raw or 0), addr=addr)
+    url = f"http://{addr}:{server.server_port}/metrics"
+    state = os.environ.get("GPUORCH_STATE_DIR")
+    if state:
+        d = Path(state) / "metrics"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"{service}-{os.getpid()}.json").write_text(json.dumps({"service": service, "pid": os.getpid(), "url": url}))
+    if log is not None:
+        log.info("metrics.listening", url=url)
+    return url
