@@ -469,21 +469,27 @@ class _Worker:
             msg_id=msg_id,
             context=ctx,
         )
+        started = time.monotonic()
         try:
-            outputs = await _with_progress(msg, self.handler(incoming), self.ack_wait)
+            with telemetry.phase_span(type_tag(event), ctx):  # "routing", "dispatch", "fence", ...
+                outputs = await _with_progress(msg, self.handler(incoming), self.ack_wait)
             await self.publisher.publish(outputs, context=ctx)
         except Reject as r:
+            metrics.handled(self.handler_name, "rejected")
             err = ContractError(r.reason, r.errors)
             await self._reject(
                 msg, headers, msg_id, stream, seq, err, ctx, span, claimed=r.claimed_workload_id
             )
             return
         except Retry as r:
+            metrics.handled(self.handler_name, "retry")
             await self._failed(msg, headers, msg_id, stream, seq, delivered, event, ctx, span, r, r.delay)
             return
         except Exception as exc:
+            metrics.handled(self.handler_name, "retry")
             await self._failed(msg, headers, msg_id, stream, seq, delivered, event, ctx, span, exc, None)
             return
+        metrics.handled(self.handler_name, "ok", time.monotonic() - started, outputs)
         try:
             await msg.ack_sync(timeout=5.0)
         except Exception as exc:
