@@ -92,12 +92,15 @@ class SimConsumer:
     pending: dict[int, Pending] = field(default_factory=dict)
     ack_floor: int = 0
     _new: bool = True  # a message at or after next_seq may match
+    _ready: float | None = None  # cached ready_at (valid while not _dirty)
+    _dirty: bool = True
 
     def __post_init__(self) -> None:
         self.stream.consumers.append(self)
 
     def notify(self, seq: int) -> None:
         self._new = True
+        self._dirty = True
 
     def _scan_new(self) -> int | None:
         msgs = self.stream.msgs
@@ -111,6 +114,13 @@ class SimConsumer:
 
     def ready_at(self, now: float) -> float | None:
         """When the next delivery is possible (now or later); None: nothing to deliver."""
+        if not self._dirty:
+            return self._ready
+        self._ready = r = self._ready_at(now)
+        self._dirty = False
+        return r
+
+    def _ready_at(self, now: float) -> float | None:
         if self._new and self._scan_new() is not None:
             return now
         best: float | None = None
@@ -122,6 +132,7 @@ class SimConsumer:
 
     def fetch(self, now: float, holder: object) -> tuple[StoredMsg, int] | None:
         """One message for `holder`: a due redelivery first, else the next new one."""
+        self._dirty = True
         due = [(p.deadline, s) for s, p in self.pending.items() if p.deadline <= now and (p.holder is None or not getattr(p.holder, "alive", True))]
         if due:
             _, seq = min(due)
@@ -142,6 +153,7 @@ class SimConsumer:
         return None
 
     def ack(self, seq: int) -> None:
+        self._dirty = True
         self.pending.pop(seq, None)
         floor = self.next_seq - 1
         if self.pending:
@@ -151,6 +163,7 @@ class SimConsumer:
     term = ack
 
     def nak(self, seq: int, now: float, delay: float) -> None:
+        self._dirty = True
         p = self.pending.get(seq)
         if p is not None:
             p.holder = None
@@ -158,6 +171,7 @@ class SimConsumer:
 
     def release(self, holder: object, now: float) -> None:
         """`holder` died: what it held comes back after ack_wait (no more in-progress heartbeats)."""
+        self._dirty = True
         for p in self.pending.values():
             if p.holder is holder:
                 p.holder = None

@@ -7,6 +7,7 @@ functions up in their modules at every call, as the real shells do.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -20,21 +21,14 @@ from gpuorch_proto import events as ev
 
 
 def promote_ignoring_epoch(rec: FenceRecord | None, e: ev.PromoteRequested, now: float, result_path: str) -> fcore.Decision:
-    """`on_promote_requested` without its epoch comparison (`e.epoch != rec.epoch`)."""
-    b = fcore._base(e, now)
-    rejected_id = f"{e.attempt_id}.promotion-rejected"
+    """`on_promote_requested` without its epoch comparison: the real function, shown the request's
+    own epoch as the record's (the record it writes keeps the real epoch)."""
     if rec is None:
-        rec = FenceRecord(epoch=e.epoch, current_attempt=e.attempt_id)
-    if rec.promoted_attempt == e.attempt_id:
-        return fcore.Decision(None, [ev.Promoted(event_id=f"{e.attempt_id}.promoted", output_path=e.output_path, result_path=rec.result_path or result_path, **b)], promote=(e.output_path, rec.result_path or result_path))
-    if rec.promoted_attempt is not None:
-        reason = f"workload already promoted attempt {rec.promoted_attempt}"
-        return fcore.Decision(None, [ev.PromotionRejected(event_id=rejected_id, current_epoch=rec.epoch, reason=reason, **b)], delete_job=True)
-    if rec.current_attempt not in (None, e.attempt_id):
-        reason = f"attempt {rec.current_attempt} is current at epoch {rec.epoch}"
-        return fcore.Decision(None, [ev.PromotionRejected(event_id=rejected_id, current_epoch=rec.epoch, reason=reason, **b)], delete_job=True)
-    new = replace(rec, current_attempt=e.attempt_id, promoted_attempt=e.attempt_id, promoted_epoch=e.epoch, result_path=result_path)
-    return fcore.Decision(new, [ev.Promoted(event_id=f"{e.attempt_id}.promoted", output_path=e.output_path, result_path=result_path, **b)], promote=(e.output_path, result_path))
+        return _ORIGINAL_PROMOTE(rec, e, now, result_path)
+    d = _ORIGINAL_PROMOTE(replace(rec, epoch=e.epoch), e, now, result_path)
+    if d.record is not None:
+        d = dataclasses.replace(d, record=replace(d.record, epoch=rec.epoch))
+    return d
 
 
 def replacement_without_confirmation(e: ev.FenceRequested) -> fcore.ReplacementHow | None:
@@ -46,6 +40,8 @@ def claim_always(current: OwnerLease | None, me: str, now: float, ttl: float) ->
     """`claim` that grants ownership even while another dispatcher's lease runs."""
     return OwnerLease(owner=me, expires_at=now + ttl)
 
+
+_ORIGINAL_PROMOTE = fcore.on_promote_requested
 
 #: name -> (module, function name, replacement, the invariant it should break)
 MUTANTS: dict[str, tuple[Any, str, Callable[..., Any], str]] = {
