@@ -72,7 +72,25 @@ def summarize(found: Iterable[Result], *, progress: bool = False, mutant: str | 
         print(f"    replay: python -m gpuorch.dst --seed {seeds[0]} --trace{flag}")
     if loop_errors:
         print("service loop errors (logged by the shell, not violations): " + ", ".join(f"{k} x{v}" for k, v in loop_errors.most_common(5)))
+    if bad:
+        first = min(s for v in bad.values() for s in v)
+        print(f"\nthe steps that led to the first one (seed {first}; the whole trace: --seed {first} --trace{flag}):")
+        print("\n".join(story(first, mutant)))
     return n, faults, bad
+
+
+def story(seed: int, mutant: str | None = None, limit: int = 60) -> list[str]:
+    """The trace of `seed`, cut to the faults, the crashes and the steps about the violating workloads."""
+    with applied(mutant):
+        r = run(seed, trace=True)
+    assert r.trace is not None
+    ids = {v.workload_id for v in r.violations}
+    keep = [
+        line for line in r.trace
+        if line.startswith(("VIOLATION", "---")) or " chaos: " in line or " sim: " in line
+        or (any(i in line for i in ids) and " deliver " not in line)
+    ]
+    return keep if len(keep) <= limit else [*keep[: limit // 3], f"   ... {len(keep) - limit} lines ...", *keep[-(limit - limit // 3) :]]
 
 
 def main(argv: list[str] | None = None) -> int:
