@@ -583,7 +583,9 @@ class FencerSim(Service):
             d = yield from self.cas(e.workload_id, lambda r: fcore.on_attempt_created(r, e, now))
             if d.delete_job:
                 self.pursue(e, now)
-            return d.events
+            waiting = self.deferred_promotion(e) if hasattr(fcore, "promotion_problem") else None
+            later = (yield from self.promote(waiting, now)) if waiting is not None else []
+            return [*d.events, *later]
         if isinstance(e, ev.FenceRequested):
             d = yield from self.cas(e.workload_id, lambda r: fcore.on_fence_requested(r, e, now))
             if d.delete_job:
@@ -591,15 +593,45 @@ class FencerSim(Service):
                 self.pursue(e, e.lease_expires_at, replacement_pending=not allowed)
             return d.events
         if isinstance(e, ev.PromoteRequested):
-            result = fcore.result_path_for(e.output_path)
-            d = yield from self.cas(e.workload_id, lambda r: fcore.on_promote_requested(r, e, now, result))
-            if d.promote is not None:
-                yield None
-                self.published.setdefault(d.promote[1], d.promote[0])
-            if d.delete_job:
-                self.pursue(e, now, orphan_reason="promotion rejected: " + "; ".join(getattr(x, "reason", "") for x in d.events))
-            return d.events
+            return (yield from self.promote(e, now))
         return []
+
+    def promote(self, e: ev.PromoteRequested, now: float) -> Gen:
+        """Fencer.promote: from the fencer's own records (the attempt as its projection has it,
+        the store root from its settings); refused as a message when they contradict the request,
+        deferred while its `attempt-created` is not on record yet."""
+        result = fcore.result_path_for(e.output_path)
+        checks = getattr(fcore, "promotion_problem", None)  # the record checks (docs/security.md), where present
+        if checks is not None:
+            view = self.projection.get(e.workload_id)
+            a = view.attempts.get(e.attempt_id) if view is not None else None
+            facts = fcore.AttemptFacts(created_epoch=a.epoch if a is not None and "created" in a.times else None, succeeded=a is not None and a.status == "succeeded")
+            store = view.workload.spec.output.store if view is not None and view.workload is not None else None
+            root = f"/sim/stores/{store}"
+            expected = fcore.attempt_dir(root, e.workload_id, e.attempt_id) if store is not None else None
+            problem = checks(e, facts, expected)
+            if problem is not None:
+                if a is None or "created" not in a.times:
+                    return []  # deferred: promoted once its attempt-created is folded
+                raise Reject(f"promotion refused: {problem}", claimed_workload_id=e.workload_id)
+            result = fcore.result_dir(root, e.workload_id)
+        d = yield from self.cas(e.workload_id, lambda r: fcore.on_promote_requested(r, e, now, result))
+        if d.promote is not None:
+            yield None
+            self.published.setdefault(d.promote[1], d.promote[0])
+        if d.delete_job:
+            self.pursue(e, now, orphan_reason="promotion rejected: " + "; ".join(getattr(x, "reason", "") for x in d.events))
+        return list(d.events)
+
+    def deferred_promotion(self, e: ev.AttemptCreated) -> ev.PromoteRequested | None:
+        view = self.projection.get(e.workload_id)
+        a = view.attempts.get(e.attempt_id) if view is not None else None
+        if a is None or "promote-requested" not in a.times or a.promoted or a.promotion_rejected:
+            return None
+        return ev.PromoteRequested(
+            event_id=f"{e.attempt_id}.promote-requested", workload_id=e.workload_id, at=a.times["promote-requested"],
+            attempt_id=e.attempt_id, epoch=e.epoch, cluster=e.cluster, output_path=e.output_path,
+        )
 
     def pursue_loop(self) -> Gen:
         for key, p in list(self.pursuits.items()):
