@@ -30,8 +30,9 @@ from .world import World
 _END, _START, _ARRIVE, _RETRY = 0, 1, 2, 3
 RETRY_SECONDS_MIN = 60.0
 #: how snapshots estimate queue waits: `pooled` (default: inventory's model over one pool of GPUs)
-#: or `inventory` (`gpuorch_inventory.core.earliest_start` itself, per node: exact, much slower)
-QUEUE_MODELS = ("pooled", "inventory")
+#: or `inventory` (`gpuorch_inventory.core.earliest_start` itself, per node: exact, much slower);
+#: `oracle` publishes the true wait of a one-GPU request (an experiment: no inventory can know it)
+QUEUE_MODELS = ("pooled", "inventory", "oracle")
 
 
 @dataclass

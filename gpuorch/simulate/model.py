@@ -250,6 +250,13 @@ class ClusterModel:
             free += 1
         return max(0.0, t - now)
 
+    def oracle_wait(self, now: float) -> float:
+        """The true wait of a one-GPU request enqueued now (an experiment, not what inventory can know:
+        it uses the true run times of everything booked)."""
+        probe = Work(key=-1, workers=1, per_worker=1, suitable=self.suitable(0.0, (), 1), submit=now, expected_run=0.0)
+        plan = self.plan(probe, now)
+        return math.inf if plan is None else plan.start - now
+
     def snapshot(self, now: float, *, queue_model: str = "pooled") -> ClusterSnapshot:
         """What inventory would publish now: per node free GPUs, the queue, staged datasets."""
         reg = self.spec.registry
@@ -260,7 +267,12 @@ class ClusterModel:
         busy = bool(self.pending) or not any(self.free)  # else a one-GPU request fits now: 0
         wait = 0.0
         if busy:
-            wait = self.estimated_wait(now) if queue_model == "inventory" else self.pooled_wait(now)
+            if queue_model == "inventory":
+                wait = self.estimated_wait(now)
+            elif queue_model == "oracle":
+                wait = self.oracle_wait(now)
+            else:
+                wait = self.pooled_wait(now)
         queue = QueueInfo(name="default", pending_jobs=len(self.pending), pending_gpus=pending_gpus,
                           estimated_wait_seconds=wait)
         return ClusterSnapshot(

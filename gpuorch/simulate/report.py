@@ -47,6 +47,7 @@ class Row:
     never: int
     never_reasons: dict[str, int] = field(default_factory=dict)
     cpu_seconds: float = 0.0
+    placed: dict[str, int] = field(default_factory=dict)  # jobs per cluster
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -68,6 +69,7 @@ def summarize(result: RunResult, cpu_seconds: float = 0.0) -> Row:
         tb_moved=sum(j.data_gb for j in ran) / 1000, cost=sum(j.cost for j in ran),
         never=len(result.jobs) - len(ran), never_reasons=dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
         cpu_seconds=cpu_seconds,
+        placed={c: sum(1 for j in ran if j.cluster == c) for c in result.clusters},
     )
 
 

@@ -56,3 +56,18 @@ def test_a_job_no_cluster_can_run_never_runs_and_says_why() -> None:
     for policy in ("gpuorch", "emptiest", "clairvoyant"):
         (j,) = simulate(w, jobs([(0, 100, 1)], w, cfg), policy).jobs
         assert j.never == "GPU_MODEL (1)" and math.isnan(j.completion), policy
+
+
+@pytest.mark.parametrize("queue_model", ["pooled", "inventory", "oracle"])
+def test_a_snapshot_publishes_the_queue_wait_inventory_would(queue_model: str) -> None:
+    from gpuorch.simulate.model import ClusterModel, Work
+
+    m = ClusterModel(world(cluster("a", startup=60)).clusters[0])
+    w = Work(key=1, workers=1, per_worker=8, suitable=(0,), submit=0.0, expected_run=1000.0, startup_s=60.0)
+    plan = m.plan(w, 0.0)
+    assert plan is not None and plan.start == 0.0
+    m.commit(w, plan, 1060.0)
+    m.apply_start(w)
+    snap = m.snapshot(10.0, queue_model=queue_model)
+    assert (snap.nodes[0].gpus_free, snap.running_gpus) == (0, 8)
+    assert snap.queues[0].estimated_wait_seconds == 1050.0  # the node frees at 1060: 1050 s after 10
