@@ -541,3 +541,23 @@ def test_a_create_the_cluster_never_answers_becomes_lost_after_the_redeliveries(
     evs = core.create_unanswered(c, 9.0, "timed out", unreachable=True, delivered=core.CREATE_DELIVERIES)
     assert evs is not None and [type(e) for e in evs] == [ev.AttemptCreated, ev.Lost]
     assert evs[1].attempt_id == c.created.attempt_id and "did not answer the create" in evs[1].reason  # type: ignore[attr-defined]
+
+
+def test_a_lost_attempt_seen_running_again_after_its_fence_is_still_replaced() -> None:
+    """Found by the deterministic simulation (seed 7): the heal made the fenced attempt `running`
+    again, its Job was deleted (strict), and nothing asked for a replacement."""
+    a1 = f"{W}-a1"
+    base = {"workload_id": W, "attempt_id": a1, "epoch": 1, "cluster": "primary"}
+    p = history(
+        routed(1), _created(1, 1), ev.Lost(at=2.0, reason="partition", **base),  # type: ignore[arg-type]
+        ev.FenceRequested(at=2.0, reason="lost", policy="strict", lease_expires_at=100.0, **base),  # type: ignore[arg-type]
+        ev.Fenced(at=3.0, new_epoch=2, **base),  # type: ignore[arg-type]
+        ev.Running(at=4.0, **base),  # type: ignore[arg-type]  # the partition heals: it still runs
+        ev.CancelConfirmed(at=5.0, how="deleted", **base),  # type: ignore[arg-type]
+    )
+    v = p.workloads[W]
+    assert v.attempts[a1].status == "running" and v.attempts[a1].fenced
+    allowed = _allowed(1, how="confirmed", at=5.0)
+    p.apply(allowed, 40)
+    acts = [a.event for a in core.on_event(v, allowed, 5.0, env()) if isinstance(a, core.Emit)]
+    assert [type(x) for x in acts] == [ev.RouteRequested]

@@ -509,8 +509,12 @@ def stale_success(a: AttemptView) -> bool:
 
 
 def needs_replacement(a: AttemptView) -> bool:
-    """Will this attempt never give the workload its result (so, if it is the latest, another must)?"""
-    return a.status in ("failed", "lost") or stale_success(a)
+    """Will this attempt never give the workload its result (so, if it is the latest, another must)?
+
+    Failed or lost; or fenced and not promoted, whatever it did since (a lost attempt seen
+    running again after the heal is still fenced: it can never publish).
+    """
+    return a.status in ("failed", "lost") or stale_success(a) or (a.fenced and not a.promoted)
 
 
 def _replacement_due(view: WorkloadView, a: AttemptView) -> bool:

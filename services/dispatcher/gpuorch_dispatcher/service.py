@@ -400,7 +400,10 @@ class Dispatcher:
             log.info("dispatcher.caught_up", events=n, instance=self.me)
             for wid, view in list(self.follower.projection.workloads.items()):
                 if not view.terminal and view.routed_attempts and await self._claim(wid) is not None:
-                    await self.redrive(view)  # whatever a crash interrupted
+                    try:
+                        await self.redrive(view)  # whatever a crash interrupted
+                    except Exception as exc:  # e.g. a cluster that does not answer: the reconcile loop retries
+                        log.warning("redrive.failed", workload=wid, error=str(exc))
             await run_until_stopped("dispatcher", stop, [
                 self.renew(stop),
                 self.take_over(stop),

@@ -105,7 +105,9 @@ class Router:
         if wanted in v.routed_attempts:
             return None
         if wanted == 1:
-            return 1 if v.status == "waiting" else None
+            # waiting, or accepted but never decided (the router died between `submitted` and
+            # its decision: the redelivered submit is a re-send, and this is what routes it)
+            return 1 if v.status in ("waiting", "submitted") else None
         return wanted
 
     # --- handlers -----------------------------------------------------------------------
