@@ -6,6 +6,8 @@
   gpuorch restart SERVICE                      restart one service (router|dispatcher|fencer|inventory)
   gpuorch submit FILE [--wait] [--key K]       submit a workload (YAML or JSON)
   gpuorch get ID | list | events [ID] [--follow] | clusters | explain ID | cancel ID
+  gpuorch report [--since 2h] [--cluster C] [--plot DIR]   per destination: delays, GPU-hours per result, cleanup
+  gpuorch web [--host 127.0.0.1] [--port 8765]           read-only web view, live from the event stream
   gpuorch demo                                 the seed's scenario, end to end, then stop
   gpuorch fault CLUSTER partition|heal|...     inject a fault into a local cluster
   gpuorch simulate --trace FILE [--clusters FILE] [--policy NAME] [--seed S] [--plot DIR]
@@ -30,7 +32,7 @@ import msgspec
 
 from gpuorch.client import Client
 from gpuorch.config import Settings
-from gpuorch.projection import WorkloadView
+from gpuorch.projection import Projection, WorkloadView
 from gpuorch_proto import ContractError, load_workload_yaml, type_tag, workload_id_for
 from gpuorch_proto.units import format_duration
 
@@ -177,12 +179,17 @@ async def _submit_dry_run(ns: argparse.Namespace, s: Settings, wl: Any) -> int:
 
 
 async def cmd_get(ns: argparse.Namespace, s: Settings) -> int:
+    from gpuorch.observe import commands, timeline
+
     async with Client(s.nats_url, s.names) as c:
-        v = await c.view(ns.id)
+        events = await c.events(ns.id)
+    v = Projection.of(events).get(ns.id)
     if v is None:
         print(f"no workload {ns.id!r}", file=sys.stderr)
         return 1
     d = view_detail(v)
+    tl = commands.timeline_of(v, events)
+    d["timeline"] = timeline.as_dict(tl)
     if ns.output == "json":
         print(json.dumps(_jsonable(d), indent=2))
         return 0
@@ -190,6 +197,7 @@ async def cmd_get(ns: argparse.Namespace, s: Settings) -> int:
         print(f"{k:>9}: {d[k] if d[k] is not None else '-'}")
     print("attempts:")
     print_table(d["attempt_list"], ["id", "cluster", "epoch", "status", "mode", "fenced", "cancel_confirmed", "promoted"])
+    print(timeline.render(tl, commands.time_scale(s)))
     return 0
 
 
@@ -259,6 +267,12 @@ async def cmd_explain(ns: argparse.Namespace, s: Settings) -> int:
     print(f"{ns.id}: {v.status} — {v.reason}\n")
     print(render_explain(v.decision))
     return 0
+
+
+async def cmd_report(ns: argparse.Namespace, s: Settings) -> int:
+    from gpuorch.observe.commands import run_report
+
+    return await run_report(ns, s)
 
 
 async def cmd_cancel(ns: argparse.Namespace, s: Settings) -> int:
@@ -407,6 +421,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reason", default="requested by user")
     p.add_argument("--wait", action="store_true")
     p.add_argument("--timeout", type=float, default=300)
+    from gpuorch.observe.commands import add_report_arguments, add_web_arguments
+
+    add_report_arguments(out(sub.add_parser("report", help="per destination: queue delay, staging, completion, GPU-hours per result, failures, cleanup")))
+    add_web_arguments(sub.add_parser("web", help="read-only web view of workloads, timelines, clusters and the report"))
     p = sub.add_parser("demo", help="run the seed's scenario end to end, then stop")
     p.add_argument("--clusters", default=str(DEFAULT_CLUSTERS))
     p.add_argument("--keep", action="store_true", help="leave the system running")
@@ -422,7 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 ASYNC = {"submit": cmd_submit, "get": cmd_get, "list": cmd_list, "events": cmd_events,
-         "clusters": cmd_clusters, "explain": cmd_explain, "cancel": cmd_cancel}
+         "clusters": cmd_clusters, "explain": cmd_explain, "cancel": cmd_cancel, "report": cmd_report}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -441,6 +459,10 @@ def main(argv: list[str] | None = None) -> None:
         from gpuorch.simulate.cli import run as run_simulate
 
         raise SystemExit(run_simulate(ns))
+    if ns.cmd == "web":
+        from gpuorch.observe.commands import run_web
+
+        raise SystemExit(run_web(ns, settings_for(ns.state)))
     if ns.cmd == "demo":
         from gpuorch.demo import run_demo
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import nats
 from nats.js.api import DeliverPolicy
+from opentelemetry.context import Context
 
 from gpuorch.projection import Projection, WorkloadView
 from gpuorch.runtime import telemetry
@@ -31,6 +32,7 @@ from gpuorch_proto import (
     workload_id_for,
 )
 from gpuorch_proto import events as ev
+from gpuorch_proto.subjects import valid_token
 
 
 class Client:
@@ -63,8 +65,20 @@ class Client:
         """Publish a cancel; returns the message's record id (`msg-<stream>-<seq>`): a refusal of
         this cancel (an unknown id, say) is published under it, never under the workload."""
         cmd = ev.Cancel(workload_id=workload_id, reason=reason, at=time.time())
-        ack = await self.js.publish(self.names.cmd_cancel, encode(cmd), headers={"Nats-Msg-Id": f"cancel-{workload_id}", **telemetry.inject()})
+        parent = await self.trace_context(workload_id)  # the cancel joins the workload's one trace
+        span_attrs = {"messaging.system": "nats", "gpuorch.workload_id": workload_id}
+        with telemetry.tracer().start_as_current_span(f"{self.names.cmd_cancel} publish", context=parent, kind=telemetry.SpanKind.PRODUCER, attributes=span_attrs):
+            ack = await self.js.publish(self.names.cmd_cancel, encode(cmd), headers={"Nats-Msg-Id": f"cancel-{workload_id}", **telemetry.inject()})
         return ev.message_ref(ack.stream, ack.seq)
+
+    async def trace_context(self, workload_id: str) -> Context | None:
+        """The trace context of the workload's `submitted` event (None for an unknown id)."""
+        if not valid_token(workload_id):
+            return None
+        async for _evt, _subject, _seq, headers in replay(self.js, self.names.stream_evt, self.names.evt(workload_id, "submitted")):
+            if headers.get("traceparent"):
+                return telemetry.extract(headers)
+        return None
 
     async def events(self, workload_id: str | None = None) -> list[tuple[int, Event]]:
         subject = self.names.evt_workload(workload_id) if workload_id else self.names.evt_all

@@ -12,6 +12,7 @@ durable consumer that redelivers the tail.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gpuorch_proto import Event, RoutingDecision, Workload, k8s
@@ -100,6 +101,14 @@ class WorkloadView:
 class Projection:
     workloads: dict[str, WorkloadView] = field(default_factory=dict)
     last_seq: int = 0
+
+    @classmethod
+    def of(cls, events: Iterable[tuple[int, Event]]) -> Projection:
+        """The fold of `(stream sequence, event)` pairs."""
+        p = cls()
+        for seq, e in events:
+            p.apply(e, seq)
+        return p
 
     def get(self, workload_id: str) -> WorkloadView | None:
         return self.workloads.get(workload_id)

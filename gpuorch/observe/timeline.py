@@ -26,7 +26,7 @@ and the gaps between them, each named for what delays work there:
 | `output` | finished -> promoted | validating and publishing the outputs |
 
 A mark that is missing (a program that reports nothing, an attempt that was lost) leaves its
-gap out; the next gap then starts from the latest mark before it, so the gaps never overlap and
+gap out (a mark seen before the previous one, as observation lags, gives a gap of zero); the next gap then starts from the latest mark before it, so the gaps never overlap and
 always add up to the attempt's span.
 
 An attempt also ends in an `outcome`: `promoted`, `succeeded` (not promoted, e.g. still
@@ -139,8 +139,10 @@ def attempt_timeline(
     for name, mark in GAPS:
         if mark not in marks:
             continue
-        if prev is not None and marks[mark] >= prev:
-            gaps.append(Gap(name, prev, marks[mark]))
+        if prev is not None:
+            # a mark observed a little late (the dispatcher sees `running` on its next look, the
+            # program's own clock says when it started computing) gives a gap of zero, never < 0
+            gaps.append(Gap(name, prev, max(prev, marks[mark])))
         prev = marks[mark] if prev is None else max(prev, marks[mark])
     gone = min([x for x in (t.get("cancel-confirmed"), t.get("orphan-deleted")) if x is not None], default=None)
     start = t.get("admitted", t.get("running"))
@@ -201,3 +203,19 @@ def as_dict(t: WorkloadTimeline) -> dict[str, object]:
             for a in t.attempts
         ],
     }  # fmt: skip
+
+
+def render(t: WorkloadTimeline, time_scale: float = 1.0) -> str:
+    """The timeline as `gpuorch get` prints it: each attempt's marks (time since the submit) and
+    its named gaps, in the clusters' own time (`time_scale` simulated seconds per real second)."""
+    from gpuorch_proto.units import format_duration
+
+    t0 = t.submitted if t.submitted is not None else min((a.marks.get("ready", 0.0) for a in t.attempts), default=0.0)
+    lines = [f"timeline (simulated time, x{time_scale:g}; t=0 at the submit):"]
+    if not t.attempts:
+        lines.append("  no attempt yet")
+    for a in t.attempts:
+        lines.append(f"  {a.attempt_id} on {a.cluster}: {a.outcome}, {a.gpus:g} GPUs, {a.gpu_seconds() * time_scale / 3600:.2f} GPU-hours")
+        lines.append("    " + "  ".join(f"{m} +{format_duration((a.marks[m] - t0) * time_scale)}" for m in MARKS if m in a.marks))
+        lines.append("    " + "  ".join(f"{g.name} {format_duration(g.seconds * time_scale)}" for g in a.gaps))
+    return "\n".join(lines)

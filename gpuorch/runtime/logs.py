@@ -21,6 +21,8 @@ from typing import Any, TextIO
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
+from gpuorch_proto import k8s
+
 # Constant event names used by the runtime shell (services add their own, e.g. "workload.routed").
 MSG_PROCESSED = "msg.processed"
 MSG_REJECTED = "msg.rejected"
@@ -43,14 +45,16 @@ def remember_trace(workload_id: str, trace_id: str | None) -> None:
 
 
 def _workload_ids(logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
+    att = event_dict.get("attempt_id") or event_dict.get("attempt") or event_dict.get("job")
+    if isinstance(att, str) and att and (parsed := k8s.parse_attempt_id(att)) is not None:
+        event_dict.setdefault("attempt_id", att)  # an attempt (its Job has the attempt's name)
+        if not event_dict.get("workload_id") and not event_dict.get("workload"):
+            event_dict["workload_id"] = parsed[0]
     wid = event_dict.get("workload_id") or event_dict.get("workload")
     if isinstance(wid, str) and wid:
         event_dict["workload_id"] = wid
         if not event_dict.get("trace_id") and wid in _TRACES:
             event_dict["trace_id"] = _TRACES[wid]
-    att = event_dict.get("attempt")
-    if isinstance(att, str) and att and not event_dict.get("attempt_id"):
-        event_dict["attempt_id"] = att
     return event_dict
 
 

@@ -40,7 +40,7 @@ from opentelemetry.trace import SpanKind
 from gpuorch.config import Registry, Settings, load_registry
 from gpuorch.kube import TIMEOUT, ClusterClient, make_clients, unreachable
 from gpuorch.observe import metrics
-from gpuorch.runtime import bus, telemetry
+from gpuorch.runtime import bus, logs, telemetry
 from gpuorch.runtime.shell import run_service
 from gpuorch_proto import ClusterRegistryEntry, ClusterSnapshot, Names, encode
 from gpuorch_proto.subjects import valid_token
@@ -97,6 +97,8 @@ def trace_cluster_queue(cluster: str, start: core.PodStart) -> None:
         },
     )
     span.end(end_time=max(begin, int(start.started * 1e9)))
+    if start.workload:
+        logs.remember_trace(start.workload, telemetry.trace_id_hex(span))  # its log lines carry the trace id
     log.info(
         "attempt.started_on_cluster",
         cluster=cluster,

@@ -1,0 +1,82 @@
+"""`gpuorch report` and `gpuorch web`: their arguments and what they run (the CLI delegates here)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from gpuorch.config import Settings, load_registry
+
+
+def parse_since(text: str | None, now: float) -> float | None:
+    """`--since`: a duration back from now (`90m`, `2h`, `1d`, `30s`) or an ISO time."""
+    if not text:
+        return None
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
+    if m:
+        return now - float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--since {text!r}: give a duration (90m, 2h, 1d) or an ISO time") from None
+
+
+def time_scale(s: Settings) -> float:
+    try:
+        return load_registry(s.registry).time_scale if s.registry else 1.0
+    except Exception:
+        return 1.0
+
+
+def add_report_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--since", default=None, help="only workloads submitted since: 90m, 2h, 1d or an ISO time")
+    p.add_argument("--cluster", default=None, help="only this destination")
+    p.add_argument("--plot", type=Path, default=None, metavar="DIR", help="write PNG charts into DIR")
+
+
+def add_web_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    p.add_argument("--port", type=int, default=8765, help="0 = any free port (printed)")
+
+
+async def run_report(ns: argparse.Namespace, s: Settings) -> int:
+    from gpuorch.client import Client
+
+    from .report import build_report, render
+    from .timeline import timelines
+
+    async with Client(s.nats_url, s.names, creds=s.nats_creds) as c:
+        events = await c.events()
+    since = parse_since(ns.since, time.time())
+    tls = list(timelines(events).values())
+    report = build_report(tls, since=since, cluster=ns.cluster, time_scale=time_scale(s))
+    if ns.plot is not None:
+        from .plots import render_all
+
+        report["charts"] = [str(p) for p in render_all(report, tls, ns.plot)]
+    if ns.output == "json":
+        print(json.dumps(report, indent=2))
+    else:
+        print(render(report))
+        for p in report.get("charts", []):
+            print(f"chart: {p}")
+    return 0
+
+
+def timeline_of(view: Any, events: list[tuple[int, Any]]) -> Any:
+    from .timeline import workload_timeline
+
+    return workload_timeline(view, [e for _, e in events], now=time.time())
+
+
+def run_web(ns: argparse.Namespace, s: Settings) -> int:
+    from .web import serve
+
+    serve(s, host=ns.host, port=ns.port, time_scale=time_scale(s), out=sys.stdout)
+    return 0
