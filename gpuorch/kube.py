@@ -40,6 +40,7 @@ def make_client(kubeconfig: Path, context: str) -> ClusterClient:
     config.load_kube_config(config_file=str(kubeconfig), context=context, client_configuration=cfg)  # type: ignore[no-untyped-call]
     # urllib3's default Retry(3) multiplies read timeouts on GETs: no read retries.
     cfg.retries = urllib3.Retry(total=1, connect=1, read=0, status=0, backoff_factor=0.1)
+    cfg.connection_pool_maxsize = 32  # calls in flight per cluster (the dispatcher pipelines creates)
     api = client.ApiClient(cfg)
     return ClusterClient(name=context, api=api, core=client.CoreV1Api(api), batch=client.BatchV1Api(api))
 

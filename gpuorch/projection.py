@@ -77,6 +77,7 @@ class WorkloadView:
     idempotency_key: str | None = None
     times: dict[str, float] = field(default_factory=dict)
     history: list[tuple[int, str, float]] = field(default_factory=list)  # (seq, type, at)
+    last_seq: int = 0  # the stream sequence of the last event folded in
 
     @property
     def terminal(self) -> bool:
@@ -114,16 +115,23 @@ class Projection:
         return self.workloads.get(workload_id)
 
     def apply(self, evt: Event, seq: int) -> WorkloadView | None:
-        """Fold one event; returns the workload's view (None for events about no workload)."""
-        if seq and seq <= self.last_seq:
-            return self.workloads.get(evt.workload_id)
+        """Fold one event; returns the workload's view (None for events about no workload).
+
+        Idempotent by stream sequence *per workload*: an event at or below the last sequence
+        applied to its workload changes nothing. A workload's events are in stream order, so a
+        consumer may apply different workloads' events concurrently (out of global order).
+        """
         if seq:
-            self.last_seq = seq
+            self.last_seq = max(self.last_seq, seq)
         if not evt.workload_id:
             return None
         view = self.workloads.get(evt.workload_id)
         if view is None:
             view = self.workloads[evt.workload_id] = WorkloadView(evt.workload_id)
+        elif seq and seq <= view.last_seq:
+            return view
+        if seq:
+            view.last_seq = seq
         _fold(view, evt)
         view.history.append((seq, ev.type_tag(evt), evt.at))
         return view

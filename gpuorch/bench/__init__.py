@@ -9,4 +9,5 @@ from __future__ import annotations
 BENCHES: list[str] = [
     "gpuorch.bench.routing:run",
     "gpuorch.bench.faults:run",
+    "gpuorch.bench.throughput:run",
 ]

@@ -273,8 +273,15 @@ async def consume(
     fetch_timeout: float = 1.0,
     backoff: Callable[[int], float] = default_backoff,
     handler_name: str | None = None,
+    concurrency: int = 1,
+    key: Callable[[str], str] | None = None,
 ) -> None:
     """Run `handler` over a durable pull consumer until `stop` is set (see the module doc).
+
+    `concurrency` > 1: up to that many messages are handled at a time (`_Pipeline`), those with
+    the same `key(subject)` (default: the workload token of `evt.<workload>.<type>`) one after
+    the other in stream order, so each workload still sees its events in order; fetching goes
+    on as slots free up. Each message is still acked only after its own outputs are.
 
     Returns within about `fetch_timeout` of `stop` being set (after the message in hand).
     `max_deliver <= 0` means unlimited deliveries (no dead-lettering). Raises
@@ -300,6 +307,7 @@ async def consume(
         max_deliver=max_deliver,
     )
     log.info("consumer.started", stream=stream, durable=durable, filter=filter_subject)
+    pipeline = _Pipeline(worker, concurrency, key or _workload_key) if concurrency > 1 else None
     try:
         while not stop.is_set():
             try:
@@ -307,9 +315,10 @@ async def consume(
                 # batch is full or the request expires, which would delay an idle consumer's next
                 # message by up to `fetch_timeout`. Then take whatever backlog is already there.
                 msgs = await sub.fetch(1, timeout=fetch_timeout)
-                if batch > 1:
+                more = batch - 1 if pipeline is None else min(batch, pipeline.free) - 1
+                if more > 0:
                     with contextlib.suppress(TimeoutError, nats.errors.TimeoutError):
-                        msgs += await sub.fetch(batch - 1, timeout=BACKLOG_PROBE)
+                        msgs += await sub.fetch(more, timeout=BACKLOG_PROBE)
                 metrics.consumer_lag(stream, durable, msgs[-1].metadata.num_pending + len(msgs))
             except (TimeoutError, nats.errors.TimeoutError):
                 metrics.consumer_lag(stream, durable, 0)
@@ -336,11 +345,73 @@ async def consume(
                         with contextlib.suppress(Exception):
                             await waiting.in_progress()
                     fetched_at = time.monotonic()
+                if pipeline is not None:
+                    await pipeline.submit(msg)
+                    continue
                 await worker.process(msg)
     finally:
+        if pipeline is not None:
+            await pipeline.drain()  # what is in hand finishes (and is acked) before the consumer goes
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
         log.info("consumer.stopped", stream=stream, durable=durable)
+
+
+def _workload_key(subject: str) -> str:
+    """`<prefix>.evt.<workload>.<type>` -> the workload token (other subjects: the subject)."""
+    parts = subject.split(".")
+    return parts[-2] if len(parts) >= 4 and parts[-3] == "evt" else subject
+
+
+class _Pipeline:
+    """Messages handled concurrently, up to `limit` in flight; one key's messages in order.
+
+    A message whose key has one in flight waits for it (chained tasks), so each workload still
+    sees its events in stream order while the others go on; the consume loop keeps fetching as
+    slots free up, so one slow workload holds only its own events.
+    """
+
+    def __init__(self, worker: _Worker, limit: int, key: Callable[[str], str]) -> None:
+        self.worker, self.key = worker, key
+        self.slots = asyncio.Semaphore(limit)
+        self.limit = limit
+        self.in_flight = 0
+        self.chains: dict[str, asyncio.Task[None]] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def free(self) -> int:
+        return self.limit - self.in_flight
+
+    async def submit(self, msg: Msg) -> None:
+        await self.slots.acquire()
+        self.in_flight += 1
+        k = self.key(msg.subject)
+        before = self.chains.get(k)
+
+        async def run() -> None:
+            try:
+                if before is not None:
+                    await asyncio.gather(before, return_exceptions=True)
+                await self.worker.process(msg)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the connection went away mid-message: redelivered after ack_wait
+                log.exception("consumer.process_failed", durable=self.worker.durable, subject=msg.subject)
+            finally:
+                self.in_flight -= 1
+                self.slots.release()
+                if self.chains.get(k) is task:
+                    del self.chains[k]
+
+        task = asyncio.create_task(run())
+        self.chains[k] = task
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def drain(self) -> None:
+        if self.tasks:
+            await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
 @dataclass

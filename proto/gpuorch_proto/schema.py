@@ -114,7 +114,7 @@ def _strict(schema: dict[str, Any]) -> dict[str, Any]:
     if isinstance(schema, dict):
         return {k: _strict(v) for k, v in schema.items() if not (k == "discriminator" and isinstance(v, dict))}
     if isinstance(schema, list):
-        return [_strict(v) for v in schema]  # type: ignore[return-value]
+        return [_strict(v) for v in schema]
     return schema
 
 

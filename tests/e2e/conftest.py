@@ -15,12 +15,16 @@ HERE = Path(__file__).parent
 
 
 @pytest.fixture(scope="module")
-def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
+def system(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
+    """One system per test module; a module may add service settings in `E2E_ENV`."""
     state = tmp_path_factory.mktemp("e2e")
     s = System(
         state_dir=state,
         clusters_file=HERE / "clusters.yaml",
-        env_extra={"GPUORCH_TRACE_FILE": str(state / "spans.jsonl"), "GPUORCH_LOST_AFTER": "2"},
+        env_extra={
+            "GPUORCH_TRACE_FILE": str(state / "spans.jsonl"), "GPUORCH_LOST_AFTER": "2",
+            **getattr(request.module, "E2E_ENV", {}),
+        },
     )
     s.start()
     try:

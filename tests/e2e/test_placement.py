@@ -10,8 +10,6 @@ replacement goes to `beta`, where it completes: nothing waits for ever, and stat
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from gpuorch.client import Client
@@ -19,7 +17,6 @@ from gpuorch.invariants import check
 from gpuorch.kube import make_clients
 from gpuorch.system import System
 from gpuorch_proto import events as ev
-from tests.e2e.conftest import HERE
 from tests.e2e.test_cancel import eventually, state
 from tests.e2e.workloads import train
 
@@ -28,19 +25,7 @@ pytestmark = pytest.mark.e2e
 TAINT = {"key": "gpuorch.io/maintenance", "value": "drain", "effect": "NoSchedule"}
 
 
-@pytest.fixture(scope="module")
-def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
-    state_dir = tmp_path_factory.mktemp("e2e-placement")
-    s = System(
-        state_dir=state_dir,
-        clusters_file=HERE / "clusters.yaml",
-        env_extra={"GPUORCH_LOST_AFTER": "2", "GPUORCH_UNSCHEDULABLE_AFTER": "1"},
-    )
-    s.start()
-    try:
-        yield s
-    finally:
-        s.stop()
+E2E_ENV = {"GPUORCH_UNSCHEDULABLE_AFTER": "1"}  # the grace before an unplaceable attempt fails
 
 
 async def test_pods_no_node_accepts_fail_the_attempt_with_the_schedulers_reason_and_reroute(system: System, client: Client) -> None:

@@ -24,7 +24,7 @@ from gpuorch.localkube.scheduler import _filter
 from gpuorch_dispatcher import core as dispatch
 from gpuorch_inventory.core import build_snapshot
 from gpuorch_proto import ClusterRegistryEntry, Workload
-from gpuorch_proto.placement import accepts, gpu_memory_floor_mib, placement_for
+from gpuorch_proto.placement import Placement, accepts, gpu_memory_floor_mib, placement_for
 from gpuorch_proto.workload import Toleration
 from gpuorch_router.policy import eligible_nodes, route
 from tests.inventory.builders import make_node
@@ -126,6 +126,13 @@ def job_accepts(manifest: dict[str, Any], nodes: list[dict[str, Any]]) -> frozen
 ENV = dispatch.Environment(registry={"c": REGISTRY}, store_roots={}, data_roots={}, cache_roots={})
 
 
+def job_for(wl: Workload, placement: Placement | None, queue: str | None = None) -> dict[str, Any]:
+    """The dispatcher's Job for attempt 1 on cluster `c`, with the router's placement."""
+    return dispatch.build_job(
+        wl, "w-1", "w-1-a1", 1, "c", queue, ENV, output_path="/o", checkpoint_path="/c", resume_from=None, placement=placement,
+    )
+
+
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_every_node_the_router_counts_the_job_accepts_and_no_other(data: st.DataObject) -> None:
@@ -136,10 +143,7 @@ def test_every_node_the_router_counts_the_job_accepts_and_no_other(data: st.Data
     promised = eligible_nodes(wl, snap)
     if decision.outcome == "routed":
         assert decision.placement is not None
-        manifest = dispatch.build_job(
-            wl, "w-1", "w-1-a1", 1, "c", decision.queue, ENV,
-            output_path="/o", checkpoint_path="/c", resume_from=None, placement=decision.placement,
-        )
+        manifest = job_for(wl, decision.placement, decision.queue)
         kubernetes_validate.validate(manifest, "1.33.0", strict=True)
         assert job_accepts(manifest, nodes) == promised, decision.summary
         assert promised  # routed: at least one node can take a pod
@@ -147,10 +151,7 @@ def test_every_node_the_router_counts_the_job_accepts_and_no_other(data: st.Data
         # the same rule for a cluster it did not choose: the Job would accept exactly the nodes the
         # router counts (none, when its node checks fail)
         placement = placement_for(wl.spec.resources, wl.spec.requirements, (n["metadata"]["labels"].get("nvidia.com/gpu.product") for n in nodes))
-        manifest = dispatch.build_job(
-            wl, "w-1", "w-1-a1", 1, "c", None, ENV,
-            output_path="/o", checkpoint_path="/c", resume_from=None, placement=placement,
-        )
+        manifest = job_for(wl, placement)
         accepted = job_accepts(manifest, nodes)
         if promised:  # node checks passed; the cluster failed on the gang's size or another check
             assert accepted == promised
@@ -168,10 +169,7 @@ def test_80_gib_workload_on_h100_80gb_nodes_is_routed_and_schedulable() -> None:
     snap = build_snapshot("c", nodes, [], REGISTRY, now=NOW, observed_at=NOW, time_scale=1.0)
     decision = route(wl, "w-1", {"c": snap}, NOW)
     assert decision.outcome == "routed" and decision.placement is not None
-    manifest = dispatch.build_job(
-        wl, "w-1", "w-1-a1", 1, "c", None, ENV, output_path="/o", checkpoint_path="/c", resume_from=None,
-        placement=decision.placement,
-    )
+    manifest = job_for(wl, decision.placement)
     assert job_accepts(manifest, nodes) == {"h0"}
     assert gpu_memory_floor_mib(80) <= 81559 < 80 * 1024
 
@@ -183,10 +181,7 @@ def test_accelerator_token_is_resolved_to_the_product_the_nodes_carry() -> None:
     snap = build_snapshot("c", nodes, [], REGISTRY, now=NOW, observed_at=NOW, time_scale=1.0)
     decision = route(wl, "w-1", {"c": snap}, NOW)
     assert decision.outcome == "routed" and decision.placement is not None
-    manifest = dispatch.build_job(
-        wl, "w-1", "w-1-a1", 1, "c", None, ENV, output_path="/o", checkpoint_path="/c", resume_from=None,
-        placement=decision.placement,
-    )
+    manifest = job_for(wl, decision.placement)
     exprs = manifest["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"]
     assert {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-L4"]} in exprs
     assert job_accepts(manifest, nodes) == {"l0"}

@@ -13,6 +13,7 @@ import json
 import os
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,9 @@ class Dispatcher:
         self.unknown_cancel_retries = 3  # deliveries of a cancel for an id we do not know before `rejected`
         self.js: Any = None
         self.created: dict[str, set[str]] = {}  # workload id -> attempts whose Job this process created
+        # workloads handled at once (each workload's events still in order): Job creates in flight
+        self.concurrency = int(os.environ.get("GPUORCH_DISPATCH_CONCURRENCY", "64"))
+        self.kube_pool = ThreadPoolExecutor(max_workers=int(os.environ.get("GPUORCH_KUBE_THREADS", "16")), thread_name_prefix="kube")
 
     def environment(self, attempts: Sequence[AttemptView] = ()) -> core.Environment:
         reg = self.registry.clusters if self.registry else {}
@@ -144,7 +148,9 @@ class Dispatcher:
         if cc is None:
             raise RuntimeError(f"routed to unknown cluster {act.cluster!r} (not in the kubeconfig)")
         try:
-            await asyncio.to_thread(cc.batch.create_namespaced_job, act.namespace, act.manifest, _request_timeout=TIMEOUT)  # type: ignore[arg-type]
+            await asyncio.get_running_loop().run_in_executor(
+                self.kube_pool, lambda: cc.batch.create_namespaced_job(act.namespace, act.manifest, _request_timeout=TIMEOUT)  # type: ignore[arg-type]
+            )
             log.info("job.created", cluster=act.cluster, job=act.manifest["metadata"]["name"])
         except ApiException as exc:
             if exc.status != 409:
@@ -408,7 +414,7 @@ class Dispatcher:
                 self.renew(stop),
                 self.take_over(stop),
                 self.reconcile_owned(stop),
-                consume(js, stream=self.names.stream_evt, durable=self.names.durable("dispatcher", f"events-{self.me}"), filter_subject=self.names.evt_all, handler=self.on_event, publisher=self.publisher, names=self.names, stop=stop),
+                consume(js, stream=self.names.stream_evt, durable=self.names.durable("dispatcher", f"events-{self.me}"), filter_subject=self.names.evt_all, handler=self.on_event, publisher=self.publisher, names=self.names, stop=stop, concurrency=self.concurrency),
                 consume(js, stream=self.names.stream_cmd, durable=self.names.durable("dispatcher", "cancel"), filter_subject=self.names.cmd_cancel, handler=self.on_command, publisher=self.publisher, names=self.names, stop=stop, max_deliver=40),
                 guard_commands(js, names=self.names, publisher=self.publisher, stop=stop),  # unknown cmd.* subjects get a rejection
                 self.watch(stop),
