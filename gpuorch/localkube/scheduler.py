@@ -10,6 +10,7 @@ pods (fewest free GPUs left) and keeps CPU-only pods off GPU nodes when it can.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -115,9 +116,38 @@ def unschedulable_message(num_nodes: int, reasons: Counter[str]) -> str:
     return f"0/{num_nodes} nodes are available: " + ", ".join(parts) + "."
 
 
+def _shape(pod: Mapping[str, Any], req: Mapping[str, Fraction]) -> str:
+    """What decides where a pod fits: its requests and every placement constraint.
+
+    Two pods of one shape fit the same nodes; once one finds no node in a pass (nodes only fill
+    up during a pass), the others of its shape cannot either, so a burst of identical pods costs
+    one placement attempt per shape per pass, not one per pod (kube-scheduler's queueing hints).
+    """
+    spec = pod.get("spec") or {}
+    return json.dumps(
+        [sorted((k, str(v)) for k, v in req.items()), spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations")],
+        sort_keys=True, default=str,
+    )
+
+
 class Scheduler:
     def __init__(self, core: ClusterCore):
         self.core = core
+        self._requests: dict[str, tuple[str, dict[str, Fraction]]] = {}  # pod uid -> (resourceVersion, requests)
+
+    def requests(self, pod: Mapping[str, Any]) -> dict[str, Fraction]:
+        """`pod_requests`, parsed once per pod version (a pod's resources do not change)."""
+        meta = pod.get("metadata") or {}
+        uid, rv = str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
+        hit = self._requests.get(uid)
+        if hit is not None and hit[0] == rv:
+            return hit[1]
+        req = pod_requests(pod)
+        if uid:
+            if len(self._requests) > 200_000:
+                self._requests.clear()
+            self._requests[uid] = (rv, req)
+        return req
 
     def _nodes(self) -> dict[str, NodeInfo]:
         out = {}
@@ -145,7 +175,7 @@ class Scheduler:
             node = p["spec"].get("nodeName")
             if node:
                 if phase not in TERMINAL and node in nodes:
-                    nodes[node].add(pod_requests(p))
+                    nodes[node].add(self.requests(p))
                     owner = _owner_uid(p)
                     if owner and not p["metadata"].get("deletionTimestamp"):
                         bound_active[owner] += 1
@@ -168,15 +198,23 @@ class Scheduler:
             members = item[1]
             return (-max(pod_priority(p) for p in members), min(store.creation_seq(p) for p in members))
 
+        refused: dict[str, str] = {}  # shape -> the message its first pod got in this pass
         for key, members in sorted(units.items(), key=order):
             members.sort(key=_index_key)
             if key.startswith("gang:"):
                 self._place_gang(key[5:], members, nodes, bound_active[key[5:]])
             else:
-                self._place_one(members[0], nodes)
+                pod = members[0]
+                shape = _shape(pod, self.requests(pod))
+                if shape in refused:
+                    self._unschedulable(pod, refused[shape])
+                    continue
+                why = self._place_one(pod, nodes)
+                if why is not None:
+                    refused[shape] = why
 
     def _place(self, pod: dict[str, Any], nodes: Mapping[str, NodeInfo]) -> tuple[NodeInfo | None, Counter[str]]:
-        req = pod_requests(pod)
+        req = self.requests(pod)
         reasons: Counter[str] = Counter()
         best: NodeInfo | None = None
         best_score: tuple[Any, ...] | None = None
@@ -190,14 +228,17 @@ class Scheduler:
                 best, best_score = n, s
         return best, reasons
 
-    def _place_one(self, pod: dict[str, Any], nodes: dict[str, NodeInfo]) -> None:
+    def _place_one(self, pod: dict[str, Any], nodes: dict[str, NodeInfo]) -> str | None:
+        """Bind the pod to the best node; None, or the message saying why no node takes it."""
         node, reasons = self._place(pod, nodes)
         if node is None:
-            self._unschedulable(pod, unschedulable_message(len(nodes), reasons))
-            return
-        node.add(pod_requests(pod))
+            message = unschedulable_message(len(nodes), reasons)
+            self._unschedulable(pod, message)
+            return message
+        node.add(self.requests(pod))
         self._bind(pod, node.name)
         self._scheduled(pod, node.name)
+        return None
 
     def _place_gang(self, owner: str, members: list[dict[str, Any]], nodes: dict[str, NodeInfo], bound: int) -> None:
         job = self.core.job_by_uid(owner)
