@@ -71,15 +71,15 @@ def emptiest(job: SimJob, ctx: Context, now: float) -> Choice:
 
 class RoundRobin:
     def __init__(self) -> None:
-        self.last = -1
+        self.last = ""  # name of the previous pick
 
     def __call__(self, job: SimJob, ctx: Context, now: float) -> Choice:
         elig, why = ctx.eligible(job)
         if not elig:
             return Choice(None, "rejected", why)
         order = sorted(elig, key=lambda i: ctx.models[i].name)
-        pick = next((i for i in order if i > self.last), order[0]) if self.last >= 0 else order[0]
-        self.last = pick
+        pick = next((i for i in order if ctx.models[i].name > self.last), order[0])
+        self.last = ctx.models[pick].name
         return Choice(pick)
 
 

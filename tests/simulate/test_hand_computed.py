@@ -71,3 +71,9 @@ def test_a_snapshot_publishes_the_queue_wait_inventory_would(queue_model: str) -
     snap = m.snapshot(10.0, queue_model=queue_model)
     assert (snap.nodes[0].gpus_free, snap.running_gpus) == (0, 8)
     assert snap.queues[0].estimated_wait_seconds == 1050.0  # the node frees at 1060: 1050 s after 10
+
+
+def test_round_robin_cycles_through_the_clusters_in_name_order() -> None:
+    w = world(cluster("c"), cluster("a"), cluster("b"))  # file order is not name order
+    r = simulate(w, jobs([(float(k), 100, 1) for k in range(7)], w), "round-robin")
+    assert [j.cluster for j in r.jobs] == ["a", "b", "c", "a", "b", "c", "a"]
