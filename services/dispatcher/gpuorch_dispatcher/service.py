@@ -395,10 +395,10 @@ class Dispatcher:
         await every(stop, self.interval, tick, name="watch")
 
     async def run(self, stop: asyncio.Event) -> None:
-        nc = await self.settings.connect("gpuorch-dispatcher")  # its own identity (GPUORCH_NATS_CREDS)
+        nc = await bus.connect(self.settings.nats_url, "gpuorch-dispatcher")
         try:
             js = self.js = nc.jetstream()
-            await bus.await_topology(js, self.names)  # created by the admin identity
+            await bus.ensure_topology(js, self.names)
             self.kv_staged = await js.key_value(self.names.kv_staged)
             self.kv_owners = await js.key_value(self.names.kv_owners)
             self.publisher = Publisher(js, self.names)
