@@ -15,7 +15,7 @@ from typing import Literal
 import msgspec
 
 from .routing import RoutingDecision
-from .workload import Workload
+from .workload import ParamValue, Workload
 
 AttemptMode = Literal["fresh", "retry", "resume"]
 
@@ -241,6 +241,96 @@ class WorkloadFailed(Base, frozen=True, kw_only=True, tag="workload-failed"):
     attempts: int = 0
 
 
+# ---- pipelines and queues (issue 13; docs/pipelines.md) --------------------------------
+# Decided by the router's pipeline core (`gpuorch_router.pipeline`), before any routing.
+
+
+class PipelineChild(msgspec.Struct, frozen=True, kw_only=True):
+    """One child workload of a pipeline: a stage, or a trial of a sweep."""
+
+    workload_id: str  # derived from the pipeline's id and the stage name / trial index
+    stage: str  # the stage name; a sweep's trials are "t0000", "t0001", ...
+    depends_on: list[str] = []  # stage names
+    trial: int | None = None  # the trial's index in the sweep's order
+    parameters: dict[str, ParamValue] = {}  # the trial's parameters
+
+
+class PipelineExpanded(Base, frozen=True, kw_only=True, tag="pipeline-expanded"):
+    """A workload with stages or a sweep became child workloads (each then has its `submitted`)."""
+
+    children: list[PipelineChild]
+
+
+class StageInput(msgspec.Struct, frozen=True, kw_only=True):
+    """A dependency's promoted output, by version: its promoted attempt is the version."""
+
+    stage: str
+    workload_id: str
+    attempt_id: str
+    result_path: str
+    store: str = ""
+
+
+class StageReady(Base, frozen=True, kw_only=True, tag="stage-ready"):
+    """Every stage this one depends on is promoted; `inputs` are their results, by version."""
+
+    pipeline: str
+    stage: str
+    inputs: list[StageInput] = []
+    reason: str = ""
+
+
+HoldScope = Literal["organisation", "queue", "pipeline"]
+HoldKind = Literal["running", "gpus", "budget"]
+
+
+class Hold(msgspec.Struct, frozen=True, kw_only=True):
+    """One limit that holds a workload back: `used` of `limit` in its unit, and what it `needs`."""
+
+    scope: HoldScope
+    name: str  # the queue or pipeline ("" for the organisation)
+    kind: HoldKind  # running workloads, GPUs, or GPU-hours of the budget's window
+    used: float
+    limit: float
+    needs: float = 0.0
+    message: str = ""  # e.g. "queue research at 16 of 16 GPUs"
+
+
+class Held(Base, frozen=True, kw_only=True, tag="held"):
+    """Not released yet: a concurrency limit or budget that is not capacity (`reason` says which)."""
+
+    reason: str  # "held: queue research at 16 of 16 GPUs"
+    holds: list[Hold] = []
+    queue: str = ""
+    pipeline: str | None = None
+
+
+class Released(Base, frozen=True, kw_only=True, tag="released"):
+    """Released to routing: from now on it counts against its limits until it finishes."""
+
+    reason: str = ""
+    queue: str = ""
+    pipeline: str | None = None
+    gpus: float = 0.0  # GPUs it holds while it runs (per worker x workers)
+
+
+class StageBlocked(Base, frozen=True, kw_only=True, tag="stage-blocked"):
+    """A stage will never run: a stage it depends on (`failed_stage`) ended without a result."""
+
+    pipeline: str
+    stage: str
+    failed_stage: str
+    reason: str
+
+
+class PipelineFinished(Base, frozen=True, kw_only=True, tag="pipeline-finished"):
+    """Every child of the pipeline is finished: its outcome, and each stage's final status."""
+
+    outcome: Literal["completed", "failed", "cancelled"]
+    reason: str = ""
+    stages: dict[str, str] = {}  # stage -> completed / failed / cancelled / blocked
+
+
 Command = Submit | Cancel
 
 Event = (
@@ -271,6 +361,12 @@ Event = (
     | Unschedulable
     | ReplacementAllowed
     | ComputeStarted
+    | PipelineExpanded
+    | StageReady
+    | Held
+    | Released
+    | StageBlocked
+    | PipelineFinished
 )
 
 EVENT_TYPES: tuple[type[Base], ...] = Event.__args__  # type: ignore[attr-defined, unused-ignore]

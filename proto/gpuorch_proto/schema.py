@@ -12,6 +12,7 @@ import msgspec
 
 from .events import Event
 from .inventory import ClusterRegistryEntry, ClusterSnapshot
+from .policy import AdmissionPolicy
 from .routing import RoutingDecision
 from .state import FenceRecord, OwnerLease
 from .workload import Workload
@@ -24,6 +25,7 @@ EXPORTS: dict[str, Any] = {
     "routing-decision.schema.json": RoutingDecision,
     "fence-record.schema.json": FenceRecord,
     "owner-lease.schema.json": OwnerLease,
+    "admission-policy.schema.json": AdmissionPolicy,
 }
 
 
@@ -32,6 +34,9 @@ EXPORTS: dict[str, Any] = {
 WORKLOAD_DEFS = (
     "Workload", "Metadata", "WorkloadSpecBody", "Resources", "Sharing", "Toleration", "Requirements",
     "Preferences", "DatasetInput", "RetryPolicy", "CheckpointPolicy", "OutputPolicy", "Stage",
+    "Sweep", "Limits",
+    # the admission policy (gpuorch_proto.policy) is written by people too
+    "AdmissionPolicy", "QueuePolicy", "Budget",
 )
 
 _SUFFIX = "(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?"
@@ -39,6 +44,8 @@ _SUFFIX = "(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?"
 POSITIVE_QUANTITY = rf"^\s*(?!0+(\.0+)?{_SUFFIX}\s*$)[0-9]+(\.[0-9]+)?{_SUFFIX}\s*$"
 DURATION = r"^\s*([0-9]+(\.[0-9]+)?|([0-9]+(\.[0-9]+)?(ms|s|m|h|d))+)\s*$"
 NAME = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
+PARAM_NAME = r"^[a-z_][a-z0-9_]{0,62}$"
+PARAM_VALUE = {"anyOf": [{"type": "string"}, {"type": "integer"}, {"type": "number"}, {"type": "boolean"}]}
 
 # What a schema can say of gpuorch_proto.validate's rules, per definition and property. The rules
 # it cannot say (stage names unique, depends_on naming a stage, no cycles) stay the server's alone.
@@ -58,6 +65,7 @@ _RULES: dict[str, dict[str, dict[str, Any]]] = {
         "timeout": {"pattern": DURATION},
         "expected_runtime": {"pattern": DURATION},
         "lease": {"pattern": DURATION},
+        "policy_queue": {"pattern": NAME, "description": "a queue of the admission policy; None = its default queue"},
     },
     "Resources": {
         "gpus": {"minimum": 0, "description": "GPUs per worker: whole numbers unless `sharing` names a mechanism; "
@@ -71,7 +79,22 @@ _RULES: dict[str, dict[str, dict[str, Any]]] = {
         "ref": {"pattern": r"^[A-Za-z0-9][A-Za-z0-9._/-]*@[A-Za-z0-9][A-Za-z0-9._-]*$", "description": "name@version"},
         "size_gb": {"minimum": 0},
     },
-    "Stage": {"name": {"pattern": NAME}, "timeout": {"pattern": DURATION}},
+    "Stage": {"name": {"pattern": NAME}, "timeout": {"pattern": DURATION},
+              "image": {"pattern": r"^[^@\s]+@sha256:[0-9a-f]{64}$", "description": "pinned by digest; None = spec.image"},
+              "queue": {"pattern": r"^[a-z0-9][a-z0-9-]*/[a-z0-9][a-z0-9-]*$", "description": "<agent>/<queue>"},
+              "expected_runtime": {"pattern": DURATION}},
+    "Sweep": {
+        "grid": {"propertyNames": {"pattern": PARAM_NAME},
+                 "additionalProperties": {"type": "array", "minItems": 1, "items": PARAM_VALUE},
+                 "description": "every combination of these values, the last parameter varying fastest"},
+        "trials": {"maxItems": 10_000,
+                   "items": {"type": "object", "minProperties": 1, "propertyNames": {"pattern": PARAM_NAME},
+                             "additionalProperties": PARAM_VALUE},
+                   "description": "an explicit list of parameter sets, in order"},
+    },
+    "Limits": {"max_running": {"minimum": 1}, "max_gpus": {"minimum": 0}},
+    "QueuePolicy": {"name": {"pattern": NAME}},
+    "Budget": {"gpu_hours": {"exclusiveMinimum": 0}, "window": {"pattern": DURATION}},
     "RetryPolicy": {"budget": {"minimum": 0}, "backoff": {"pattern": DURATION}},
     "CheckpointPolicy": {"interval": {"pattern": DURATION}},
     "Preferences": {"time_weight": {"minimum": 0}, "cost_weight": {"minimum": 0}},
@@ -84,6 +107,12 @@ _OBJECT_RULES: dict[str, dict[str, Any]] = {
     ]},
     "Sharing": {"if": {"required": ["mechanism"], "properties": {"mechanism": {"const": "mig"}}},
                 "then": {"required": ["profile"], "properties": {"profile": {"type": "string", "minLength": 1}}}},
+    "Sweep": {"anyOf": [
+        {"required": ["grid"], "properties": {"grid": {"type": "object", "minProperties": 1},
+                                              "trials": {"type": "array", "maxItems": 0}}},
+        {"required": ["trials"], "properties": {"trials": {"type": "array", "minItems": 1},
+                                                "grid": {"type": "object", "maxProperties": 0}}},
+    ]},
     "WorkloadSpecBody": {"allOf": [
         {"anyOf": [{"required": ["command"], "properties": {"command": {"type": "array", "minItems": 1}}},
                    {"required": ["stages"], "properties": {"stages": {"type": "array", "minItems": 1}}}]},

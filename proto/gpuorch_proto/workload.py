@@ -97,7 +97,14 @@ class OutputPolicy(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Stage(msgspec.Struct, frozen=True, kw_only=True):
-    """One node of a DAG; each stage carries its own resources (a CPU stage holds no GPU)."""
+    """One node of a DAG; each stage carries its own resources (a CPU stage holds no GPU).
+
+    A stage becomes a child workload of its pipeline (docs/pipelines.md). Its `resources` are its
+    own (the default is one CPU and no GPU: never the pipeline's). The fields added with issue 13
+    default to the pipeline's (`None` / empty = inherit `spec.*`): `command` empty runs
+    `spec.command`, `image` None runs `spec.image`, `env` is merged over `spec.env`, `inputs` are
+    added to `spec.inputs` (and to the promoted results of the stages it depends on).
+    """
 
     name: str
     depends_on: list[str] = []
@@ -105,6 +112,41 @@ class Stage(msgspec.Struct, frozen=True, kw_only=True):
     args: list[str] = []
     resources: Resources = Resources()
     timeout: str | None = None
+    # issue 13: each stage routed on its own; None = the pipeline's spec.<field>
+    image: str | None = None
+    env: dict[str, str] = {}
+    inputs: list[DatasetInput] = []
+    requirements: Requirements | None = None
+    preferences: Preferences | None = None
+    queue: str | None = None  # "<agent>/<queue>" pins this stage's cluster and queue
+    expected_runtime: str | None = None  # declared run time of this stage (never the pipeline's)
+
+
+ParamValue = str | int | float | bool
+
+
+class Sweep(msgspec.Struct, frozen=True, kw_only=True):
+    """A search: the workload becomes one trial per parameter set, all of one pipeline (issue 13).
+
+    Exactly one of `grid` (every combination, the last parameter varying fastest) or `trials` (an
+    explicit list, in order). A trial sees its parameters as ``{{name}}`` in `command`, `args` and
+    `env` values, and as environment variables ``GPUORCH_PARAM_<NAME>``.
+    """
+
+    grid: dict[str, list[ParamValue]] = {}
+    trials: list[dict[str, ParamValue]] = []
+
+
+class Limits(msgspec.Struct, frozen=True, kw_only=True):
+    """Concurrency that is not capacity: at most this much released at once (None = no limit).
+
+    Counted over released work that has not finished: workloads, and GPUs (per worker x workers;
+    a CPU stage holds none). Used by `spec.limits` (the pipeline's children) and the admission
+    policy (organisation and queue level, `gpuorch_proto.policy`).
+    """
+
+    max_running: int | None = None
+    max_gpus: float | None = None
 
 
 class Metadata(msgspec.Struct, frozen=True, kw_only=True):
@@ -135,6 +177,10 @@ class WorkloadSpecBody(msgspec.Struct, frozen=True, kw_only=True):
     fencing: FencingPolicy = "strict"
     preemptible: bool = False
     lease: str = "10m"  # how long an unreachable attempt may be presumed alive
+    # issue 13: pipelines and queues (docs/pipelines.md)
+    sweep: Sweep | None = None  # fan-out: one trial workload per parameter set
+    limits: Limits = Limits()  # pipeline-level concurrency of this workload's stages or trials
+    policy_queue: str | None = None  # the organisation's queue (priority, limits, budget); None = default
 
 
 class Workload(msgspec.Struct, frozen=True, kw_only=True):

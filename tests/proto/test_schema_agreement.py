@@ -64,6 +64,12 @@ CORPUS: list[tuple[str, dict[str, Any], bool]] = [
     ("preemptible-with-checkpoint", doc(spec__preemptible=True, spec__checkpoint={"path": "ckpt"}), True),
     ("pinned-queue", doc(spec__queue="primary/train"), True),
     ("duration-forms", doc(spec__timeout="1h30m", spec__lease="600", spec__expected_runtime="90s"), True),
+    # pipelines and queues (issue 13)
+    ("sweep-grid", doc(spec__sweep={"grid": {"lr": [0.1, 0.01], "batch": [32, 64]}}, spec__limits={"max_gpus": 16}), True),
+    ("sweep-trials", doc(spec__sweep={"trials": [{"lr": 0.1, "opt": "adam"}, {"lr": 0.01, "opt": "sgd"}]}), True),
+    ("policy-queue", doc(spec__policy_queue="research", spec__limits={"max_running": 4}), True),
+    ("stage-own-routing", doc(spec__stages=[{"name": "prep", "resources": {"cpu": "4"}, "queue": "primary/cpu",
+                                             "image": DIGEST, "expected_runtime": "1h"}]), True),
     # the issue's examples
     ("negative-gpus", doc(spec__resources={"gpus": -3}), False),
     ("half-gpu-no-sharing", doc(spec__resources={"gpus": 0.5}), False),
@@ -96,6 +102,19 @@ CORPUS: list[tuple[str, dict[str, Any], bool]] = [
     ("stage-name-bad", doc(spec__stages=[{"name": "Prep", "command": ["x"]}]), False),
     ("stage-negative-gpus", doc(spec__stages=[{"name": "prep", "resources": {"gpus": -1}}]), False),
     ("toleration-operator", doc(spec__requirements={"tolerations": [{"key": "k", "operator": "In"}]}), False),
+    ("sweep-empty", doc(spec__sweep={}), False),
+    ("sweep-grid-and-trials", doc(spec__sweep={"grid": {"lr": [0.1]}, "trials": [{"lr": 0.2}]}), False),
+    ("sweep-param-name-bad", doc(spec__sweep={"grid": {"Learning-Rate": [0.1]}}), False),
+    ("sweep-param-no-values", doc(spec__sweep={"grid": {"lr": []}}), False),
+    ("sweep-value-object", doc(spec__sweep={"grid": {"lr": [{"x": 1}]}}), False),
+    ("sweep-trial-empty", doc(spec__sweep={"trials": [{}]}), False),
+    ("limits-zero-running", doc(spec__limits={"max_running": 0}), False),
+    ("limits-negative-gpus", doc(spec__limits={"max_gpus": -1}), False),
+    ("policy-queue-bad", doc(spec__policy_queue="Research/Team"), False),
+    ("stage-image-tag", doc(spec__stages=[{"name": "prep", "image": "train:latest"}]), False),
+    ("stage-queue-malformed", doc(spec__stages=[{"name": "prep", "queue": "primary"}]), False),
+    ("stage-runtime-malformed", doc(spec__stages=[{"name": "prep", "expected_runtime": "soon"}]), False),
+    ("unknown-sweep-field", doc(spec__sweep={"grid": {"lr": [0.1]}, "random": 5}), False),
     # closed objects: a typo is an error, not a no-op
     ("unknown-top-field", doc(status={}), False),
     ("unknown-spec-field", doc(spec__gpu=8), False),
@@ -109,6 +128,12 @@ SERVER_ONLY: list[tuple[str, dict[str, Any]]] = [
     ("depends-on-unknown", doc(spec__stages=[{"name": "a", "depends_on": ["b"], "command": ["x"]}])),
     ("dependency-cycle", doc(spec__stages=[{"name": "a", "depends_on": ["b"], "command": ["x"]},
                                            {"name": "b", "depends_on": ["a"], "command": ["y"]}])),
+    ("stage-nothing-to-run", doc(spec__command=..., spec__stages=[{"name": "a", "command": ["x"]}, {"name": "b"}])),
+    ("sweep-with-stages", doc(spec__sweep={"grid": {"lr": [0.1]}}, spec__stages=[{"name": "a"}])),
+    ("sweep-grid-too-large", doc(spec__sweep={"grid": {f"p{i}": list(range(10)) for i in range(5)}})),
+    ("sweep-value-twice", doc(spec__sweep={"grid": {"lr": [0.1, 0.1]}})),
+    ("sweep-trials-differ", doc(spec__sweep={"trials": [{"lr": 0.1}, {"batch": 32}]})),
+    ("sweep-placeholder-unknown", doc(spec__args=["--lr", "{{learning_rate}}"], spec__sweep={"grid": {"lr": [0.1]}})),
 ]
 
 

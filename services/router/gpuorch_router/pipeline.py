@@ -1,0 +1,919 @@
+"""Pipelines and queues: the router's pure core for what happens *before* routing (issue 13).
+
+State, event and `now` in; decisions with reasons and the events to emit out. No I/O, no clock,
+no logging (checked by tests/test_layering.py). See docs/pipelines.md.
+
+Why the router (DESIGN §1): the router owns the contract and the decision record, and it is the
+only service that decides whether and when a workload is routed. "Is this stage ready?" and "is
+this workload held or released?" are both "may it be routed now?", so they are decided here, in
+front of `policy.route`. The dispatcher stays the only writer of attempts and the owner of
+cancellation: a released child is routed, dispatched, fenced and promoted like any workload, and a
+pipeline's cancel or a failed stage stops children through ordinary `cancel` commands for them.
+
+* `expand`: a workload with `spec.stages` or `spec.sweep` becomes child workloads, with ids
+  derived from the pipeline's id and the stage name (trials: `t0000`, `t0001`, ... in the sweep's
+  order): the `pipeline-expanded` record and one `submitted` per child.
+* `PipelineState`: the fold of the pipeline's and its children's events.
+* `ready_stages`: stages whose every dependency is promoted, with those results by version.
+* `blocked_by_failure`: stages that can never run (a dependency ended without a result), naming it.
+* `cancel_all`: a cancel for every child that has not finished.
+* `outcome`: the pipeline's end, once every child has finished.
+* `admission` / `admit`: released or held (with the limit that holds it, `held: queue research at
+  16 of 16 GPUs`) or refused, for limits at organisation, queue and pipeline level in running
+  workloads and GPUs, and a queue's GPU-hour budget over a sliding window; `admit` takes
+  candidates in order (queue priority, then workload priority, then submit time).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import msgspec
+
+from gpuorch_proto import Event, Workload, event_id
+from gpuorch_proto import events as ev
+from gpuorch_proto.policy import AdmissionPolicy, QueuePolicy
+from gpuorch_proto.subjects import valid_token
+from gpuorch_proto.units import format_duration, parse_duration
+from gpuorch_proto.validate import PLACEHOLDER
+from gpuorch_proto.workload import Limits, Metadata, ParamValue, Stage, Sweep, WorkloadSpecBody
+
+SEP = "--"  # between a pipeline's id and a child's stage: `<pipeline>--<stage>`
+LABEL_PIPELINE = "gpuorch.io/pipeline"
+LABEL_STAGE = "gpuorch.io/stage"
+LABEL_TRIAL = "gpuorch.io/trial"
+PARAM_ENV = "GPUORCH_PARAM_"
+INPUT_ENV = "GPUORCH_INPUT_"
+_EPS = 1e-9
+
+
+# ---- ids --------------------------------------------------------------------------------
+
+
+def child_id(pipeline_id: str, stage: str) -> str:
+    """`<pipeline>--<stage>`, or when that is no subject token (too long), a shortened form with a
+    hash of both: deterministic, and distinct for distinct (pipeline, stage) pairs."""
+    plain = f"{pipeline_id}{SEP}{stage}"
+    if valid_token(plain):
+        return plain
+    digest = hashlib.sha256(f"{pipeline_id}/{stage}".encode()).hexdigest()[:12]
+    head = pipeline_id[:30].rstrip("-") or "p"
+    tail = stage[:16].strip("-")
+    return f"{head}{SEP}{tail}-{digest}" if tail else f"{head}{SEP}{digest}"
+
+
+def trial_name(index: int, count: int) -> str:
+    """A trial's stage name: `t` and its index, zero-padded so names sort in the sweep's order."""
+    return f"t{index:0{max(4, len(str(max(count - 1, 0))))}d}"
+
+
+# ---- expansion --------------------------------------------------------------------------
+
+
+def trials(sweep: Sweep) -> Iterator[dict[str, ParamValue]]:
+    """Parameter sets in the sweep's order: a grid's combinations with the last parameter varying
+    fastest (`itertools.product` over the parameters as declared), or the explicit list."""
+    if sweep.trials:
+        yield from (dict(t) for t in sweep.trials)
+        return
+    names = list(sweep.grid)
+    for combo in itertools.product(*(sweep.grid[n] for n in names)):
+        yield dict(zip(names, combo, strict=True))
+
+
+def format_param(v: ParamValue) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)
+
+
+def _substitute(text: str, params: Mapping[str, ParamValue]) -> str:
+    return PLACEHOLDER.sub(
+        lambda m: format_param(params[m.group(1)]) if m.group(1) in params else m.group(0), text
+    )
+
+
+@dataclass(frozen=True)
+class Child:
+    workload_id: str
+    stage: str
+    workload: Workload
+    depends_on: tuple[str, ...] = ()
+    trial: int | None = None
+    parameters: Mapping[str, ParamValue] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Expansion:
+    pipeline_id: str
+    children: tuple[Child, ...]
+    events: tuple[Event, ...]  # `pipeline-expanded`, then one `submitted` per child, in order
+
+
+def is_pipeline(wl: Workload) -> bool:
+    return bool(wl.spec.stages) or wl.spec.sweep is not None
+
+
+def _labels(wl: Workload, pipeline_id: str, stage: str, trial: int | None) -> dict[str, str]:
+    labels = {**wl.metadata.labels, LABEL_PIPELINE: pipeline_id, LABEL_STAGE: stage}
+    if trial is not None:
+        labels[LABEL_TRIAL] = str(trial)
+    return labels
+
+
+def _stage_workload(wl: Workload, pipeline_id: str, st: Stage) -> Workload:
+    spec = wl.spec
+    body = msgspec.structs.replace(
+        spec,
+        image=st.image if st.image is not None else spec.image,
+        command=list(st.command or spec.command),
+        args=list(st.args if (st.command or st.args) else spec.args),
+        env={**spec.env, **st.env},
+        inputs=[*spec.inputs, *st.inputs],
+        resources=st.resources,  # its own: never the pipeline's (a CPU stage holds no GPU)
+        requirements=st.requirements if st.requirements is not None else spec.requirements,
+        preferences=st.preferences if st.preferences is not None else spec.preferences,
+        queue=st.queue if st.queue is not None else spec.queue,
+        timeout=st.timeout if st.timeout is not None else spec.timeout,
+        expected_runtime=st.expected_runtime,
+        stages=[],
+        sweep=None,
+        limits=Limits(),
+    )
+    meta = Metadata(
+        name=st.name,
+        owner=wl.metadata.owner,
+        labels=_labels(wl, pipeline_id, st.name, None),
+        workload_class=f"{wl.metadata.workload_class or wl.metadata.name}/{st.name}",
+    )
+    return Workload(api_version=wl.api_version, metadata=meta, spec=body)
+
+
+def _trial_workload(
+    wl: Workload, pipeline_id: str, stage: str, index: int, params: Mapping[str, ParamValue]
+) -> Workload:
+    spec = wl.spec
+    env = {k: _substitute(v, params) for k, v in spec.env.items()}
+    body: WorkloadSpecBody = msgspec.structs.replace(
+        spec,
+        command=[_substitute(c, params) for c in spec.command],
+        args=[_substitute(a, params) for a in spec.args],
+        env=env,
+        sweep=None,
+        limits=Limits(),
+    )
+    meta = Metadata(
+        name=wl.metadata.name,
+        owner=wl.metadata.owner,
+        labels=_labels(wl, pipeline_id, stage, index),
+        workload_class=wl.metadata.workload_class or wl.metadata.name,  # trials learn run time together
+    )
+    return Workload(api_version=wl.api_version, metadata=meta, spec=body)
+
+
+def expand(pipeline_id: str, wl: Workload, now: float) -> Expansion:
+    """The children of a (validated) pipeline workload, and the events that record them.
+
+    Deterministic: the same id and document always give the same children, ids and order (stages
+    as declared; trials in the sweep's order). A workload with neither stages nor a sweep has no
+    children (it is routed as itself).
+    """
+    children: list[Child] = []
+    if wl.spec.stages:
+        for st in wl.spec.stages:
+            children.append(
+                Child(
+                    workload_id=child_id(pipeline_id, st.name),
+                    stage=st.name,
+                    workload=_stage_workload(wl, pipeline_id, st),
+                    depends_on=tuple(st.depends_on),
+                )
+            )
+    elif wl.spec.sweep is not None:
+        sets = list(trials(wl.spec.sweep))
+        for i, params in enumerate(sets):
+            name = trial_name(i, len(sets))
+            children.append(
+                Child(
+                    workload_id=child_id(pipeline_id, name),
+                    stage=name,
+                    workload=_trial_workload(wl, pipeline_id, name, i, params),
+                    trial=i,
+                    parameters=params,
+                )
+            )
+    if not children:
+        return Expansion(pipeline_id, (), ())
+    record = ev.PipelineExpanded(
+        event_id=event_id(pipeline_id, "pipeline-expanded"),
+        workload_id=pipeline_id,
+        at=now,
+        children=[
+            ev.PipelineChild(
+                workload_id=c.workload_id,
+                stage=c.stage,
+                depends_on=list(c.depends_on),
+                trial=c.trial,
+                parameters=dict(c.parameters),
+            )
+            for c in children
+        ],
+    )
+    submitted: list[Event] = [
+        ev.Submitted(
+            event_id=event_id(c.workload_id, "submitted"),
+            workload_id=c.workload_id,
+            at=now,
+            workload=c.workload,
+        )
+        for c in children
+    ]
+    return Expansion(pipeline_id, tuple(children), (record, *submitted))
+
+
+# ---- the pipeline's state ----------------------------------------------------------------
+
+StageStatus = Literal["pending", "ready", "held", "released", "completed", "failed", "cancelled", "blocked"]
+FINISHED: frozenset[str] = frozenset({"completed", "failed", "cancelled", "blocked"})
+NO_RESULT: frozenset[str] = frozenset({"failed", "cancelled", "blocked"})  # finished without a result
+WAITING: frozenset[str] = frozenset({"pending", "ready", "held"})  # not released yet
+
+
+@dataclass
+class StageState:
+    name: str
+    workload_id: str
+    depends_on: tuple[str, ...] = ()
+    status: StageStatus = "pending"
+    reason: str = "waiting for its dependencies"
+    attempt_id: str | None = None  # the promoted attempt: the version of its result
+    result_path: str | None = None
+    store: str = ""  # the artifact store its result is promoted to
+    gpus: float = 0.0  # GPUs it holds while it runs (per worker x workers)
+    gpu_hours: float = 0.0  # expected: gpus x its expected_runtime (0 = unknown)
+    inputs: tuple[ev.StageInput, ...] = ()
+    trial: int | None = None
+
+    @property
+    def promoted(self) -> bool:
+        return self.attempt_id is not None and self.result_path is not None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED
+
+
+@dataclass
+class PipelineState:
+    """The fold of a pipeline's events: its `pipeline-expanded`, its cancel, and its children's
+    lifecycle. Pure and in place, like `gpuorch.projection`; an event that changes nothing (a
+    replay, or one about another workload) is ignored."""
+
+    pipeline_id: str
+    stages: dict[str, StageState] = field(default_factory=dict)  # by stage name, as declared
+    by_workload: dict[str, str] = field(default_factory=dict)  # child workload id -> stage name
+    cancel_requested: bool = False
+    cancel_reason: str = ""
+    finished: bool = False
+
+    @classmethod
+    def of(cls, pipeline_id: str, events: Iterable[Event]) -> PipelineState:
+        s = cls(pipeline_id)
+        for e in events:
+            s.apply(e)
+        return s
+
+    def stage_of(self, workload_id: str) -> StageState | None:
+        name = self.by_workload.get(workload_id)
+        return self.stages[name] if name is not None else None
+
+    def apply(self, e: Event) -> None:
+        if e.workload_id == self.pipeline_id:
+            match e:
+                case ev.PipelineExpanded() if not self.stages:
+                    for c in e.children:
+                        self.stages[c.stage] = StageState(
+                            c.stage, c.workload_id, tuple(c.depends_on), trial=c.trial
+                        )
+                        self.by_workload[c.workload_id] = c.stage
+                        if not c.depends_on:
+                            self.stages[c.stage].reason = "no dependencies"
+                case ev.Cancel() | ev.CancelRequested():
+                    if not self.cancel_requested:
+                        self.cancel_requested, self.cancel_reason = True, e.reason
+                case ev.PipelineFinished():
+                    self.finished = True
+                case _:
+                    pass
+            return
+        st = self.stage_of(e.workload_id)
+        if st is None:
+            return
+        match e:
+            case ev.Submitted():
+                shape = candidate(st.workload_id, e.workload, e.at)
+                st.gpus, st.gpu_hours, st.store = shape.gpus, shape.gpu_hours, e.workload.spec.output.store
+            case ev.StageReady() if st.status == "pending":
+                st.status, st.inputs, st.reason = "ready", tuple(e.inputs), e.reason
+            case ev.Held() if st.status in WAITING:
+                st.status, st.reason = "held", e.reason
+            case ev.Released() if st.status in WAITING:
+                st.status, st.reason, st.gpus = "released", e.reason, e.gpus
+            case ev.Promoted():
+                st.attempt_id, st.result_path = e.attempt_id, e.result_path
+            case ev.Completed() if not st.finished:
+                st.status, st.reason = "completed", f"promoted {e.attempt_id} to {e.result_path}"
+                if st.attempt_id is None:
+                    st.attempt_id, st.result_path = e.attempt_id, e.result_path
+            case ev.WorkloadFailed() if not st.finished:
+                st.status, st.reason = "failed", e.reason
+            case ev.Rejected() if e.decision is not None and not st.finished:
+                st.status, st.reason = "failed", f"rejected: {e.reason}"
+            case ev.Cancelled() if not st.finished:
+                st.status, st.reason = "cancelled", e.reason
+            case ev.StageBlocked() if not st.finished:
+                st.status, st.reason = "blocked", e.reason
+            case _:
+                pass
+
+
+def _inputs_of(state: PipelineState, st: StageState) -> list[ev.StageInput]:
+    out = []
+    for d in st.depends_on:
+        dep = state.stages[d]
+        assert dep.attempt_id is not None and dep.result_path is not None
+        out.append(
+            ev.StageInput(
+                stage=d,
+                workload_id=dep.workload_id,
+                attempt_id=dep.attempt_id,
+                result_path=dep.result_path,
+                store=dep.store,
+            )
+        )
+    return out
+
+
+def ready_stages(state: PipelineState, now: float) -> list[ev.StageReady]:
+    """`stage-ready` for every pending stage whose every dependency is promoted (none while the
+    pipeline is being cancelled). Its inputs are those results, by version (the promoted attempt)."""
+    if state.cancel_requested:
+        return []
+    out = []
+    for st in state.stages.values():
+        if st.status != "pending" or not all(state.stages[d].promoted for d in st.depends_on):
+            continue
+        inputs = _inputs_of(state, st)
+        reason = (
+            "every dependency promoted: " + ", ".join(f"{i.stage} ({i.attempt_id})" for i in inputs)
+            if inputs
+            else "no dependencies"
+        )
+        out.append(
+            ev.StageReady(
+                event_id=event_id(st.workload_id, "stage-ready"),
+                workload_id=st.workload_id,
+                at=now,
+                pipeline=state.pipeline_id,
+                stage=st.name,
+                inputs=inputs,
+                reason=reason,
+            )
+        )
+    return out
+
+
+def _topological(state: PipelineState) -> list[StageState]:
+    """Stages in dependency order (Kahn, O(V+E); declared order among equals)."""
+    indegree = {n: len(s.depends_on) for n, s in state.stages.items()}
+    dependents: dict[str, list[str]] = {n: [] for n in state.stages}
+    for n, s in state.stages.items():
+        for d in s.depends_on:
+            dependents[d].append(n)
+    todo = deque(n for n, k in indegree.items() if k == 0)
+    out: list[StageState] = []
+    while todo:
+        n = todo.popleft()
+        out.append(state.stages[n])
+        for m in dependents[n]:
+            indegree[m] -= 1
+            if indegree[m] == 0:
+                todo.append(m)
+    return out
+
+
+def _ended(st: StageState) -> str:
+    verb = {"failed": "failed", "cancelled": "was cancelled", "blocked": "did not run"}[st.status]
+    return f"{verb}: {st.reason}" if st.reason else verb
+
+
+def blocked_by_failure(state: PipelineState, now: float) -> list[ev.StageBlocked]:
+    """`stage-blocked` for every stage that can never run: a stage it depends on, directly or
+    through others, finished without a result (failed, cancelled, or itself blocked). The event
+    names the stage that failed. None while the pipeline is being cancelled (its cancel stops all)."""
+    if state.cancel_requested:
+        return []
+    cause: dict[str, tuple[StageState, str]] = {}  # blocked now -> (the stage that ended, through)
+    out = []
+    for st in _topological(state):
+        if st.status != "pending":
+            continue
+        for d in st.depends_on:
+            dep = state.stages[d]
+            if dep.status in NO_RESULT and dep.status != "blocked":
+                cause[st.name] = (dep, d)
+                break
+            if d in cause or dep.status == "blocked":
+                root = cause[d][0] if d in cause else dep
+                cause[st.name] = (root, d)
+                break
+        if st.name not in cause:
+            continue
+        root, through = cause[st.name]
+        via = f" (through {through})" if through != root.name else ""
+        out.append(
+            ev.StageBlocked(
+                event_id=event_id(st.workload_id, "stage-blocked"),
+                workload_id=st.workload_id,
+                at=now,
+                pipeline=state.pipeline_id,
+                stage=st.name,
+                failed_stage=root.name,
+                reason=f"not run: it depends on stage {root.name}{via}, which {_ended(root)}",
+            )
+        )
+    return out
+
+
+def cancel_all(state: PipelineState, reason: str, now: float) -> list[ev.Cancel]:
+    """A `cancel` for every child that has not finished: each is then cancelled like any workload
+    (the dispatcher's `on_cancel`, in every state). Deterministic ids: a re-decided cancel is the
+    same message."""
+    return [
+        ev.Cancel(
+            event_id=event_id(st.workload_id, "cancel", "pipeline"),
+            workload_id=st.workload_id,
+            at=now,
+            reason=f"pipeline {state.pipeline_id} cancelled: {reason}",
+        )
+        for st in state.stages.values()
+        if not st.finished
+    ]
+
+
+def outcome(state: PipelineState, now: float) -> ev.PipelineFinished | None:
+    """The pipeline's end, once every child has finished (and only once)."""
+    if state.finished or not state.stages or not all(st.finished for st in state.stages.values()):
+        return None
+    counts: dict[str, int] = {}
+    for st in state.stages.values():
+        counts[st.status] = counts.get(st.status, 0) + 1
+    n = len(state.stages)
+    done = counts.get("completed", 0)
+    if done == n:
+        result: Literal["completed", "failed", "cancelled"] = "completed"
+        reason = f"{n} of {n} stages completed"
+    else:
+        result = "cancelled" if state.cancel_requested else "failed"
+        rest = ", ".join(f"{counts[k]} {k}" for k in ("failed", "blocked", "cancelled") if counts.get(k))
+        first = next((st for st in state.stages.values() if st.status == "failed"), None)
+        reason = f"{done} of {n} stages completed; {rest}"
+        if result == "cancelled":
+            reason = f"cancelled: {state.cancel_reason}; {reason}"
+        elif first is not None:
+            reason += f"; stage {first.name} failed: {first.reason}"
+    return ev.PipelineFinished(
+        event_id=event_id(state.pipeline_id, "pipeline-finished"),
+        workload_id=state.pipeline_id,
+        at=now,
+        outcome=result,
+        reason=reason,
+        stages={st.name: st.status for st in state.stages.values()},
+    )
+
+
+def _env_token(stage: str) -> str:
+    return re.sub(r"[^A-Z0-9]", "_", stage.upper())
+
+
+def job_env(parameters: Mapping[str, ParamValue], inputs: Sequence[ev.StageInput]) -> dict[str, str]:
+    """What the Job of a child gets in its environment besides its document's `env` (GPUORCH_* is
+    gpuorch's own, so it is never in a workload document; the dispatcher adds these when it builds
+    the Job): a trial's parameters as `GPUORCH_PARAM_<NAME>`, and each dependency's promoted result
+    as `GPUORCH_INPUT_<STAGE>` (the path) and `GPUORCH_INPUT_<STAGE>_VERSION` (the promoted
+    attempt), plus `GPUORCH_INPUTS` (all of them, JSON)."""
+    env = {PARAM_ENV + _env_token(k): format_param(v) for k, v in parameters.items()}
+    for i in inputs:
+        env[INPUT_ENV + _env_token(i.stage)] = i.result_path
+        env[INPUT_ENV + _env_token(i.stage) + "_VERSION"] = i.attempt_id
+    if inputs:
+        env["GPUORCH_INPUTS"] = json.dumps(
+            {i.stage: {"path": i.result_path, "version": i.attempt_id, "store": i.store} for i in inputs},
+            sort_keys=True,
+        )
+    return env
+
+
+def input_stores(ready: ev.StageReady) -> list[str]:
+    """The artifact stores a cluster must reach to read this stage's inputs."""
+    return sorted({i.store for i in ready.inputs if i.store})
+
+
+def render_graph(state: PipelineState) -> str:
+    """The graph as `gpuorch get` shows it: each stage in dependency order, its status, what it
+    waits for or why it ended, and its result by version."""
+    order = _topological(state)
+    done = sum(1 for s in order if s.status == "completed")
+    head = f"pipeline {state.pipeline_id}: {done} of {len(order)} stages completed"
+    if state.cancel_requested:
+        head += f" (cancelling: {state.cancel_reason})"
+    width = max([len(s.name) for s in order] + [5])
+    lines = [head]
+    for s in order:
+        after = f" after {', '.join(s.depends_on)}" if s.depends_on else ""
+        if s.status == "pending" and s.depends_on:
+            missing = [d for d in s.depends_on if not state.stages[d].promoted]
+            note = f"waiting for {', '.join(missing)}"
+        elif s.status == "completed":
+            note = f"result {s.result_path} ({s.attempt_id})"
+        else:
+            note = s.reason
+        gpus = f"{s.gpus:g} GPU" if s.gpus else "no GPU"
+        lines.append(f"  {s.name:<{width}}  {s.status:<9}  {gpus:<8} {s.workload_id}{after}: {note}")
+    return "\n".join(lines)
+
+
+# ---- admission: concurrency that is not capacity, queues as policy --------------------------
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A workload that may be released: its queue, owner, shape and place in the order."""
+
+    workload_id: str
+    owner: str = "anonymous"
+    queue: str | None = None  # spec.policy_queue; None = the policy's default queue
+    gpus: float = 0.0  # per worker x workers (a CPU stage: 0)
+    priority: int = 0
+    submitted_at: float = 0.0
+    pipeline: str | None = None
+    pipeline_limits: Limits = field(default_factory=Limits)
+    gpu_hours: float = 0.0  # expected: gpus x expected_runtime (0 = unknown)
+    index: int = 0  # its place in its pipeline
+
+
+def candidate(
+    workload_id: str,
+    wl: Workload,
+    submitted_at: float,
+    pipeline: str | None = None,
+    pipeline_limits: Limits | None = None,
+    index: int = 0,
+) -> Candidate:
+    r = wl.spec.resources
+    gpus = r.gpus * r.workers
+    hours = parse_duration(wl.spec.expected_runtime) / 3600.0 if wl.spec.expected_runtime else 0.0
+    return Candidate(
+        workload_id=workload_id,
+        owner=wl.metadata.owner,
+        queue=wl.spec.policy_queue,
+        gpus=gpus,
+        priority=wl.spec.priority,
+        submitted_at=submitted_at,
+        pipeline=pipeline,
+        pipeline_limits=pipeline_limits or Limits(),
+        gpu_hours=gpus * hours,
+        index=index,
+    )
+
+
+@dataclass(frozen=True)
+class Running:
+    """Released work that has not finished: it holds its slot (and GPUs) until it does."""
+
+    workload_id: str
+    queue: str
+    gpus: float = 0.0
+    pipeline: str | None = None
+
+
+@dataclass(frozen=True)
+class GpuSpan:
+    """GPU time a queue's work used (`end` None: still running)."""
+
+    queue: str
+    gpus: float
+    start: float
+    end: float | None = None
+
+
+def spent_gpu_hours(spans: Iterable[GpuSpan], queue: str, window: float, now: float) -> float:
+    """GPU-hours of the queue's work inside the sliding window (now - window, now]."""
+    lo = now - window
+    total = 0.0
+    for s in spans:
+        if s.queue != queue:
+            continue
+        a, b = max(s.start, lo), min(now if s.end is None else s.end, now)
+        if b > a:
+            total += s.gpus * (b - a)
+    return total / 3600.0
+
+
+@dataclass
+class Tally:
+    """What released, unfinished work holds, per scope: workloads and GPUs."""
+
+    running: dict[tuple[str, str], int] = field(default_factory=dict)  # (scope, name) -> workloads
+    gpus: dict[tuple[str, str], float] = field(default_factory=dict)
+    committed_hours: dict[str, float] = field(default_factory=dict)  # queue -> released this round
+
+    @classmethod
+    def of(cls, running: Iterable[Running]) -> Tally:
+        t = cls()
+        for r in running:
+            t.add(r.queue, r.pipeline, r.gpus)
+        return t
+
+    def add(self, queue: str, pipeline: str | None, gpus: float, hours: float = 0.0) -> None:
+        for key in _scopes(queue, pipeline):
+            self.running[key] = self.running.get(key, 0) + 1
+            self.gpus[key] = self.gpus.get(key, 0.0) + gpus
+        if hours:
+            self.committed_hours[queue] = self.committed_hours.get(queue, 0.0) + hours
+
+
+def _scopes(queue: str, pipeline: str | None) -> list[tuple[str, str]]:
+    keys = [("organisation", ""), ("queue", queue)]
+    if pipeline is not None:
+        keys.append(("pipeline", pipeline))
+    return keys
+
+
+def _label(scope: str, name: str) -> str:
+    return "organisation" if scope == "organisation" else f"{scope} {name}"
+
+
+def _n(x: float) -> str:
+    return f"{round(x, 1):g}"
+
+
+@dataclass(frozen=True)
+class Released:
+    workload_id: str
+    queue: str
+    reason: str
+    gpus: float = 0.0
+    pipeline: str | None = None
+
+    def event(self, now: float) -> ev.Released:
+        return ev.Released(
+            event_id=event_id(self.workload_id, "released"),
+            workload_id=self.workload_id,
+            at=now,
+            reason=self.reason,
+            queue=self.queue,
+            pipeline=self.pipeline,
+            gpus=self.gpus,
+        )
+
+
+@dataclass(frozen=True)
+class Held:
+    workload_id: str
+    queue: str
+    holds: tuple[ev.Hold, ...]
+    pipeline: str | None = None
+
+    @property
+    def reason(self) -> str:
+        return "held: " + "; ".join(h.message for h in self.holds)
+
+    @property
+    def signature(self) -> tuple[tuple[str, str, str], ...]:
+        """What holds it, without the numbers: re-publish `held` only when this changes."""
+        return tuple((h.scope, h.name, h.kind) for h in self.holds)
+
+    def event(self, now: float, k: int = 1) -> ev.Held:
+        """The k-th `held` of this workload (k = its `held` events in the log + 1)."""
+        return ev.Held(
+            event_id=event_id(self.workload_id, "held", k),
+            workload_id=self.workload_id,
+            at=now,
+            reason=self.reason,
+            holds=list(self.holds),
+            queue=self.queue,
+            pipeline=self.pipeline,
+        )
+
+
+@dataclass(frozen=True)
+class Refused:
+    """It can never be released as it is (unknown queue, not allowed, larger than a limit)."""
+
+    workload_id: str
+    reason: str
+
+
+Verdict = Released | Held | Refused
+
+
+def _limit_holds(
+    scope: ev.HoldScope, name: str, limits: Limits, c: Candidate, tally: Tally
+) -> tuple[list[ev.Hold], str | None, list[str]]:
+    """Holds of one scope's limits, a refusal if the candidate can never fit, and the usage after it."""
+    holds: list[ev.Hold] = []
+    label = _label(scope, name)
+    key = (scope, name)
+    n, g = tally.running.get(key, 0), tally.gpus.get(key, 0.0)
+    after: list[str] = []
+    if limits.max_gpus is not None and c.gpus > limits.max_gpus + _EPS:
+        return [], f"needs {_n(c.gpus)} GPUs; {label} allows {_n(limits.max_gpus)} at once", []
+    if limits.max_running is not None:
+        if n + 1 > limits.max_running:
+            holds.append(
+                ev.Hold(
+                    scope=scope,
+                    name=name,
+                    kind="running",
+                    used=n,
+                    limit=limits.max_running,
+                    needs=1,
+                    message=f"{label} at {n} of {limits.max_running} running workloads",
+                )
+            )
+        else:
+            after.append(f"{label} at {n + 1} of {limits.max_running} running workloads")
+    if limits.max_gpus is not None and c.gpus > 0:
+        if g + c.gpus > limits.max_gpus + _EPS:
+            short = "" if g >= limits.max_gpus - _EPS else f", needs {_n(c.gpus)}"
+            holds.append(
+                ev.Hold(
+                    scope=scope,
+                    name=name,
+                    kind="gpus",
+                    used=g,
+                    limit=limits.max_gpus,
+                    needs=c.gpus,
+                    message=f"{label} at {_n(g)} of {_n(limits.max_gpus)} GPUs{short}",
+                )
+            )
+        else:
+            after.append(f"{label} at {_n(g + c.gpus)} of {_n(limits.max_gpus)} GPUs")
+    return holds, None, after
+
+
+def _budget_hold(
+    q: QueuePolicy, c: Candidate, tally: Tally, spans: Sequence[GpuSpan], now: float
+) -> ev.Hold | str | None:
+    b = q.budget
+    if b is None or c.gpus <= 0:  # a CPU-only workload costs no GPU-hours
+        return None
+    window = parse_duration(b.window)
+    if c.gpu_hours > b.gpu_hours + _EPS:
+        return (
+            f"needs ~{_n(c.gpu_hours)} GPU-hours; queue {q.name}'s budget is {_n(b.gpu_hours)} "
+            f"GPU-hours per {format_duration(window)}"
+        )
+    used = spent_gpu_hours(spans, q.name, window, now) + tally.committed_hours.get(q.name, 0.0)
+    over = used + c.gpu_hours > b.gpu_hours + _EPS if c.gpu_hours else used >= b.gpu_hours - _EPS
+    if not over:
+        return None
+    needs = f", needs ~{_n(c.gpu_hours)}" if c.gpu_hours else ""
+    return ev.Hold(
+        scope="queue",
+        name=q.name,
+        kind="budget",
+        used=used,
+        limit=b.gpu_hours,
+        needs=c.gpu_hours,
+        message=f"queue {q.name} spent {_n(used)} of {_n(b.gpu_hours)} GPU-hours in the last {format_duration(window)}{needs}",
+    )
+
+
+def may_submit(q: QueuePolicy, owner: str) -> bool:
+    return "*" in q.owners or owner in q.owners
+
+
+def admission(
+    policy: AdmissionPolicy, tally: Tally, spans: Sequence[GpuSpan], c: Candidate, now: float
+) -> Verdict:
+    """Released, held (every limit that holds it, widest scope first) or refused, for one candidate
+    against what released work holds now (`tally`) and the queue's GPU time (`spans`).
+
+    A limit counts released work that has not finished, in workloads and in GPUs (per worker x
+    workers); a workload without GPUs is never held by a GPU limit or a GPU-hour budget.
+    """
+    q = policy.queue(c.queue)
+    if q is None:
+        names = ", ".join(x.name for x in policy.queues)
+        return Refused(
+            c.workload_id, f"queue {c.queue or policy.default_queue!r} does not exist (queues: {names})"
+        )
+    if not may_submit(q, c.owner):
+        return Refused(
+            c.workload_id, f"{c.owner} may not submit to queue {q.name} (owners: {', '.join(q.owners)})"
+        )
+    holds: list[ev.Hold] = []
+    after: list[str] = []
+    scopes: list[tuple[ev.HoldScope, str, Limits]] = [
+        ("organisation", "", policy.organisation),
+        ("queue", q.name, q.limits),
+    ]
+    if c.pipeline is not None:
+        scopes.append(("pipeline", c.pipeline, c.pipeline_limits))
+    for scope, name, limits in scopes:
+        h, refused, a = _limit_holds(scope, name, limits, c, tally)
+        if refused is not None:
+            return Refused(c.workload_id, refused)
+        holds += h
+        after += a
+        if scope == "queue":
+            b = _budget_hold(q, c, tally, spans, now)
+            if isinstance(b, str):
+                return Refused(c.workload_id, b)
+            if b is not None:
+                holds.append(b)
+    if holds:
+        return Held(c.workload_id, q.name, tuple(holds), c.pipeline)
+    reason = "released: " + ("; ".join(after) if after else "no limit applies")
+    return Released(c.workload_id, q.name, reason, c.gpus, c.pipeline)
+
+
+def order_key(policy: AdmissionPolicy, c: Candidate) -> tuple[int, int, float, str, int, str]:
+    """Queue priority (higher first), then workload priority (higher first), then submit time
+    (earlier first); a pipeline's children in their order; the id breaks the last ties."""
+    q = policy.queue(c.queue)
+    return (
+        -(q.priority if q else 0),
+        -c.priority,
+        c.submitted_at,
+        c.pipeline or c.workload_id,
+        c.index,
+        c.workload_id,
+    )
+
+
+def admit(
+    policy: AdmissionPolicy,
+    running: Iterable[Running],
+    spans: Sequence[GpuSpan],
+    candidates: Iterable[Candidate],
+    now: float,
+) -> list[Verdict]:
+    """Every waiting candidate's verdict, taken in order; each release counts against the limits
+    of those after it. Level-triggered: call it whenever released work finishes (a slot frees),
+    a candidate arrives or the budget window moves, and publish the changes.
+
+    Best effort within the order: a candidate too large for what is left is held, and a smaller
+    one after it may still be released (fair share and reservation are a later step).
+    """
+    tally = Tally.of(running)
+    out: list[Verdict] = []
+    for c in sorted(candidates, key=lambda c: order_key(policy, c)):
+        v = admission(policy, tally, spans, c, now)
+        if isinstance(v, Released):
+            tally.add(v.queue, c.pipeline, c.gpus, c.gpu_hours if c.gpus > 0 else 0.0)
+        out.append(v)
+    return out
+
+
+def running_of(state: PipelineState, queue: str) -> list[Running]:
+    """The pipeline's released, unfinished children: what they hold against the limits."""
+    return [
+        Running(st.workload_id, queue, st.gpus, state.pipeline_id)
+        for st in state.stages.values()
+        if st.status == "released"
+    ]
+
+
+def candidates_of(state: PipelineState, pipeline: Workload, submitted_at: float) -> list[Candidate]:
+    """The pipeline's ready (or held) children, as candidates for `admit`: the pipeline's queue,
+    owner, priority, submit time and `spec.limits`; each child's own GPUs."""
+    if state.cancel_requested:
+        return []
+    return [
+        Candidate(
+            workload_id=st.workload_id,
+            owner=pipeline.metadata.owner,
+            queue=pipeline.spec.policy_queue,
+            gpus=st.gpus,
+            priority=pipeline.spec.priority,
+            submitted_at=submitted_at,
+            pipeline=state.pipeline_id,
+            pipeline_limits=pipeline.spec.limits,
+            gpu_hours=st.gpu_hours,
+            index=i,
+        )
+        for i, st in enumerate(state.stages.values())
+        if st.status in ("ready", "held")
+    ]
