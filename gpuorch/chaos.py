@@ -355,7 +355,7 @@ async def run_schedule(system: System, seed: int, n_workloads: int, n_faults: in
     injected: list[Fault] = []
     clusters = ["alpha", "beta"]
     lost_after = float(system.env_extra.get("GPUORCH_LOST_AFTER", "3"))
-    async with Client(s.nats_url, s.names) as c:
+    async with Client(s.nats_url, s.names, creds=s.nats_creds) as c:
         wids = [await c.submit(workload(i, rng), idempotency_key=f"chaos-{seed}-{i}") for i in range(n_workloads)]
         proj = Projection()
         stop = asyncio.Event()

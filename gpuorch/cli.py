@@ -58,8 +58,10 @@ def settings_for(state: Path) -> Settings:
     f = state / "system.json"
     if f.exists():
         doc = json.loads(f.read_text())
+        creds = os.environ.get("GPUORCH_NATS_CREDS") or str(Path(doc["state_dir"]) / "auth" / "creds" / "client.nk")
         return Settings(nats_url=doc["nats_url"], prefix=doc["prefix"], kubeconfig=Path(doc["kubeconfig"]),
-                        registry=Path(doc["clusters_file"]), state_dir=Path(doc["state_dir"]))
+                        registry=Path(doc["clusters_file"]), state_dir=Path(doc["state_dir"]),
+                        nats_creds=Path(creds))  # the CLI is the embedded system's `client` identity
     return Settings.from_env()
 
 
@@ -115,7 +117,7 @@ async def cmd_submit(ns: argparse.Namespace, s: Settings) -> int:
         return 2
     if ns.dry_run:
         return await _submit_dry_run(ns, s, wl)
-    async with Client(s.nats_url, s.names) as c:
+    async with Client(s.nats_url, s.names, creds=s.nats_creds) as c:
         wid = await c.submit(wl, ns.key)
         if not ns.wait:
             print(json.dumps({"id": wid}) if ns.output == "json" else wid)
@@ -162,7 +164,7 @@ async def _submit_dry_run(ns: argparse.Namespace, s: Settings, wl: Any) -> int:
     from gpuorch_router.explain import render_explain
     from gpuorch_router.policy import build_index, route
 
-    async with Client(s.nats_url, s.names) as c:
+    async with Client(s.nats_url, s.names, creds=s.nats_creds) as c:
         snaps = await c.snapshots()
     if not snaps:
         print("gpuorch submit --dry-run: no capacity snapshot yet (is the inventory service running? `gpuorch status`)",
@@ -181,7 +183,7 @@ async def _submit_dry_run(ns: argparse.Namespace, s: Settings, wl: Any) -> int:
 async def cmd_get(ns: argparse.Namespace, s: Settings) -> int:
     from gpuorch.observe import commands, timeline
 
-    async with Client(s.nats_url, s.names) as c:
+    async with Client(s.nats_url, s.names, creds=s.nats_creds) as c:
         events = await c.events(ns.id)
     v = Projection.of(events).get(ns.id)
     if v is None:
@@ -202,7 +204,7 @@ async def cmd_get(ns: argparse.Namespace, s: Settings) -> int:
 
 
 async def cmd_list(ns: argparse.Namespace, s: Settings) -> int:
-    async with Client(s.nats_url, s.names) as c:
+    async with Client(s.nats_url, s.names, creds=s.nats_creds) as c:
         p = await c.projection()
     rows = [view_row(v) for v in p.workloads.values()]
     if ns.output == "json":
@@ -221,7 +223,7 @@ def _event_line(seq: int, e: Any) -> str:
 
 
 async def cmd_events(ns: argparse.Namespace, s: Settings) -> int:
-    async with Client(s.nats_url, s.names) as c:
+    async with Client(s.nats_url, s.names, creds=s.nats_creds) as c:
         if ns.follow:
             async for seq, e in c.follow(ns.id):
                 print(json.dumps({"seq": seq, **msgspec.to_builtins(e)}) if ns.output == "json" else _event_line(seq, e), flush=True)
@@ -231,7 +233,7 @@ async def cmd_events(ns: argparse.Namespace, s: Settings) -> int:
 
 
 async def cmd_clusters(ns: argparse.Namespace, s: Settings) -> int:
-    async with Client(s.nats_url, s.names) as c:
+    async with Client(s.nats_url, s.names, creds=s.nats_creds) as c:
         snaps = await c.snapshots()
     if ns.output == "json":
         print(json.dumps({k: msgspec.to_builtins(v) for k, v in snaps.items()}, indent=2))
@@ -253,7 +255,7 @@ async def cmd_clusters(ns: argparse.Namespace, s: Settings) -> int:
 async def cmd_explain(ns: argparse.Namespace, s: Settings) -> int:
     from gpuorch_router.explain import render_explain
 
-    async with Client(s.nats_url, s.names) as c:
+    async with Client(s.nats_url, s.names, creds=s.nats_creds) as c:
         v = await c.view(ns.id)
     if v is None:
         print(f"no workload {ns.id!r}", file=sys.stderr)
@@ -276,7 +278,7 @@ async def cmd_report(ns: argparse.Namespace, s: Settings) -> int:
 
 
 async def cmd_cancel(ns: argparse.Namespace, s: Settings) -> int:
-    async with Client(s.nats_url, s.names) as c:
+    async with Client(s.nats_url, s.names, creds=s.nats_creds) as c:
         await c.cancel(ns.id, ns.reason)
         if not ns.wait:
             print(f"cancel requested for {ns.id}")
@@ -441,6 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 ASYNC = {"submit": cmd_submit, "get": cmd_get, "list": cmd_list, "events": cmd_events,
          "clusters": cmd_clusters, "explain": cmd_explain, "cancel": cmd_cancel, "report": cmd_report}
+
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,17 +9,21 @@ services use.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import nats
-from nats.js.api import DeliverPolicy
+import nats.errors
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from opentelemetry.context import Context
 
 from gpuorch.projection import Projection, WorkloadView
-from gpuorch.runtime import telemetry
+from gpuorch.runtime import bus, telemetry
 from gpuorch.runtime.shell import replay
 from gpuorch_proto import (
     ClusterSnapshot,
@@ -36,14 +40,25 @@ from gpuorch_proto.subjects import valid_token
 
 
 class Client:
-    def __init__(self, nats_url: str, names: Names) -> None:
+    """`creds`: the client identity's nkey seed file (docs/security.md); a client may publish
+    commands and read events and snapshots through consumers of its own, nothing else."""
+
+    def __init__(self, nats_url: str, names: Names, *, creds: str | os.PathLike[str] | None = None, tls: Any = None) -> None:
         self.url = nats_url
         self.names = names
+        self.creds = creds
+        self.tls = tls
         self.nc: Any = None
         self.js: Any = None
 
     async def __aenter__(self) -> Client:
-        self.nc = await nats.connect(self.url, connect_timeout=5, max_reconnect_attempts=3, name="gpuorch-client")
+        opts = bus.auth_options(self.creds)
+        if self.tls is not None:
+            opts["tls"] = self.tls
+        try:
+            self.nc = await nats.connect(self.url, connect_timeout=5, max_reconnect_attempts=3, name="gpuorch-client", **opts)
+        except Exception as exc:  # never echo a URL's user:password
+            raise ConnectionError(f"could not connect to NATS at {bus.redact_url(self.url)}: {type(exc).__name__}") from None
         self.js = self.nc.jetstream()
         return self
 
@@ -57,18 +72,30 @@ class Client:
         cmd = ev.Submit(workload=workload, idempotency_key=key, at=time.time())
         tracer = telemetry.tracer()
         with tracer.start_as_current_span(f"{self.names.cmd_submit} publish", kind=telemetry.SpanKind.PRODUCER, attributes={"messaging.system": "nats", "gpuorch.workload": wid}):
-            headers = {"Nats-Msg-Id": key, **telemetry.inject()}
-            await self.js.publish(self.names.cmd_submit, encode(cmd), headers=headers)
+            body = encode(cmd)
+            headers = {"Nats-Msg-Id": key, **self.signature_headers(self.names.cmd_submit, key, body), **telemetry.inject()}
+            await self.js.publish(self.names.cmd_submit, body, headers=headers)
         return wid
+
+    def signature_headers(self, subject: str, msg_id: str, body: bytes) -> dict[str, str]:
+        """The command signed with this client's nkey (gpuorch.security.identity): the receiver
+        decides what it may do by who signed it, not by what the body says."""
+        if not self.creds or Path(self.creds).suffix == ".creds":
+            return {}
+        from gpuorch.security.identity import sign_headers
+
+        return sign_headers(Path(self.creds).read_text(), subject, msg_id, body)
 
     async def cancel(self, workload_id: str, reason: str = "requested by user") -> str:
         """Publish a cancel; returns the message's record id (`msg-<stream>-<seq>`): a refusal of
         this cancel (an unknown id, say) is published under it, never under the workload."""
         cmd = ev.Cancel(workload_id=workload_id, reason=reason, at=time.time())
+        body, msg_id = encode(cmd), f"cancel-{workload_id}"
         parent = await self.trace_context(workload_id)  # the cancel joins the workload's one trace
         span_attrs = {"messaging.system": "nats", "gpuorch.workload_id": workload_id}
         with telemetry.tracer().start_as_current_span(f"{self.names.cmd_cancel} publish", context=parent, kind=telemetry.SpanKind.PRODUCER, attributes=span_attrs):
-            ack = await self.js.publish(self.names.cmd_cancel, encode(cmd), headers={"Nats-Msg-Id": f"cancel-{workload_id}", **telemetry.inject()})
+            headers = {"Nats-Msg-Id": msg_id, **self.signature_headers(self.names.cmd_cancel, msg_id, body), **telemetry.inject()}
+            ack = await self.js.publish(self.names.cmd_cancel, body, headers=headers)
         return ev.message_ref(ack.stream, ack.seq)
 
     async def trace_context(self, workload_id: str) -> Context | None:
@@ -90,20 +117,31 @@ class Client:
 
     async def follow(self, workload_id: str | None = None, *, from_start: bool = True) -> AsyncIterator[tuple[int, Event]]:
         subject = self.names.evt_workload(workload_id) if workload_id else self.names.evt_all
-        queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
-
-        async def cb(msg: Any) -> None:
-            try:
-                queue.put_nowait((msg.metadata.sequence.stream, decode_event(msg.data)))
-            except Exception:  # an undecodable event is shown as nothing, never a crash
-                return
-
-        sub = await self.js.subscribe(subject, cb=cb, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL if from_start else DeliverPolicy.NEW)
+        # A pull consumer under a name of this client's own (nats-py names it): a client may not use
+        # the name-less create of ordered consumers on the event stream (it could rewrite the
+        # services' durables), and may not touch their durables by name.
+        config = ConsumerConfig(
+            ack_policy=AckPolicy.NONE, inactive_threshold=60.0, mem_storage=True,
+            deliver_policy=DeliverPolicy.ALL if from_start else DeliverPolicy.NEW,
+        )  # fmt: skip
+        sub = await self.js.pull_subscribe(subject, durable=None, stream=self.names.stream_evt, config=config)
         try:
             while True:
-                yield await queue.get()
+                try:
+                    msgs = await sub.fetch(64, timeout=1.0)
+                except (TimeoutError, nats.errors.TimeoutError):
+                    continue
+                for msg in msgs:
+                    try:
+                        event = decode_event(msg.data)
+                    except Exception:  # an undecodable event is shown as nothing, never a crash
+                        continue
+                    yield msg.metadata.sequence.stream, event
         finally:
-            await sub.unsubscribe()
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+            with contextlib.suppress(Exception):
+                await self.js.delete_consumer(self.names.stream_evt, sub._consumer)
 
     async def projection(self, workload_id: str | None = None) -> Projection:
         p = Projection()

@@ -11,6 +11,9 @@ start them as independent processes with nothing but environment variables:
 | GPUORCH_REGISTRY      | cluster registry file (deploy/local/clusters.yaml shape)       |
 | GPUORCH_STATE_DIR     | local state: artifact stores, data locations (default .gpuorch)|
 | GPUORCH_TRACE_FILE    | optional JSONL span file (tests, demo)                         |
+| GPUORCH_NATS_CREDS    | this process's identity: nkey seed file (or JWT .creds)         |
+| GPUORCH_NATS_TLS_CA / _CERT / _KEY | TLS: server CA, client certificate and key         |
+| GPUORCH_IDENTITIES    | identities.json: client identity -> owners (router)            |
 """
 
 from __future__ import annotations
@@ -34,6 +37,24 @@ class Settings:
     registry: Path | None = None
     state_dir: Path = Path(".gpuorch")
     extra: dict[str, str] = field(default_factory=dict)
+    nats_creds: Path | None = None  # the identity's seed file (docs/security.md)
+    nats_tls_ca: Path | None = None
+    nats_tls_cert: Path | None = None
+    nats_tls_key: Path | None = None
+    identities: Path | None = None  # identities.json (who may submit as which owner)
+
+    async def connect(self, name: str, **options: Any) -> Any:
+        """A NATS connection as this process's identity (creds, TLS from the settings)."""
+        from gpuorch.runtime import bus  # local: config stays importable without nats
+
+        tls = None
+        if self.nats_tls_ca or self.nats_tls_cert:
+            tls = bus.tls_context(
+                str(self.nats_tls_ca) if self.nats_tls_ca else None,
+                str(self.nats_tls_cert) if self.nats_tls_cert else None,
+                str(self.nats_tls_key) if self.nats_tls_key else None,
+            )
+        return await bus.connect(self.nats_url, name, creds=self.nats_creds, tls=tls, **options)
 
     @property
     def names(self) -> Names:
@@ -57,7 +78,17 @@ class Settings:
         e = os.environ if env is None else env
         kc = e.get("GPUORCH_KUBECONFIG")
         reg = e.get("GPUORCH_REGISTRY")
+
+        def path(var: str) -> Path | None:
+            v = e.get(var)
+            return Path(v) if v else None
+
         return cls(
+            nats_creds=path("GPUORCH_NATS_CREDS"),
+            nats_tls_ca=path("GPUORCH_NATS_TLS_CA"),
+            nats_tls_cert=path("GPUORCH_NATS_TLS_CERT"),
+            nats_tls_key=path("GPUORCH_NATS_TLS_KEY"),
+            identities=path("GPUORCH_IDENTITIES"),
             nats_url=e.get("GPUORCH_NATS_URL", cls.nats_url),
             prefix=e.get("GPUORCH_PREFIX", cls.prefix),
             kubeconfig=Path(kc) if kc else None,
@@ -75,6 +106,13 @@ class Settings:
             env["GPUORCH_KUBECONFIG"] = str(self.kubeconfig.resolve())
         if self.registry:
             env["GPUORCH_REGISTRY"] = str(self.registry.resolve())
+        for var, value in (
+            ("GPUORCH_NATS_CREDS", self.nats_creds), ("GPUORCH_NATS_TLS_CA", self.nats_tls_ca),
+            ("GPUORCH_NATS_TLS_CERT", self.nats_tls_cert), ("GPUORCH_NATS_TLS_KEY", self.nats_tls_key),
+            ("GPUORCH_IDENTITIES", self.identities),
+        ):  # fmt: skip
+            if value:
+                env[var] = str(value.resolve())
         return env
 
 

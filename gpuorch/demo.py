@@ -72,7 +72,7 @@ def outcome_table(views: list[tuple[str, WorkloadView]], scale: float) -> str:
 async def scenario(system: System, files: list[Path]) -> list[tuple[str, WorkloadView]]:
     s = system.settings
     out: list[tuple[str, WorkloadView]] = []
-    async with Client(s.nats_url, s.names) as c:
+    async with Client(s.nats_url, s.names, creds=s.nats_creds) as c:
         ids: list[tuple[str, str]] = []
         for f in files:
             key = f"demo-{f.stem}-{time.time_ns()}"

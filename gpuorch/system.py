@@ -8,6 +8,11 @@ them all (SIGTERM, then SIGKILL) and leaves no process behind. The state of a
 running system is written to `<state>/system.json`, so `gpuorch down` in another
 shell can stop it.
 
+NATS runs with the production permission model: before it starts, `<state>/auth/` gets the
+server config and one nkey seed per identity (`gpuorch.security.generate`: admin, the four
+services, `client` for the CLI and tests, plus `clients`), mode 0600; the admin identity creates
+the streams and buckets once NATS is up, and every service connects as itself.
+
 `gpuorch up` runs all of this inside a detached supervisor process (`gpuorch.supervisor`)
 that owns the processes and restarts one that dies; `System` itself never restarts anything
 on its own (tests drive `kill` and `restart` by hand).
@@ -15,19 +20,22 @@ on its own (tests drive `kill` and `restart` by hand).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO
 
 import yaml
 
 from gpuorch.config import Settings, load_registry
+from gpuorch_proto import Names
 
 SERVICES = ("inventory", "router", "dispatcher", "fencer")
 MODULE = {s: f"gpuorch_{s}" for s in SERVICES}
@@ -88,6 +96,57 @@ class System:
     procs: dict[str, Proc] = field(default_factory=dict)
     nats_url: str = ""
     supervisor_pid: int | None = None  # the process supervising this system, if any
+    clients: dict[str, list[str]] = field(default_factory=dict)  # more client identities -> owners
+    generated_auth: bool = True  # False: <state>/auth already holds a bundle (`python -m gpuorch.security`)
+
+    @property
+    def auth_dir(self) -> Path:
+        return self.state_dir / "auth"
+
+    def creds(self, identity: str) -> Path:
+        """The seed file of `identity` (admin, router, dispatcher, fencer, inventory, client, ...)."""
+        return self.auth_dir / "creds" / f"{identity}.nk"
+
+    def prepare_auth(self) -> None:
+        """The server config and every identity's seed (idempotent: existing seeds are kept)."""
+        from gpuorch.security import generate
+
+        if not self.generated_auth:
+            if not (self.auth_dir / "nats-server.conf").exists():
+                raise StartError(f"no nats-server.conf in {self.auth_dir} (generated_auth=False)")
+            return
+        generate(
+            self.auth_dir, Names(self.prefix), clients={"client": ["*"], **self.clients},
+            clusters=sorted(load_registry(self.clusters_file).clusters),
+        )  # fmt: skip
+
+    def settings_as(self, identity: str) -> Settings:
+        return replace(self.settings, nats_creds=self.creds(identity))
+
+    def create_topology(self) -> None:
+        """Streams and buckets, created by the admin identity (services may not)."""
+        from gpuorch.runtime import bus
+
+        async def run() -> None:
+            nc = await self.settings_as("admin").connect("gpuorch-admin", initial_timeout=30.0)
+            try:
+                await bus.ensure_topology(nc.jetstream(), Names(self.prefix))
+            finally:
+                await nc.close()
+
+        errors: list[BaseException] = []
+
+        def in_thread() -> None:  # callers may have a running loop (async tests)
+            try:
+                asyncio.run(run())
+            except BaseException as exc:
+                errors.append(exc)
+
+        t = threading.Thread(target=in_thread, name="gpuorch-topology")
+        t.start()
+        t.join()
+        if errors:
+            raise StartError(f"could not create the topology: {errors[0]}") from errors[0]
 
     @property
     def kubeconfig(self) -> Path:
@@ -102,6 +161,7 @@ class System:
         return Settings(
             nats_url=self.nats_url, prefix=self.prefix, kubeconfig=self.kubeconfig,
             registry=self.clusters_file, state_dir=self.state_dir,
+            nats_creds=self.creds("client"), identities=self.auth_dir / "identities.json",
         )
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
@@ -120,7 +180,8 @@ class System:
     def spawn_nats(self, port: int | None = None) -> Proc:
         """Start the nats-server process (on `port`, e.g. the previous one's, or a free one)."""
         store = self.state_dir / "nats"
-        argv = [sys.executable, "-m", "gpuorch.runtime.natsembed", "--store-dir", str(store)]
+        argv = [sys.executable, "-m", "gpuorch.runtime.natsembed", "--store-dir", str(store),
+                "--config", str(self.auth_dir / "nats-server.conf")]  # fmt: skip
         if port is not None:
             argv += ["--port", str(port)]
         return self._spawn("nats", argv)
@@ -164,6 +225,7 @@ class System:
     def start_service(self, name: str, env: dict[str, str] | None = None, instance: str | None = None) -> Proc:
         """Start one service process; `instance` starts another replica (e.g. a second dispatcher)."""
         env = dict(env or {**self.settings.to_env(), **self.env_extra})
+        env["GPUORCH_NATS_CREDS"] = str(self.creds(name).resolve())  # each service is its own identity
         key = name
         if instance is not None:
             env["GPUORCH_DISPATCHER_ID"] = instance
@@ -228,7 +290,9 @@ class System:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         try:
             self.prepare_data()
+            self.prepare_auth()
             self.start_nats()
+            self.create_topology()
             self.start_clusters()
             self.start_services()
         except BaseException:

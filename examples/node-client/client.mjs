@@ -16,8 +16,9 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 import Ajv2020 from "ajv/dist/2020.js";
 import {
-  connect, headers, nkeyAuthenticator, credsAuthenticator, JSONCodec,
+  connect, headers, nkeyAuthenticator, credsAuthenticator, JSONCodec, AckPolicy, DeliverPolicy, nanos,
 } from "nats";
+import { fromSeed } from "nkeys.js";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const args = process.argv.slice(2);
@@ -61,21 +62,44 @@ function authenticator() {
   return text.includes("BEGIN NATS USER JWT") ? credsAuthenticator(text) : nkeyAuthenticator(new TextEncoder().encode(text.toString().trim()));
 }
 
-const nc = await connect({ servers: process.env.NATS_URL || "nats://127.0.0.1:4222", authenticator: authenticator(), name: "gpuorch-node-example" });
+// docs/security.md: an nkey identity takes its replies on its own inbox, _INBOX.<public key>, and
+// signs each command (Gpuorch-Identity, Gpuorch-Signature over subject \n Nats-Msg-Id \n body)
+const seed = process.env.GPUORCH_NATS_CREDS && !fs.readFileSync(process.env.GPUORCH_NATS_CREDS).includes("BEGIN NATS USER JWT")
+  ? fromSeed(new TextEncoder().encode(fs.readFileSync(process.env.GPUORCH_NATS_CREDS, "utf8").trim())) : null;
+const inboxPrefix = seed ? `_INBOX.${seed.getPublicKey()}` : undefined;
+function sign(h, subject, msgId, body) {
+  if (!seed) return;
+  const enc = new TextEncoder();
+  const payload = Buffer.concat([enc.encode(`${subject}\n${msgId}\n`), Buffer.from(body)]);
+  h.set("Gpuorch-Identity", seed.getPublicKey());
+  h.set("Gpuorch-Signature", Buffer.from(seed.sign(payload)).toString("base64"));
+}
+
+const nc = await connect({ servers: process.env.NATS_URL || "nats://127.0.0.1:4222", authenticator: authenticator(), name: "gpuorch-node-example", inboxPrefix });
 const js = nc.jetstream();
 const deadline = setTimeout(() => { out({ result: "timeout", workload_id: workloadId }); process.exit(1); }, timeoutMs);
 
-// 3. follow the one workload: an ordered consumer on GPUORCH_EVT filtered to evt.<id>.>,
-//    deliver policy "all" (an ordered consumer's default: from the workload's first event), started
+// 3. follow the one workload: a consumer on GPUORCH_EVT filtered to evt.<id>.>,
+//    deliver policy "all" (from the workload's first event), started
 //    before the submit so nothing is missed; the server removes it when the client goes away
-const consumer = await js.consumers.get(STREAM_EVT, { filterSubjects: [`${prefix}.evt.${workloadId}.>`] });
+//    A consumer under a name of the client's own (docs/security.md: the name-less create that
+//    nats.js ordered consumers use is refused on the event stream, it could rewrite a durable)
+const jsm = await nc.jetstreamManager();
+const consumerName = `node-${randomUUID()}`;
+await jsm.consumers.add(STREAM_EVT, {
+  name: consumerName, ack_policy: AckPolicy.None, deliver_policy: DeliverPolicy.All,
+  filter_subject: `${prefix}.evt.${workloadId}.>`, inactive_threshold: nanos(60_000), mem_storage: true,
+});
+const consumer = await js.consumers.get(STREAM_EVT, consumerName);
 const messages = await consumer.consume();
 
 // 4. submit: Nats-Msg-Id is the idempotency key, traceparent the trace
 const h = headers();
 h.set("Nats-Msg-Id", key);
 h.set("traceparent", traceparent);
-const ack = await js.publish(SUBMIT, jc.encode({ type: "submit", schema_version: 1, workload }), { headers: h });
+const body = jc.encode({ type: "submit", schema_version: 1, workload });
+sign(h, SUBMIT, key, body);
+const ack = await js.publish(SUBMIT, body, { headers: h });
 out({ published: SUBMIT, stream: ack.stream, seq: ack.seq, workload_id: workloadId, idempotency_key: key, trace_id: traceId });
 
 let cancelled = false;
@@ -93,7 +117,9 @@ for await (const m of messages) {
     const ch = headers();
     ch.set("Nats-Msg-Id", `cancel-${workloadId}`);
     ch.set("traceparent", traceparent);
-    const cack = await js.publish(CANCEL, jc.encode({ type: "cancel", schema_version: 1, workload_id: workloadId, reason: "node example" }), { headers: ch });
+    const cbody = jc.encode({ type: "cancel", schema_version: 1, workload_id: workloadId, reason: "node example" });
+    sign(ch, CANCEL, `cancel-${workloadId}`, cbody);
+    const cack = await js.publish(CANCEL, cbody, { headers: ch });
     out({ published: CANCEL, stream: cack.stream, seq: cack.seq, record: `msg-${cack.stream.toLowerCase().replace(/[^a-z0-9]+/g, "-")}-${cack.seq}` });
     cancelled = true;
   }

@@ -481,7 +481,7 @@ OTHER_METRICS = [
 async def _run_all(system: System, reps: int, quick: bool, only: Sequence[str] = ()) -> list[Sample]:
     s = system.settings
     samples: list[Sample] = []
-    async with Client(s.nats_url, s.names) as client:
+    async with Client(s.nats_url, s.names, creds=s.nats_creds) as client:
         b = Bench(system, client, quick)
         b.kube = make_clients(system.kubeconfig)
         b.progress.start()

@@ -139,7 +139,7 @@ async def _run(bursts: list[int], timeout: float) -> list[Row]:
         system.start()
         try:
             s = system.settings
-            async with Client(s.nats_url, s.names) as client:
+            async with Client(s.nats_url, s.names, creds=s.nats_creds) as client:
                 for n in bursts:
                     raw = await raw_rate(client, n)
                     f = await burst(client, n, f"t{uuid.uuid4().hex[:6]}", timeout)

@@ -31,13 +31,17 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, NamedTuple
+from typing import IO, TYPE_CHECKING, NamedTuple
 
 import structlog
+
+if TYPE_CHECKING:
+    from gpuorch.security.testing import TestAuth
 
 log = structlog.get_logger("gpuorch.runtime.natsembed")
 
 READY_LINE = "Server is ready"
+RELOADED_LINE = "Reloaded server configuration"
 LOG_NAME = "nats-server.log"
 
 
@@ -78,6 +82,8 @@ class EmbeddedNats:
         ready_timeout: float = 20.0,
         extra_args: Sequence[str] = (),
         die_with_parent: bool = False,
+        config: str | os.PathLike[str] | None = None,
+        secure: bool = True,
     ) -> None:
         self._owns_dir = store_dir is None
         self.store_dir = (
@@ -89,6 +95,8 @@ class EmbeddedNats:
         self.ready_timeout = ready_timeout
         self.extra_args = list(extra_args)
         self.die_with_parent = die_with_parent
+        self.config = Path(config) if config is not None else None  # `-c`: accounts, users, permissions
+        self.secure = secure  # without `config`: generate identities into <store>/auth (prefix gpuorch)
         self._port = port
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file: IO[bytes] | None = None
@@ -104,6 +112,12 @@ class EmbeddedNats:
     @property
     def url(self) -> str:
         return f"nats://{self.host}:{self.port}"
+
+    def creds(self, identity: str = "admin") -> Path:
+        """The seed file of `identity` when this server generated its own identities."""
+        if self.config is None:
+            raise RuntimeError("the server runs without authentication (secure=False)")
+        return self.config.parent / "creds" / f"{identity}.nk"
 
     @property
     def log_path(self) -> Path:
@@ -122,6 +136,11 @@ class EmbeddedNats:
         if self.is_running():
             return self
         self.store_dir.mkdir(parents=True, exist_ok=True)
+        if self.config is None and self.secure:
+            from gpuorch.security import generate  # local: nkeys only where used
+            from gpuorch_proto import Names
+
+            self.config = generate(self.store_dir / "auth", Names("gpuorch")).config
         binary = self.binary or find_nats_server()
         args = [
             binary,
@@ -135,6 +154,11 @@ class EmbeddedNats:
             "--ports_file_dir",
             str(self.store_dir),
         ]
+        if self.config is not None:
+            args = [binary, "-c", str(self.config), *args[1:]]  # flags after -c override the file
+            if _config_store_dir(self.config):  # nats-server refuses a store_dir both in the file and as -sd
+                i = args.index("-sd")
+                del args[i : i + 2]
         if self.server_name:
             args += ["-n", self.server_name]
         args += self.extra_args
@@ -204,6 +228,18 @@ class EmbeddedNats:
             self._log_file.close()
             self._log_file = None
 
+    def reload(self, timeout: float = 10.0) -> None:
+        """Re-read the config file (SIGHUP) and return once the server says it has."""
+        if self._proc is None or self._proc.poll() is not None:
+            raise RuntimeError("the server is not running")
+        before = self._log_since(0).count(RELOADED_LINE)
+        self._proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + timeout
+        while self._log_since(0).count(RELOADED_LINE) <= before:
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"nats-server did not reload its config:\n{self._log_tail(0)}")
+            time.sleep(0.02)
+
     def kill(self) -> None:
         """SIGKILL without a graceful shutdown (for crash tests); reaps the process."""
         proc, self._proc = self._proc, None
@@ -234,6 +270,16 @@ class EmbeddedNats:
     def __repr__(self) -> str:
         state = f"url={self.url}" if self._port is not None else "not started"
         return f"EmbeddedNats({state}, store={self.store_dir})"
+
+
+def _config_store_dir(config: Path) -> str | None:
+    """The JetStream store_dir a (JSON-shaped) nats-server config sets, if any."""
+    try:
+        doc = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return None
+    js = doc.get("jetstream") if isinstance(doc, dict) else None
+    return str(js["store_dir"]) if isinstance(js, dict) and js.get("store_dir") else None
 
 
 def _die_with_parent() -> None:
@@ -291,19 +337,28 @@ def docker_available(timeout: float = 2.0) -> bool:
 
 
 class TestNats(NamedTuple):
-    """A running NATS for a test session: connect to `url`, call `stop()` at the end."""
+    """A running NATS for a test session: connect to `url` with `auth.admin_creds` (or the
+    identities of `auth.register(names)`), call `stop()` at the end."""
 
     url: str
     stop: Callable[[], None]
+    auth: TestAuth
 
 
-def _container_nats() -> TestNats:
+def _container_nats(auth: TestAuth) -> TestNats:
     from testcontainers.community.nats import NatsContainer  # local: heavy, test-only
 
     image = os.environ.get("GPUORCH_NATS_IMAGE", "nats:latest")
     container = NatsContainer(image, jetstream=True, ready_timeout_secs=60)
+    container.with_volume_mapping(str(auth.root), "/etc/gpuorch", "ro")
+    container.with_command("-c /etc/gpuorch/nats-server.conf -js")
     container.start()
-    return TestNats(container.nats_uri(), container.stop)
+
+    def reload() -> None:  # the config is bind-mounted: SIGHUP re-reads it
+        container.get_wrapped_container().kill(signal="SIGHUP")
+
+    auth.set_reload(reload)
+    return TestNats(container.nats_uri(), container.stop, auth)
 
 
 def nats_for_tests(tmpdir: str | os.PathLike[str]) -> TestNats:
@@ -313,20 +368,24 @@ def nats_for_tests(tmpdir: str | os.PathLike[str]) -> TestNats:
     answers and falls back to the embedded server when it does not or the container fails to
     start (e.g. no image and no registry).
     """
+    from gpuorch.security.testing import TestAuth  # local: nkeys only where used
+
+    auth = TestAuth(Path(tmpdir) / "auth")
     mode = os.environ.get("GPUORCH_TEST_NATS", "auto").lower()
     if mode == "docker" or (mode == "auto" and docker_available()):
         try:
-            handle = _container_nats()
+            handle = _container_nats(auth)
             log.info("nats.test_server", kind="container", url=handle.url)
             return handle
         except Exception as exc:
             if mode == "docker":
                 raise
             log.warning("nats.container_failed", error=repr(exc))
-    srv = EmbeddedNats(Path(tmpdir) / "nats", server_name="gpuorch-test")
+    srv = EmbeddedNats(Path(tmpdir) / "nats", config=auth.config)  # server_name is in the config
+    auth.set_reload(srv.reload)
     srv.start()
     log.info("nats.test_server", kind="embedded", url=srv.url)
-    return TestNats(srv.url, srv.stop)
+    return TestNats(srv.url, srv.stop, auth)
 
 
 # -- command line -----------------------------------------------------------------------------
@@ -340,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--store-dir", required=True, type=Path)
     ap.add_argument("--port", type=int, default=None, help="fixed port (default: a free one)")
     ap.add_argument("--name", default=None, help="server name")
+    ap.add_argument("--config", type=Path, default=None,
+                    help="nats-server config (accounts, users, permissions; default: generate identities into STORE/auth)")
     ns = ap.parse_args(argv)
     from .logs import configure_logging  # stdout carries only the URL
 
@@ -351,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    srv = EmbeddedNats(ns.store_dir, port=ns.port, server_name=ns.name, die_with_parent=True)
+    srv = EmbeddedNats(ns.store_dir, port=ns.port, server_name=ns.name, die_with_parent=True, config=ns.config)
     srv.start()
     print(srv.url, flush=True)
     code = 0

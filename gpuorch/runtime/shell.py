@@ -75,6 +75,7 @@ class Incoming:
     headers: dict[str, str]
     msg_id: str | None
     context: Context
+    data: bytes = b""  # the body as received (signatures are over these bytes: gpuorch.security.identity)
 
 
 class Retry(Exception):
@@ -539,6 +540,7 @@ class _Worker:
             headers=headers,
             msg_id=msg_id,
             context=ctx,
+            data=msg.data,
         )
         started = time.monotonic()
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import re
 from typing import Any, Literal, TypeVar
@@ -164,11 +165,24 @@ def decode_event(data: bytes, content_type: str | None = None) -> Event:
     envelope = check_envelope(evt)
     if envelope:
         raise ContractError("invalid message", envelope)
+    if isinstance(evt, Submit):  # a workload document someone wrote: strict, unknown fields included
+        raw = _raw_workload(data, msgpack)
+        extra = unknown_fields(raw) if raw is not None else []
+        if extra:
+            raise ContractError("invalid workload", extra)
     if isinstance(evt, Base) and getattr(evt, "workload", None) is not None:
         errors = validate_workload(evt.workload)  # type: ignore[attr-defined, union-attr, unused-ignore]
         if errors:
             raise ContractError("invalid workload", errors)
     return evt
+
+
+def _raw_workload(data: bytes, msgpack: bool) -> Any:
+    try:
+        obj = msgspec.msgpack.decode(data) if msgpack else msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        return None
+    return obj.get("workload") if isinstance(obj, dict) else None
 
 
 def decode_snapshot(data: bytes) -> ClusterSnapshot:
@@ -187,7 +201,10 @@ _WORKLOAD_INFO = msgspec.inspect.type_info(Workload)
 
 
 def unknown_fields(obj: Any, info: Any = _WORKLOAD_INFO, at: str = "") -> list[FieldError]:
-    """Fields a document names that the contract does not have (a typo is an error, not a no-op)."""
+    """Fields a document names that the contract does not have (a typo is an error, not a no-op):
+    `spec.resouces: unknown field; did you mean spec.resources?`. Strict for what people write
+    (workload documents, YAML or JSON); events between services are read leniently
+    (proto/EVOLUTION.md)."""
     out: list[FieldError] = []
     if isinstance(info, msgspec.inspect.UnionType):
         for t in info.types:
@@ -198,7 +215,9 @@ def unknown_fields(obj: Any, info: Any = _WORKLOAD_INFO, at: str = "") -> list[F
         for k, v in obj.items():
             path = f"{at}.{k}" if at else str(k)
             if k not in fields:
-                out.append(FieldError(path=path, message="unknown field (the contract has: " + ", ".join(sorted(fields)) + ")"))
+                close = difflib.get_close_matches(str(k), list(fields), n=1, cutoff=0.6)
+                hint = f"did you mean {at + '.' if at else ''}{close[0]}?" if close else "the contract has: " + ", ".join(sorted(fields))
+                out.append(FieldError(path=path, message=f"unknown field; {hint}"))
             else:
                 out += unknown_fields(v, fields[k].type, path)
     elif isinstance(info, msgspec.inspect.ListType) and isinstance(obj, list):

@@ -36,10 +36,19 @@ def system(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 @pytest.fixture
 async def client(system: System) -> AsyncIterator[Client]:
     s = system.settings
-    async with Client(s.nats_url, s.names) as c:
+    async with Client(s.nats_url, s.names, creds=s.nats_creds) as c:
         yield c
 
 
 @pytest.fixture(scope="module")
 def kube(system: System) -> dict:
     return make_clients(system.kubeconfig)
+
+
+@pytest.fixture
+async def admin(system: System) -> AsyncIterator[Client]:
+    """A connection as the admin identity: for tests that inspect internal state (KV buckets)
+    that no client may read."""
+    s = system.settings_as("admin")
+    async with Client(s.nats_url, s.names, creds=s.nats_creds) as c:
+        yield c

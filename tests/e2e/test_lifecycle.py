@@ -71,7 +71,8 @@ async def test_duplicate_submit_with_the_same_key_is_one_workload(system: System
     assert (await client.wait(wid1, timeout=120)).status == "completed"
     # re-sent after the first one finished, and once more with the same key
     wid2 = await client.submit(wl, idempotency_key=key)
-    await client.js.publish(system.settings.names.cmd_submit, encode(ev.Submit(workload=wl, idempotency_key=key)), headers={"Nats-Msg-Id": key + "-other-transport-id"})
+    body, subject = encode(ev.Submit(workload=wl, idempotency_key=key)), system.settings.names.cmd_submit
+    await client.js.publish(subject, body, headers={"Nats-Msg-Id": key + "-other-transport-id", **client.signature_headers(subject, key + "-other-transport-id", body)})
     assert wid1 == wid2
     marker = await client.submit(train("after-dup", steps=1))
     await client.wait(marker, timeout=120)  # the router has processed everything before it

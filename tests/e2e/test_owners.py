@@ -15,12 +15,12 @@ from tests.support.wait import assert_eventually
 pytestmark = pytest.mark.e2e
 
 
-async def test_two_dispatchers_one_owner_each_and_takeover_when_the_owner_dies(system: System, client: Client) -> None:
+async def test_two_dispatchers_one_owner_each_and_takeover_when_the_owner_dies(system: System, client: Client, admin: Client) -> None:
     system.start_service("dispatcher", instance="1")
     system.wait_service_ready("dispatcher-1")
     try:
         wids = [await client.submit(train(f"owners-{i}", steps=30)) for i in range(4)]
-        kv = await client.js.key_value(system.settings.names.kv_owners)
+        kv = await admin.js.key_value(system.settings.names.kv_owners)  # internal state: admin only
 
         async def owners() -> dict[str, str]:
             out = {}

@@ -77,7 +77,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture
 async def client(up: Path) -> AsyncIterator[Client]:
     s = settings_for(up)
-    async with Client(s.nats_url, s.names) as c:
+    async with Client(s.nats_url, s.names, creds=s.nats_creds) as c:
         yield c
 
 
@@ -139,7 +139,7 @@ async def test_kill_9_of_each_service_is_restarted_recorded_and_work_in_flight_c
 async def test_kill_9_of_nats_comes_back_on_the_same_url_and_work_completes(up: Path) -> None:
     url = system_doc(up)["nats_url"]
     s = settings_for(up)
-    async with Client(s.nats_url, s.names) as c:
+    async with Client(s.nats_url, s.names, creds=s.nats_creds) as c:
         wid = await c.submit(train("sup-nats", steps=60))
         await assert_eventually(lambda: in_flight(c, wid), timeout=60)
     old = pids(up)["nats"]
@@ -147,7 +147,7 @@ async def test_kill_9_of_nats_comes_back_on_the_same_url_and_work_completes(up: 
     rec = await assert_eventually(lambda: restart_of(up, "nats", old), timeout=30)
     assert rec["signal"] == "SIGKILL" and rec["backoff_s"] == INITIAL, rec
     assert system_doc(up)["nats_url"] == url, "same port, so every client reconnects"
-    async with Client(s.nats_url, s.names) as c:
+    async with Client(s.nats_url, s.names, creds=s.nats_creds) as c:
         await completed_exactly_once(c, [wid])
         # and new work after the restart goes through all four services
         await completed_exactly_once(c, [await c.submit(train("sup-after-nats", steps=3))])

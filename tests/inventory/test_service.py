@@ -55,14 +55,15 @@ async def last_snapshot(js: JetStreamContext, names: Names, cluster: str) -> Clu
     return decode_snapshot(msg.data)
 
 
-async def test_publishes_snapshots_staged_datasets_heartbeats_and_reachability(edge, nats_url, names, js):
+async def test_publishes_snapshots_staged_datasets_heartbeats_and_reachability(edge, nats_url, nats_auth, names, js):
     clusters, kubeconfig, _ = edge
     kv = await js.key_value(names.kv_staged)
     # as the dispatcher writes it (hashed key, the ref in the value), and a key that names the ref
     await kv.put("edge.5b0c0e3a1f2d4c6e", json.dumps({"cluster": "edge", "ref": "imagenet@v3", "at": 1.0}).encode())
     await kv.put("other.5b0c0e3a1f2d4c6e", json.dumps({"cluster": "other", "ref": "coco@2017", "at": 1.0}).encode())
 
-    settings = Settings(nats_url=nats_url, prefix=names.prefix)
+    creds = nats_auth.register(names, clusters=["edge"]).creds("inventory")  # inventory's own identity
+    settings = Settings(nats_url=nats_url, prefix=names.prefix, nats_creds=creds)
     registry = Registry(clusters={"edge": make_registry("research", datasets=["mnist@v1"])}, time_scale=SCALE)
     inv = Inventory(settings, interval=0.05, heartbeat=0.3, clients=make_clients(kubeconfig), registry=registry)
     stop = asyncio.Event()
@@ -133,11 +134,12 @@ async def test_publishes_snapshots_staged_datasets_heartbeats_and_reachability(e
         await asyncio.wait_for(task, timeout=10)
 
 
-def test_python_m_gpuorch_inventory_runs_and_exits_cleanly_on_sigterm(edge, nats_url, names):
+def test_python_m_gpuorch_inventory_runs_and_exits_cleanly_on_sigterm(edge, nats_url, nats_auth, names, js):
     _, kubeconfig, registry = edge
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("GPUORCH_")},
-        **Settings(nats_url=nats_url, prefix=names.prefix, kubeconfig=kubeconfig, registry=registry).to_env(),
+        **Settings(nats_url=nats_url, prefix=names.prefix, kubeconfig=kubeconfig, registry=registry,
+                   nats_creds=nats_auth.register(names, clusters=["edge"]).creds("inventory")).to_env(),
         "GPUORCH_INVENTORY_INTERVAL": "0.2",
     }
     proc = subprocess.Popen(

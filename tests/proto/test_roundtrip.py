@@ -13,6 +13,7 @@ import gpuorch_proto as proto
 from gpuorch_proto import (
     EVENT_TYPES,
     ClusterSnapshot,
+    ContractError,
     Event,
     FenceRecord,
     OwnerLease,
@@ -103,14 +104,33 @@ def test_a_v1_reader_decodes_a_v2_event_and_skips_the_new_fields(valid_workload:
         assert old == Submitted(event_id="w-1.submitted", workload_id="w-1", at=5.0, workload=valid_workload)
 
 
-def test_unknown_fields_are_skipped_at_every_level(valid_workload: Workload) -> None:
+def test_unknown_fields_are_skipped_at_every_level_between_services(valid_workload: Workload) -> None:
+    """Lenient for peers: a newer version's fields, at any depth of an event, are skipped; a
+    submit's envelope too. The workload document of a submit is what a person wrote: strict."""
+    sub = msgspec.to_builtins(Submit(workload=valid_workload, idempotency_key="k"))
+    sub["trace_hint"] = {"a": 1}
+    evt = msgspec.to_builtins(Submitted(event_id="w-1.submitted", workload_id="w-1", at=5.0, workload=valid_workload))
+    for doc in (sub, evt):
+        doc["workload"]["status"] = "from the future"
+        doc["workload"]["spec"]["resources"]["interconnect"] = "nvlink"
+        doc["workload"]["metadata"]["annotations"] = {"x": "y"}
+    for data in (msgspec.json.encode(evt), msgspec.msgpack.encode(evt)):
+        assert decode_event(data) == Submitted(event_id="w-1.submitted", workload_id="w-1", at=5.0, workload=valid_workload)
+    for data in (msgspec.json.encode(sub), msgspec.msgpack.encode(sub)):
+        with pytest.raises(ContractError) as err:
+            decode_event(data)
+        paths = {e.path for e in err.value.errors}
+        assert paths == {"status", "spec.resources.interconnect", "metadata.annotations"}, err.value.errors
+    del sub["workload"]["status"], sub["workload"]["spec"]["resources"]["interconnect"], sub["workload"]["metadata"]["annotations"]
+    assert decode_event(msgspec.json.encode(sub)) == Submit(workload=valid_workload, idempotency_key="k")
+
+
+def test_a_typo_in_a_submitted_document_is_an_error_with_a_suggestion(valid_workload: Workload) -> None:
     doc = msgspec.to_builtins(Submit(workload=valid_workload, idempotency_key="k"))
-    doc["trace_hint"] = {"a": 1}
-    doc["workload"]["status"] = "from the future"
-    doc["workload"]["spec"]["resources"]["interconnect"] = "nvlink"
-    doc["workload"]["metadata"]["annotations"] = {"x": "y"}
-    for data in (msgspec.json.encode(doc), msgspec.msgpack.encode(doc)):
-        assert decode_event(data) == Submit(workload=valid_workload, idempotency_key="k")
+    doc["workload"]["spec"]["resouces"] = doc["workload"]["spec"].pop("resources")
+    with pytest.raises(ContractError) as err:
+        decode_event(msgspec.json.encode(doc))
+    assert [(e.path, e.message) for e in err.value.errors] == [("spec.resouces", "unknown field; did you mean spec.resources?")]
 
 
 @pytest.mark.parametrize(

@@ -180,7 +180,12 @@ def test_core_imports_no_io_libraries() -> None:
 @dataclass
 class _Msg:
     data: bytes
-    subject: str = "gpuorch.inventory.x"
+
+    @property
+    def subject(self) -> str:  # the snapshot's own cluster subject: the router checks it
+        import msgspec
+
+        return f"gpuorch.inventory.{msgspec.json.decode(self.data)['cluster']}"
 
 
 class _Publisher:

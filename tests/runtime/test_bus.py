@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from nats.js import JetStreamContext
@@ -29,9 +30,9 @@ async def test_ensure_topology_is_idempotent_and_matches_the_contract(
         assert (await kv.get("w-1")).revision == rev
 
 
-async def test_four_services_starting_at_once_and_restarting(nats_url: str) -> None:
+async def test_four_services_starting_at_once_and_restarting(nats_url: str, admin_creds: Path) -> None:
     names = Names(prefix=f"t{uuid.uuid4().hex[:12]}")
-    clients = [await connect(nats_url, f"svc-{i}") for i in range(4)]
+    clients = [await connect(nats_url, f"svc-{i}", creds=admin_creds) for i in range(4)]
     try:
         await asyncio.gather(*(ensure_topology(c.jetstream(), names) for c in clients))
         js = clients[0].jetstream()

@@ -10,6 +10,7 @@ import pytest
 from gpuorch.runtime.bus import connect, ensure_topology
 from gpuorch.runtime.natsembed import EmbeddedNats
 from gpuorch.runtime.shell import replay
+from gpuorch.security import generate
 from gpuorch_proto import Names, encode
 from gpuorch_proto import events as ev
 from tests.support.wait import assert_eventually
@@ -24,8 +25,9 @@ def _free_port() -> int:
 async def test_replicated_topology_survives_the_loss_of_one_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ports = [_free_port() for _ in range(3)]
     routes = ",".join(f"nats://127.0.0.1:{p}" for p in ports)
+    auth = generate(tmp_path / "auth", Names("cluster"))  # one set of identities for the three servers
     servers = [
-        EmbeddedNats(tmp_path / f"s{i}", server_name=f"s{i}", extra_args=["--cluster_name", "gpuorch", "--cluster", f"nats://127.0.0.1:{p}", "--routes", routes])
+        EmbeddedNats(tmp_path / f"s{i}", server_name=f"s{i}", config=auth.config, extra_args=["--cluster_name", "gpuorch", "--cluster", f"nats://127.0.0.1:{p}", "--routes", routes])
         for i, p in enumerate(ports)
     ]
     monkeypatch.setenv("GPUORCH_REPLICAS", "3")
@@ -33,7 +35,7 @@ async def test_replicated_topology_survives_the_loss_of_one_server(tmp_path: Pat
     try:
         for s in servers:
             s.start()
-        nc = await connect(",".join(s.url for s in servers), "pytest-cluster")
+        nc = await connect(",".join(s.url for s in servers), "pytest-cluster", creds=auth.creds("admin"))
         try:
             js = nc.jetstream()
 

@@ -32,7 +32,7 @@ async def test_restart_keeps_the_url_and_jetstream_state_and_clients_reconnect(t
     await asyncio.to_thread(srv.start)
     try:
         url = srv.url
-        nc = await connect(url, "survivor")
+        nc = await connect(url, "survivor", creds=srv.creds("admin"))
         js = nc.jetstream()
         await js.add_stream(name="KEEP", subjects=["keep.>"])
         await js.publish("keep.one", b"1")
@@ -81,7 +81,7 @@ async def test_command_line_runs_until_sigterm(tmp_path: Path) -> None:
         assert proc.stdout is not None
         url = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode().strip()
         assert url.startswith("nats://127.0.0.1:")
-        nc = await connect(url, "cli-client")
+        nc = await connect(url, "cli-client", creds=tmp_path / "cli" / "auth" / "creds" / "admin.nk")
         await nc.jetstream().add_stream(name="CLI", subjects=["cli.>"])
         await nc.close()
         proc.send_signal(signal.SIGTERM)
@@ -121,7 +121,7 @@ def test_docker_check_answers_quickly() -> None:
 def test_without_docker_the_embedded_server_is_used(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("GPUORCH_TEST_NATS", "auto")
     monkeypatch.setattr(natsembed, "docker_available", lambda timeout=2.0: False)
-    url, stop = nats_for_tests(tmp_path)
+    url, stop, _auth = nats_for_tests(tmp_path)
     try:
         assert not _refused(url)
         assert (tmp_path / "nats" / natsembed.LOG_NAME).exists()
@@ -133,13 +133,13 @@ def test_without_docker_the_embedded_server_is_used(monkeypatch: pytest.MonkeyPa
 def test_a_broken_docker_falls_back_to_the_embedded_server(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    def no_image() -> natsembed.TestNats:
+    def no_image(auth: object) -> natsembed.TestNats:
         raise RuntimeError("pull access denied for nats")
 
     monkeypatch.setenv("GPUORCH_TEST_NATS", "auto")
     monkeypatch.setattr(natsembed, "docker_available", lambda timeout=2.0: True)
     monkeypatch.setattr(natsembed, "_container_nats", no_image)
-    url, stop = nats_for_tests(tmp_path)
+    url, stop, _auth = nats_for_tests(tmp_path)
     try:
         assert not _refused(url)
     finally:

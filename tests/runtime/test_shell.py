@@ -139,7 +139,7 @@ async def test_raising_handler_is_redelivered_and_outputs_published_once(
 
 
 async def test_consumer_killed_after_publishing_but_before_ack_republishes_nothing_new(
-    js: JetStreamContext, names: Names, nats_url: str
+    js: JetStreamContext, names: Names, nats_url: str, admin_creds: Path
 ) -> None:
     """The process dies between publishing the outputs and acking the input: the input is
     redelivered, the handler runs again, and the same deterministic ids are dropped."""
@@ -154,7 +154,7 @@ async def test_consumer_killed_after_publishing_but_before_ack_republishes_nothi
 
     rec = Recorder()
     await publish_raw(js, names.cmd_submit, submit_json(name="crashy"), msg_id="key-crash")
-    doomed = await connect(nats_url, "doomed")
+    doomed = await connect(nats_url, "doomed", creds=admin_creds)
     doomed_js = doomed.jetstream()
     stop = asyncio.Event()
     task = asyncio.create_task(
@@ -230,7 +230,7 @@ async def test_a_handler_that_always_fails_is_dead_lettered_and_the_next_message
 
 
 async def test_a_message_that_kills_its_consumer_every_time_is_dead_lettered_not_looped(
-    js: JetStreamContext, names: Names, nats_url: str
+    js: JetStreamContext, names: Names, nats_url: str, admin_creds: Path
 ) -> None:
     """max_deliver=1: the consumer dies during the first delivery; the server's extra delivery
     is dead-lettered without running the handler again."""
@@ -242,7 +242,7 @@ async def test_a_message_that_kills_its_consumer_every_time_is_dead_lettered_not
         return []
 
     await publish_raw(js, names.cmd_submit, submit_json(name="killer"), msg_id="key-killer")
-    doomed = await connect(nats_url, "doomed")
+    doomed = await connect(nats_url, "doomed", creds=admin_creds)
     stop = asyncio.Event()
     task = asyncio.create_task(
         consume(
@@ -480,7 +480,7 @@ async def test_the_consumer_survives_a_nats_restart(tmp_path: Path) -> None:
     srv = EmbeddedNats(tmp_path / "nats")
     await asyncio.to_thread(srv.start)
     names = Names(prefix="restart")
-    nc = await connect(srv.url, "survivor", reconnect_time_wait=0.1)
+    nc = await connect(srv.url, "survivor", creds=srv.creds("admin"), reconnect_time_wait=0.1)
     try:
         js = nc.jetstream()
         await ensure_topology(js, names)

@@ -28,6 +28,8 @@ from gpuorch.observe import progress, spans
 from gpuorch.projection import AttemptView, WorkloadView
 from gpuorch.runtime import bus, kv
 from gpuorch.runtime.shell import Incoming, Publisher, Reject, Retry, consume, guard_commands, run_service
+from gpuorch.security.bundle import load_identities
+from gpuorch.security.identity import Verifier, cancel_refusal
 from gpuorch_proto import OwnerLease, decode_owner, encode, k8s
 from gpuorch_proto import events as ev
 from gpuorch_proto.subjects import valid_token
@@ -99,6 +101,7 @@ class Dispatcher:
         self.kv_staged: Any = None
         self.kv_owners: Any = None
         self.me = os.environ.get("GPUORCH_DISPATCHER_ID", "0")
+        self.verifier = Verifier(load_identities(settings.identities)) if settings.identities else None  # who may cancel
         self.owner_ttl = float(os.environ.get("GPUORCH_OWNER_TTL", "6"))
         self.owned: dict[str, int] = {}  # workload id -> revision of our lease in the owners bucket
         self.busy: dict[str, int] = {}  # workload id -> handlers now acting on it (creating its Job, ...)
@@ -313,6 +316,10 @@ class Dispatcher:
                 raise Retry(0.5, "our projection is behind the event log")
             if msg.delivered < self.unknown_cancel_retries:
                 raise Retry(1.0, "unknown workload: its submit may still be on its way")
+        if view is not None and view.workload is not None:  # who may cancel it (docs/security.md)
+            refused = cancel_refusal(self.verifier, msg.subject, msg.msg_id, msg.headers, msg.data, view.workload.metadata.owner)
+            if refused is not None:
+                raise Reject(f"cancel refused: {refused}", claimed_workload_id=wid)
         actions = core.on_cancel(view, wid, e.reason, time.time(), self.environment())
         return await self.execute(actions, wid)
 
@@ -395,10 +402,10 @@ class Dispatcher:
         await every(stop, self.interval, tick, name="watch")
 
     async def run(self, stop: asyncio.Event) -> None:
-        nc = await bus.connect(self.settings.nats_url, "gpuorch-dispatcher")
+        nc = await self.settings.connect("gpuorch-dispatcher")  # its own identity (GPUORCH_NATS_CREDS)
         try:
             js = self.js = nc.jetstream()
-            await bus.ensure_topology(js, self.names)
+            await bus.await_topology(js, self.names)  # created by the admin identity
             self.kv_staged = await js.key_value(self.names.kv_staged)
             self.kv_owners = await js.key_value(self.names.kv_owners)
             self.publisher = Publisher(js, self.names)

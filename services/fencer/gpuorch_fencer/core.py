@@ -122,12 +122,58 @@ def confirm(e: ev.AttemptEvent, now: float, how: ConfirmHow, *, replacement_pend
     return out
 
 
+@dataclass(frozen=True)
+class AttemptFacts:
+    """What the fencer's own records say about an attempt (its projection of the log)."""
+
+    created_epoch: int | None  # the epoch of its `attempt-created` (None: never created by the dispatcher)
+    succeeded: bool  # its `succeeded` is on record
+
+
+def attempt_dir(store_root: str, workload_id: str, attempt_id: str) -> str | None:
+    """`<store root>/<workload>/attempts/<attempt>`: the only directory an attempt may publish.
+    None when an id is not a single safe token (no `/`, `.` or `..` can come through)."""
+    if not (valid_token(workload_id) and valid_token(attempt_id)) or not store_root.startswith("/"):
+        return None
+    return f"{store_root.rstrip('/')}/{workload_id}/attempts/{attempt_id}"
+
+
+def result_dir(store_root: str, workload_id: str) -> str:
+    return f"{store_root.rstrip('/')}/{workload_id}/result"
+
+
+def promotion_problem(e: ev.PromoteRequested, facts: AttemptFacts, expected_dir: str | None) -> str | None:
+    """Why this promotion may not happen on the fencer's own records (None: it may): the attempt
+    was created by the dispatcher at this epoch, it succeeded, and the output path it names is
+    exactly its attempt directory, built from the registry's store root and the ids.
+
+    `facts.created_epoch is None` is not a problem of its own: the dispatcher may publish an
+    attempt's `attempt-created` after its first lifecycle events (a crash between creating the
+    Job and publishing is re-driven), so the shell defers the promotion until it is on record."""
+    if facts.created_epoch is None:
+        return f"attempt {e.attempt_id} has no attempt-created on record: the dispatcher never created it"
+    if facts.created_epoch != e.epoch:
+        return f"attempt {e.attempt_id} was created at epoch {facts.created_epoch}, not {e.epoch}"
+    if not facts.succeeded:
+        return f"attempt {e.attempt_id} has not succeeded"
+    if expected_dir is None:
+        return "the workload's output store is not in the registry: no attempt directory to publish from"
+    if e.output_path.rstrip("/") != expected_dir:
+        return f"output path {e.output_path[:200]!r} is not the attempt's directory {expected_dir!r}"
+    return None
+
+
 def on_promote_requested(rec: FenceRecord | None, e: ev.PromoteRequested, now: float, result_path: str) -> Decision:
-    """Promotion is the only way to publish: current epoch, first and only promotion, by CAS."""
+    """Promotion is the only way to publish: current epoch, first and only promotion, by CAS.
+
+    The shell calls it only once `promotion_problem` found nothing against the request on the
+    fencer's own records. A workload without a fence record is refused with a reason (the
+    fencer registers every attempt it sees created, so there is no record only if none was)."""
     b = _base(e, now)
     rejected_id = f"{e.attempt_id}.promotion-rejected"
     if rec is None:
-        rec = FenceRecord(epoch=e.epoch, current_attempt=e.attempt_id)
+        reason = f"workload {e.workload_id} has no fence record: no attempt of it was ever registered"
+        return Decision(None, [ev.PromotionRejected(event_id=rejected_id, current_epoch=0, reason=reason, **b)], delete_job=True)
     if rec.promoted_attempt == e.attempt_id:
         return Decision(
             None,

@@ -21,7 +21,7 @@ from gpuorch.config import Settings, load_registry
 from gpuorch.follow import Follower, every, run_until_stopped
 from gpuorch.kube import TIMEOUT, ClusterClient, make_clients, unreachable
 from gpuorch.runtime import bus, kv
-from gpuorch.runtime.shell import Incoming, Publisher, consume, run_service
+from gpuorch.runtime.shell import Incoming, Publisher, Reject, consume, run_service
 from gpuorch_proto import FenceRecord, decode_fence, encode
 from gpuorch_proto import events as ev
 from gpuorch_proto.k8s import LABEL_ATTEMPT, LABEL_EPOCH, LABEL_MANAGED, LABEL_WORKLOAD, NAMESPACE
@@ -51,7 +51,10 @@ class Pursuit:
 
 
 def publish_dir(src: str, dst: str) -> None:
-    """Copy an attempt's outputs to the workload's result path atomically (idempotent)."""
+    """Copy an attempt's outputs to the workload's result path atomically (idempotent).
+
+    Symbolic links in the outputs are not published (a link could name any file the fencer can
+    read); only regular files and directories inside `src` are copied."""
     s, d = Path(src), Path(dst)
     if d.exists():
         return
@@ -59,11 +62,23 @@ def publish_dir(src: str, dst: str) -> None:
     tmp = d.with_name(d.name + f".tmp-{os.getpid()}")
     if tmp.exists():
         shutil.rmtree(tmp)
-    if s.is_dir():
-        shutil.copytree(s, tmp)
+    if s.is_dir() and not s.is_symlink():
+        shutil.copytree(s, tmp, symlinks=True, ignore=_symlinks)
     else:
         tmp.mkdir(parents=True)
     os.replace(tmp, d)
+
+
+def _symlinks(directory: str, entries: list[str]) -> list[str]:
+    return [n for n in entries if os.path.islink(os.path.join(directory, n))]
+
+
+def _registry_stores(settings: Settings) -> list[str] | None:
+    """Every artifact and checkpoint store of the registry (None without a registry)."""
+    if settings.registry is None:
+        return None
+    reg = load_registry(settings.registry)
+    return sorted({st for c in reg.clusters.values() for st in (*c.artifact_stores, *c.checkpoint_stores)})
 
 
 class Fencer:
@@ -80,6 +95,7 @@ class Fencer:
         self.orphan_grace_unknown = float(os.environ.get("GPUORCH_ORPHAN_GRACE_UNKNOWN", str(core.ORPHAN_GRACE_UNKNOWN)))
         self.time_scale = load_registry(settings.registry).time_scale if settings.registry else 1.0
         self.js: Any = None
+        self.store_names: list[str] | None = _registry_stores(settings)  # None: no registry to check against
 
     # --- compare-and-set on the fence record ------------------------------------------------
     async def cas(self, workload_id: str, decide: Callable[[FenceRecord | None], core.Decision]) -> core.Decision:
@@ -111,6 +127,77 @@ class Fencer:
             log.warning("orphan.log_lookup_failed", workload=workload_id, error=str(exc))
             return True
 
+    async def promote(self, e: ev.PromoteRequested, now: float) -> list[ev.Base]:
+        """Publish an attempt's outputs, from the fencer's own records only (docs/security.md):
+        a request its records contradict is refused as a message (a `rejected` record, the
+        attempt untouched); one whose `attempt-created` is not on record yet waits for it."""
+        src, result, problem = self.promotion_paths(e)
+        if problem is not None and self.not_created_yet(e):
+            log.info("promotion.deferred", workload=e.workload_id, attempt=e.attempt_id, reason=problem)
+            return []
+        if problem is not None:
+            log.warning("promotion.refused", workload=e.workload_id, attempt=e.attempt_id, reason=problem)
+            raise Reject(f"promotion refused: {problem}", claimed_workload_id=e.workload_id)
+        created_epoch = self.created_epoch(e)
+
+        def decide(rec: FenceRecord | None) -> core.Decision:
+            if rec is None and created_epoch is not None:
+                # its attempt-created is on the fencer's record (the log) but its registration is
+                # still on its way (redelivered after a crash): register it as that would have
+                rec = FenceRecord(epoch=created_epoch, current_attempt=e.attempt_id)
+            return core.on_promote_requested(rec, e, now, result)
+
+        d = await self.cas(e.workload_id, decide)
+        if d.promote is not None:
+            await asyncio.to_thread(publish_dir, src, d.promote[1])
+            log.info("promotion.done", workload=e.workload_id, attempt=e.attempt_id, result=d.promote[1])
+        if d.delete_job:
+            self.pursue(e, now, orphan_reason="promotion rejected: " + "; ".join(getattr(x, "reason", "") for x in d.events))
+        return list(d.events)
+
+    def created_epoch(self, e: ev.AttemptEvent) -> int | None:
+        """The epoch of the attempt's `attempt-created` as the fencer's projection has it."""
+        view = self.follower.projection.get(e.workload_id)
+        a = view.attempts.get(e.attempt_id) if view is not None else None
+        return a.epoch if a is not None and "created" in a.times else None
+
+    def not_created_yet(self, e: ev.AttemptEvent) -> bool:
+        return self.created_epoch(e) is None
+
+    def deferred_promotion(self, e: ev.AttemptCreated) -> ev.PromoteRequested | None:
+        """The promotion request of this attempt that arrived before its `attempt-created`."""
+        view = self.follower.projection.get(e.workload_id)
+        a = view.attempts.get(e.attempt_id) if view is not None else None
+        if a is None or "promote-requested" not in a.times or a.promoted or a.promotion_rejected:
+            return None
+        return ev.PromoteRequested(
+            event_id=f"{e.attempt_id}.promote-requested", workload_id=e.workload_id, at=a.times["promote-requested"],
+            attempt_id=e.attempt_id, epoch=e.epoch, cluster=e.cluster, output_path=e.output_path,
+        )  # fmt: skip
+
+    def promotion_paths(self, e: ev.PromoteRequested) -> tuple[str, str, str | None]:
+        """(source, result, problem) of a promotion, from the fencer's own records only: the
+        attempt as its projection has it, the store root from its settings (never a path the
+        event carries), canonicalized (symlinks resolved) and inside the attempt's directory."""
+        view = self.follower.projection.get(e.workload_id)
+        a = view.attempts.get(e.attempt_id) if view is not None else None
+        facts = core.AttemptFacts(
+            created_epoch=a.epoch if a is not None and "created" in a.times else None,
+            succeeded=a is not None and a.status == "succeeded",
+        )
+        store = view.workload.spec.output.store if view is not None and view.workload is not None else None
+        known = set(self.store_names) if self.store_names is not None else None
+        if store is None or (known is not None and store not in known):
+            return "", "", core.promotion_problem(e, facts, None)
+        root = os.path.realpath(self.settings.store_root(store))
+        expected = core.attempt_dir(root, e.workload_id, e.attempt_id)
+        problem = core.promotion_problem(e, facts, expected)
+        if problem is None and expected is not None:
+            real = os.path.realpath(expected)
+            if real != expected:  # a symlink somewhere on the way: it leads elsewhere
+                problem = f"the attempt directory {expected!r} resolves to {real!r}, outside itself"
+        return expected or "", core.result_dir(root, e.workload_id), problem
+
     def pursue(self, e: ev.AttemptEvent, lease_expires_at: float, orphan_reason: str | None = None, *, replacement_pending: bool = False) -> None:
         view = self.follower.projection.get(e.workload_id)
         a = view.attempts.get(e.attempt_id) if view else None
@@ -129,7 +216,8 @@ class Fencer:
             d = await self.cas(e.workload_id, lambda r: core.on_attempt_created(r, e, now))
             if d.delete_job:
                 self.pursue(e, now)
-            return d.events
+            waiting = self.deferred_promotion(e)
+            return [*d.events, *(await self.promote(waiting, now) if waiting is not None else [])]
         if isinstance(e, ev.FenceRequested):
             d = await self.cas(e.workload_id, lambda r: core.on_fence_requested(r, e, now))
             if d.delete_job:
@@ -138,14 +226,7 @@ class Fencer:
             log.info("fence.bumped", workload=e.workload_id, attempt=e.attempt_id, events=len(d.events))
             return d.events
         if isinstance(e, ev.PromoteRequested):
-            result = core.result_path_for(e.output_path)
-            d = await self.cas(e.workload_id, lambda r: core.on_promote_requested(r, e, now, result))
-            if d.promote is not None:
-                await asyncio.to_thread(publish_dir, *d.promote)
-                log.info("promotion.done", workload=e.workload_id, attempt=e.attempt_id, result=d.promote[1])
-            if d.delete_job:
-                self.pursue(e, now, orphan_reason="promotion rejected: " + "; ".join(getattr(x, "reason", "") for x in d.events))
-            return d.events
+            return await self.promote(e, now)
         return []
 
     # --- cancellation pursuit and orphan collection --------------------------------------------
@@ -281,10 +362,10 @@ class Fencer:
                     self.pursuits.setdefault(a.attempt_id, Pursuit(view.workload_id, a.attempt_id, a.epoch, a.cluster, a.namespace, a.job_name, lease, replacement_pending=pending))
 
     async def run(self, stop: asyncio.Event) -> None:
-        nc = await bus.connect(self.settings.nats_url, "gpuorch-fencer")
+        nc = await self.settings.connect("gpuorch-fencer")  # its own identity (GPUORCH_NATS_CREDS)
         try:
             js = self.js = nc.jetstream()
-            await bus.ensure_topology(js, self.names)
+            await bus.await_topology(js, self.names)  # created by the admin identity
             self.kv = await js.key_value(self.names.kv_fence)
             self.publisher = Publisher(js, self.names)
             n = await self.follower.catch_up(js, self.names.stream_evt, self.names.evt_all)

@@ -277,11 +277,11 @@ class Inventory:
         loop = asyncio.get_running_loop()
         # one worker per cluster, so a hung cluster never delays another's listing
         loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=len(self.clients) + 2))
-        nc = await bus.connect(self.settings.nats_url, "gpuorch-inventory")
+        nc = await self.settings.connect("gpuorch-inventory")  # its own identity (GPUORCH_NATS_CREDS)
         tasks: list[asyncio.Task[None]] = []
         try:
             js = nc.jetstream()
-            await bus.ensure_topology(js, self.names)
+            await bus.await_topology(js, self.names)  # created by the admin identity
             kv = await js.key_value(self.names.kv_staged)
             tasks.append(asyncio.create_task(self.watch_staged(kv, stop)))
             with contextlib.suppress(TimeoutError):

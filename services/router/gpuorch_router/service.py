@@ -22,6 +22,9 @@ from gpuorch.follow import Follower, run_until_stopped
 from gpuorch.projection import WorkloadView
 from gpuorch.runtime import bus
 from gpuorch.runtime.shell import Incoming, Publisher, Reject, Retry, consume, replay, run_service
+from gpuorch.security.bundle import load_identities
+from gpuorch.security.identity import Unauthenticated, Verifier
+from gpuorch.security.receive import trusted_snapshot
 from gpuorch_proto import (
     ClusterSnapshot,
     Event,
@@ -50,10 +53,13 @@ class Router:
         self.indexes: dict[str, SnapshotIndex] = {}  # built once per snapshot, not per decision
         self.state = core.RouterState()  # route requests and published decisions, folded from the log
         self.history: RoutingHistory | None = None  # learnt from measured attempt timelines
-        self.time_scale = load_registry(settings.registry).time_scale if settings.registry else 1.0
+        registry = load_registry(settings.registry) if settings.registry else None
+        self.time_scale = registry.time_scale if registry else 1.0
+        self.registry = registry.clusters if registry else None  # the router's own registry (None: tests)
         self.inventory_changed = asyncio.Event()
         self.republish_min_interval = core.REPUBLISH_MIN_INTERVAL  # per workload, between re-published waits
         self.publisher: Publisher | None = None
+        self.verifier = Verifier(load_identities(settings.identities)) if settings.identities else None
 
     # --- pure-ish helpers -------------------------------------------------------------
     def decide(self, wl: Workload, wid: str, attempt_number: int, now: float) -> RoutingDecision:
@@ -110,13 +116,35 @@ class Router:
             return 1 if v.status in ("waiting", "submitted") else None
         return wanted
 
+    def authorize_submit(self, msg: Incoming, e: ev.Submit) -> None:
+        """Who signed this submit decides which owners it may submit as (docs/security.md);
+        a submit nobody known signed is refused. Without an identities file (unit tests) every
+        submit is taken as it is."""
+        if self.verifier is None:
+            return
+        try:
+            caller = self.verifier.caller(msg.subject, msg.msg_id, msg.headers, msg.data)
+        except Unauthenticated as exc:
+            raise Reject(str(exc)) from None
+        owner = e.workload.metadata.owner
+        if not caller.may_submit_as(owner):
+            raise Reject(
+                f"identity {caller.identity!r} may not submit as owner {owner[:80]!r}",
+                [ev.FieldError(path="workload.metadata.owner", message=f"{caller.identity!r} may submit as {', '.join(caller.owners) or 'no owner'}")],
+            )
+
     # --- handlers -----------------------------------------------------------------------
     async def on_command(self, msg: Incoming) -> Sequence[ev.Base]:
         e = msg.event
         if not isinstance(e, ev.Submit):
             return []
-        key = msg.msg_id or e.idempotency_key or f"{msg.stream}-{msg.stream_seq}"
-        wid = e.workload_id or workload_id_for(key, e.workload.metadata.name)
+        self.authorize_submit(msg, e)
+        key = msg.msg_id or e.idempotency_key
+        if not key:  # a retried submit without one would be a second workload
+            raise Reject("a submit needs an idempotency key: a Nats-Msg-Id header or idempotency_key in the body",
+                         [ev.FieldError(path="idempotency_key", message="missing (and no Nats-Msg-Id header)")])  # fmt: skip
+        # the id is the router's, from the key and the name: a client-chosen workload_id is ignored
+        wid = workload_id_for(key, e.workload.metadata.name)
         view = self.follower.projection.get(wid)
         if view is not None and view.workload is not None:
             if view.workload != e.workload:  # not a re-send: a message never changes an existing workload
@@ -193,6 +221,11 @@ class Router:
         except Exception as exc:  # a bad snapshot must not stop routing
             log.warning("snapshot.undecodable", subject=msg.subject, error=str(exc))
             return
+        trusted, refused = trusted_snapshot(snap, msg.subject, self.names, self.registry)  # registry facts are ours
+        if trusted is None:
+            log.warning("snapshot.refused", subject=msg.subject[:200], reason=refused)
+            return
+        snap = trusted
         old = self.snapshots.get(snap.cluster)
         self.snapshots[snap.cluster] = snap
         self.indexes[snap.cluster] = build_index(snap)
@@ -211,10 +244,10 @@ class Router:
         return n
 
     async def run(self, stop: asyncio.Event) -> None:
-        nc = await bus.connect(self.settings.nats_url, "gpuorch-router")
+        nc = await self.settings.connect("gpuorch-router")  # its own identity (GPUORCH_NATS_CREDS)
         try:
             js = nc.jetstream()
-            await bus.ensure_topology(js, self.names)
+            await bus.await_topology(js, self.names)  # created by the admin identity
             self.publisher = Publisher(js, self.names)
             n = await self.catch_up(js)
             for view in self.follower.projection.workloads.values():

@@ -1,0 +1,5 @@
+import sys
+
+from .bundle import main
+
+sys.exit(main())

@@ -1,0 +1,110 @@
+"""Who sent a command, and what that identity may do (DESIGN §11; docs/security.md).
+
+NATS authenticates each connection, but JetStream does not record which identity published a
+stored message. So a client signs every command with its own nkey: the headers carry its public
+key (`Gpuorch-Identity`) and an Ed25519 signature (`Gpuorch-Signature`, base64) over
+
+    <subject> "\\n" <Nats-Msg-Id> "\\n" <body bytes>
+
+The receiver verifies it against `identities.json` (identity -> role, public key, owners it may
+submit as) and decides with that, never with what the body says about itself: a submit's
+`metadata.owner` must be one of the identity's owners (`*`: any), a cancel must come from an
+identity that may submit as the workload's owner, or from the admin. A replayed signed command
+is the same command (same id, same body): idempotent, it changes nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import nacl.exceptions
+import nacl.signing
+import nkeys
+
+IDENTITY_HEADER = "Gpuorch-Identity"
+SIGNATURE_HEADER = "Gpuorch-Signature"
+ANY = "*"
+
+
+def signed_payload(subject: str, msg_id: str, body: bytes) -> bytes:
+    return subject.encode() + b"\n" + msg_id.encode() + b"\n" + body
+
+
+def sign_headers(seed: str, subject: str, msg_id: str, body: bytes) -> dict[str, str]:
+    """The two headers that make a command attributable to the identity of `seed`."""
+    kp = nkeys.from_seed(bytearray(seed.strip().encode()))
+    try:
+        sig = kp.sign(signed_payload(subject, msg_id, body))
+        return {IDENTITY_HEADER: kp.public_key.decode(), SIGNATURE_HEADER: base64.b64encode(sig).decode()}
+    finally:
+        kp.wipe()
+
+
+def _verify_key(public_key: str) -> nacl.signing.VerifyKey:
+    raw = base64.b32decode(public_key.encode() + b"=" * (-len(public_key) % 8))
+    if len(raw) != 35 or raw[0] != nkeys.PREFIX_BYTE_USER:
+        raise ValueError("not a user public key")
+    if nkeys.crc16_checksum(raw[:-2]) != raw[-2:]:
+        raise ValueError("bad checksum")
+    return nacl.signing.VerifyKey(raw[1:33])
+
+
+@dataclass(frozen=True)
+class Caller:
+    identity: str
+    role: str
+    owners: tuple[str, ...]
+
+    def may_submit_as(self, owner: str) -> bool:
+        return self.role == "admin" or ANY in self.owners or owner in self.owners
+
+    def may_cancel(self, owner: str | None) -> bool:
+        return self.role == "admin" or (owner is not None and self.may_submit_as(owner))
+
+
+class Unauthenticated(Exception):
+    """The command's sender is not known (no, a bad or an unknown signature)."""
+
+
+class Verifier:
+    def __init__(self, identities: Mapping[str, Mapping[str, Any]]) -> None:
+        self._by_key: dict[str, Caller] = {}
+        for name, ident in identities.items():
+            owners: Sequence[str] = ident.get("owners") or ()
+            self._by_key[str(ident["public_key"])] = Caller(name, str(ident["role"]), tuple(owners))
+
+    def caller(self, subject: str, msg_id: str | None, headers: Mapping[str, str], body: bytes) -> Caller:
+        key = headers.get(IDENTITY_HEADER)
+        sig = headers.get(SIGNATURE_HEADER)
+        if not key or not sig:
+            raise Unauthenticated(f"unsigned command: {IDENTITY_HEADER} and {SIGNATURE_HEADER} headers are required")
+        if not msg_id:
+            raise Unauthenticated("a command needs a Nats-Msg-Id: the signature covers it")
+        caller = self._by_key.get(key)
+        if caller is None:
+            raise Unauthenticated(f"unknown identity {key[:60]!r}")
+        try:
+            _verify_key(key).verify(signed_payload(subject, msg_id, body), base64.b64decode(sig, validate=True))
+        except (ValueError, binascii.Error, nacl.exceptions.BadSignatureError, nacl.exceptions.ValueError):
+            raise Unauthenticated(f"the signature of {caller.identity!r} does not match this command") from None
+        return caller
+
+
+def cancel_refusal(
+    verifier: Verifier | None, subject: str, msg_id: str | None, headers: Mapping[str, str], body: bytes, owner: str | None
+) -> str | None:
+    """Why this cancel may not be carried out (None: it may): it must be signed by the admin or
+    by an identity that may submit as the workload's owner. No verifier (unit tests): allowed."""
+    if verifier is None:
+        return None
+    try:
+        caller = verifier.caller(subject, msg_id, headers, body)
+    except Unauthenticated as exc:
+        return str(exc)
+    if not caller.may_cancel(owner):
+        return f"identity {caller.identity!r} may not cancel a workload of owner {str(owner)[:80]!r}"
+    return None
