@@ -122,7 +122,7 @@ def test_pending_pods_are_placed_by_priority_then_age(lk: LK) -> None:
     h = lk({"name": "c1", "nodes": [node_group(count=1, gpus=1)], "priority_classes": {"high": 1000}})
     c = h.client("c1")
     c.batch.create_namespaced_job("default", job_body("first", ["sleep", "30"], gpus=1), _request_timeout=TIMEOUT)
-    wait_for(lambda: running_pid(c, job_pods(c, "first")[0].metadata.name))
+    wait_for(lambda: bool(pods := job_pods(c, "first")) and running_pid(c, pods[0].metadata.name))  # the pod may not exist yet
     c.batch.create_namespaced_job("default", job_body("older-low", ["sleep", "30"], gpus=1), _request_timeout=TIMEOUT)
     c.batch.create_namespaced_job("default", job_body("newer-low", ["sleep", "30"], gpus=1), _request_timeout=TIMEOUT)
     c.batch.create_namespaced_job("default", job_body("newer-high", ["sleep", "30"], gpus=1,
