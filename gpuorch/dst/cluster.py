@@ -4,7 +4,7 @@ Jobs and their pods, the scheduler, and faults.
 Pods are placed by the emitted Job's own constraints (its pod template: ``nodeSelector``, required
 node affinity, tolerations, resource requests), through the local clusters' scheduler filter
 (``gpuorch.localkube.scheduler._filter``), never by the router's view. A bound pod starts after a
-startup delay and runs for its duration (the workload's ``GPUORCH_SIM_SECONDS``), then succeeds or
+startup delay and runs for its duration (the workload's ``SIM_SECONDS``), then succeeds or
 fails with the exit code the simulation drew for that attempt.
 
 Faults: a *partition* makes every API call fail while pods keep running; a *slow API* makes calls

@@ -149,7 +149,7 @@ def make_workload(i: int, rng: random.Random, clusters: dict[str, SimCluster], r
         "spec": {
             "image": DIGEST,
             "command": ["python", "-m", "train"],
-            "env": {"GPUORCH_SIM_SECONDS": f"{seconds:g}", "GPUORCH_SIM_FAIL": str(rng.choice([0, 0, 0, 0.2, 0.5]))},
+            "env": {"SIM_SECONDS": f"{seconds:g}", "SIM_FAIL": str(rng.choice([0, 0, 0, 0.2, 0.5]))},
             "inputs": [{"ref": f"data{i}@v1", "size_gb": rng.choice([1, 10]), "locations": [f"{home}-nfs"]}],
             "resources": res,
             "requirements": req,

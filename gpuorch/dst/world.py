@@ -61,8 +61,8 @@ class World:
         got = self.outcomes.get(attempt_id)
         if got is None:
             env = {e["name"]: e["value"] for e in manifest["spec"]["template"]["spec"]["containers"][0]["env"]}
-            seconds = float(env.get("GPUORCH_SIM_SECONDS", "5"))
-            fail_p = float(env.get("GPUORCH_SIM_FAIL", "0"))
+            seconds = float(env.get("SIM_SECONDS", "5"))
+            fail_p = float(env.get("SIM_FAIL", "0"))
             r = self.rng.random()
             code = 0 if r >= fail_p else (2 if r < fail_p * 0.2 else 1)
             got = self.outcomes[attempt_id] = (seconds * self.rng.uniform(0.7, 1.3), code)

@@ -48,6 +48,13 @@ EVENT_PUBLISHERS: dict[str, Role] = {
     "submitted": "router",
     "routed": "router",
     "unroutable": "router",
+    # pipelines and admission (issue 13, docs/pipelines.md): the router's
+    "pipeline-expanded": "router",
+    "stage-ready": "router",
+    "stage-blocked": "router",
+    "pipeline-finished": "router",
+    "held": "router",
+    "released": "router",
     "route-requested": "dispatcher",
     "attempt-created": "dispatcher",
     "admitted": "dispatcher",
@@ -236,4 +243,6 @@ def permissions(
         p.pub_allow += [names.inventory(c) for c in clusters]
     elif role == "client":
         p.pub_allow += [names.cmd_submit, names.cmd_cancel]
+    if role == "router":  # cancelling a pipeline cancels each of its stages (docs/pipelines.md)
+        p.pub_allow.append(names.cmd_cancel)
     return p

@@ -114,6 +114,42 @@ def _cycle(order: list[str], deps: dict[str, list[str]]) -> list[str] | None:
     return None
 
 
+# Bounds on what one document may ask for (a body is at most 1 MiB on the bus anyway).
+MAX_ENV = 256
+MAX_ARGS = 1024
+MAX_STRING = 8192
+# Environment variables gpuorch or the GPU runtime own: a workload may not set them.
+RESERVED_ENV_PREFIXES = ("GPUORCH_", "NVIDIA_", "CUDA_")
+RESERVED_ENV = frozenset({"TRACEPARENT", "TRACESTATE"})
+
+
+def _env_and_args(
+    env: dict[str, str], args: list[str], command: list[str], at: str, errors: list[FieldError]
+) -> None:
+    if len(env) > MAX_ENV:
+        errors.append(FieldError(path=f"{at}.env", message=f"{len(env)} variables: at most {MAX_ENV}"))
+    for key, value in list(env.items())[:MAX_ENV]:
+        upper = key.upper()
+        if upper in RESERVED_ENV or upper.startswith(RESERVED_ENV_PREFIXES):
+            errors.append(FieldError(
+                path=f"{at}.env.{key[:80]}",
+                message="is set by gpuorch or the GPU runtime (GPUORCH_*, NVIDIA_*, CUDA_*, TRACEPARENT): a workload may not set it",
+            ))  # fmt: skip
+        if len(value) > MAX_STRING:
+            errors.append(
+                FieldError(
+                    path=f"{at}.env.{key[:80]}", message=f"{len(value)} characters: at most {MAX_STRING}"
+                )
+            )
+    for name, items in (("args", args), ("command", command)):
+        if len(items) > MAX_ARGS:
+            errors.append(FieldError(path=f"{at}.{name}", message=f"{len(items)} items: at most {MAX_ARGS}"))
+        elif any(len(x) > MAX_STRING for x in items):
+            errors.append(
+                FieldError(path=f"{at}.{name}", message=f"an item longer than {MAX_STRING} characters")
+            )
+
+
 def _inputs(inputs: list[DatasetInput], at: str, errors: list[FieldError]) -> None:
     for i, inp in enumerate(inputs):
         if not _REF.match(inp.ref):
@@ -147,6 +183,7 @@ def _dag(wl: Workload, errors: list[FieldError]) -> None:
             if dep not in names:
                 errors.append(FieldError(path=f"{at}.depends_on[{j}]", message=f"unknown stage {dep!r}"))
         _stage_fields(spec, s, at, errors)
+        _env_and_args(s.env, s.args, s.command, at, errors)
     order = list(dict.fromkeys(s.name for s in stages))
     deps: dict[str, list[str]] = {n: [] for n in order}
     for s in stages:
@@ -186,6 +223,7 @@ def validate_workload(wl: Workload) -> list[FieldError]:
     if not spec.command and not spec.stages:
         errors.append(FieldError(path="spec.command", message="is empty: nothing to run"))
     _resources(spec.resources, "spec.resources", errors)
+    _env_and_args(spec.env, spec.args, spec.command, "spec", errors)
     _inputs(spec.inputs, "spec.inputs", errors)
     if spec.queue is not None and not _QUEUE.match(spec.queue):
         errors.append(

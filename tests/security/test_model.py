@@ -41,8 +41,8 @@ def test_every_event_type_of_the_contract_has_exactly_one_publishing_service() -
 
 def test_rejections_by_the_consuming_services_only_and_commands_by_clients_only() -> None:
     assert [r for r in ROLES if r != "admin" and N.evt_kind("rejected") in allowed(r)] == list(REJECTION_PUBLISHERS)
-    for cmd in (N.cmd_submit, N.cmd_cancel):
-        assert [r for r in ROLES if r != "admin" and cmd in allowed(r)] == ["client"]
+    assert [r for r in ROLES if r != "admin" and N.cmd_submit in allowed(r)] == ["client"]
+    assert [r for r in ROLES if r != "admin" and N.cmd_cancel in allowed(r)] == ["router", "client"]  # pipelines' stages
     assert [r for r in ROLES if r != "admin" and N.inventory("alpha") in allowed(r)] == ["inventory"]
     assert not any(N.inventory_all in allowed(r) for r in ROLES if r != "admin")
 
@@ -206,3 +206,21 @@ async def test_the_router_ignores_a_client_chosen_id_and_refuses_a_submit_withou
         await router.on_command(incoming(ev.Submit(workload=wl), None))
     out = await router.on_command(incoming(ev.Submit(workload=wl, workload_id="victim-1"), "k-1"))
     assert {e.workload_id for e in out} == {workload_id_for("k-1", "chosen")}
+
+
+def test_a_workload_may_not_set_what_gpuorch_or_the_gpu_runtime_owns() -> None:
+    from gpuorch_proto import ContractError, workload_from_obj
+    from tests.runtime.helpers import workload_obj
+
+    for var in ("GPUORCH_OUTPUT_DIR", "NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "TRACEPARENT", "cuda_home"):
+        doc = workload_obj()
+        doc["spec"]["env"] = {var: "x", "MY_SETTING": "1"}
+        with pytest.raises(ContractError) as err:
+            workload_from_obj(doc)
+        assert [e.path for e in err.value.errors] == [f"spec.env.{var}"], err.value.errors
+    doc = workload_obj()
+    doc["spec"]["env"] = {"MY_SETTING": "1"}
+    workload_from_obj(doc)
+    doc["spec"]["args"] = ["x"] * 2000
+    with pytest.raises(ContractError, match="at most 1024"):
+        workload_from_obj(doc)
