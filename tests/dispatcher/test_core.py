@@ -52,6 +52,10 @@ def test_job_labels_whole_gpu_limits_and_env() -> None:
     assert m["spec"]["backoffLimit"] == 0
     assert "schedulerName" not in m["spec"]["template"]["spec"]
     assert "kueue.x-k8s.io/queue-name" not in labels
+    pod = m["spec"]["template"]["spec"]
+    # what the restricted Pod Security Standard of the workload namespace enforces
+    assert pod["automountServiceAccountToken"] is False and pod["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
 
 
 def test_multi_worker_gang_is_indexed_and_marked() -> None:

@@ -34,6 +34,13 @@ from gpuorch_proto.placement import Placement, placement_for
 from gpuorch_proto.subjects import valid_token
 from gpuorch_proto.units import format_duration, parse_duration, parse_quantity
 
+#: Every container of an attempt: what the `restricted` Pod Security Standard asks of it.
+CONTAINER_SECURITY: Final = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 UNSCHEDULABLE_GRACE = 60.0  # real seconds a pod may stay unplaceable before its attempt fails
 BACKOFF_CAP = 3600.0  # simulated seconds: the longest wait between a failed attempt and its replacement
 
@@ -232,6 +239,7 @@ def build_job(
                     "--time-scale", f"{env.time_scale:g}",
                 ],
                 "resources": {"limits": {"cpu": "1", "memory": "1Gi"}, "requests": {"cpu": "1", "memory": "1Gi"}},
+                "securityContext": dict(CONTAINER_SECURITY),
             }
         )
     # the node constraints the router's checks accepted, as it recorded them (one rule: placement_for)
@@ -250,8 +258,12 @@ def build_job(
                 "args": list(spec.args),
                 "env": [{"name": k, "value": v} for k, v in sorted(envs.items())],
                 "resources": {"limits": limits, "requests": dict(limits)},
+                "securityContext": dict(CONTAINER_SECURITY),
             }
         ],
+        # the `restricted` Pod Security Standard the workload namespace enforces (deploy/, docs/security.md)
+        "automountServiceAccountToken": False,
+        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
     }
     if init:
         pod_spec["initContainers"] = init
