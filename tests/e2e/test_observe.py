@@ -13,7 +13,7 @@ import sys
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -116,13 +116,6 @@ def system(tmp_path_factory: pytest.TempPathFactory, otlp: OtlpReceiver) -> Iter
         yield s
     finally:
         s.stop()
-
-
-@pytest.fixture
-async def client(system: System) -> AsyncIterator[Client]:
-    s = system.settings
-    async with Client(s.nats_url, s.names, creds=s.nats_creds) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")
