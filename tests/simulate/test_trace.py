@@ -9,6 +9,7 @@ import pytest
 
 from gpuorch.simulate.trace import PRESETS, TraceFormat, read_trace
 
+
 def _itp() -> Path:
     """The ITP trace, read where it lies: `$GPUORCH_ITP_TRACE`, else `shared/data/traces/itp` beside
     the checkout or beside any folder above it (a CI clone may sit deeper), else /work/shared."""
