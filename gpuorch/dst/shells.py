@@ -232,16 +232,8 @@ class RouterSim(Service):
             if old is None or old.reachable != snap.reachable or old.observed_at != snap.observed_at:
                 self.changed = True
 
-    def pending_attempt(self, wid: str) -> int | None:  # shell logic (Router.pending_attempt)
-        v = self.projection.get(wid)
-        if v is None or v.workload is None or v.terminal or v.cancel_requested:
-            return None
-        wanted = max(v.route_requested | {1})
-        if wanted in v.routed_attempts:
-            return None
-        if wanted == 1:
-            return 1 if v.status == "waiting" else None
-        return wanted
+    def pending_attempt(self, wid: str) -> int | None:  # the router's own rule, not a copy
+        return rcore.pending_attempt(self.projection.get(wid))
 
     def reevaluate(self) -> Gen:
         while True:

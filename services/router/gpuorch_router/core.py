@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from gpuorch.projection import WorkloadView
 from gpuorch_proto import Event, RoutingDecision, Workload, event_id
 from gpuorch_proto import events as ev
 
@@ -191,3 +192,20 @@ def reevaluation(
         if now - last.at < min_interval:
             return []  # changed, but re-published a moment ago: the next round publishes it
     return decision_events(wid, decision, attempt_number, now, republish=state.unroutable_count(wid) + 1)
+
+
+def pending_attempt(view: WorkloadView | None) -> int | None:
+    """The attempt number this workload waits a routing decision for (None: none).
+
+    The latest requested attempt without a `routed` decision; attempt 1 only while the workload
+    is waiting, or was accepted but never decided (the router died between `submitted` and its
+    decision: the redelivered submit is a re-send, and this is what routes it).
+    """
+    if view is None or view.workload is None or view.terminal or view.cancel_requested:
+        return None
+    wanted = max(view.route_requested | {1})
+    if wanted in view.routed_attempts:
+        return None
+    if wanted == 1:
+        return 1 if view.status in ("waiting", "submitted") else None
+    return wanted

@@ -103,18 +103,8 @@ class Router:
         ))
 
     def pending_attempt(self, wid: str) -> int | None:
-        """The attempt number this workload waits a decision for (None = none)."""
-        v = self.follower.projection.get(wid)
-        if v is None or v.workload is None or v.terminal or v.cancel_requested:
-            return None
-        wanted = max(v.route_requested | {1})
-        if wanted in v.routed_attempts:
-            return None
-        if wanted == 1:
-            # waiting, or accepted but never decided (the router died between `submitted` and
-            # its decision: the redelivered submit is a re-send, and this is what routes it)
-            return 1 if v.status in ("waiting", "submitted") else None
-        return wanted
+        """The attempt number this workload waits a decision for (None = none): `core.pending_attempt`."""
+        return core.pending_attempt(self.follower.projection.get(wid))
 
     def authorize_submit(self, msg: Incoming, e: ev.Submit) -> None:
         """Who signed this submit decides which owners it may submit as (docs/security.md);
