@@ -12,7 +12,6 @@ import re
 import shutil
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import pytest
 
 from gpuorch.localkube import LocalClusters
 
-from .helpers import pid_alive
+from .helpers import pid_alive, wait_for
 
 KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
 
@@ -81,14 +80,11 @@ class Kubectl:
         return self.run("get", kind, name, "-o", f"jsonpath={{{path}}}").stdout
 
     def wait(self, kind: str, name: str, path: str, want: str, timeout: float = 15) -> None:
-        deadline = time.monotonic() + timeout
-        got = ""
-        while time.monotonic() < deadline:
-            got = self.run("get", kind, name, "-o", f"jsonpath={{{path}}}", ok=False).stdout
-            if got == want:
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"{kind}/{name} {path}: wanted {want!r}, last {got!r}")
+        def got() -> str:  # the value when it is the one wanted ("" = not yet)
+            value = self.run("get", kind, name, "-o", f"jsonpath={{{path}}}", ok=False).stdout
+            return value if value == want else ""
+
+        wait_for(got, timeout=timeout, what=f"{kind}/{name} {path} == {want!r}")
 
 
 @pytest.fixture(scope="module")
@@ -204,18 +200,15 @@ def test_unschedulable_pod_shows_why_and_watch_follows(kubectl: Kubectl) -> None
     try:
         kubectl.run("create", "-f", kubectl.file("huge.yaml", POD.format(name="huge", gpus=64)))
         kubectl.run("create", "-f", kubectl.file("small.yaml", POD.format(name="small", gpus=1)))
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            desc = kubectl.run("describe", "pod", "huge").stdout
-            if "FailedScheduling" in desc:
-                break
-            time.sleep(0.05)
+        def described() -> str:  # `describe pod huge` once it shows the scheduler's event ("" = not yet)
+            d = kubectl.run("describe", "pod", "huge").stdout
+            return d if "FailedScheduling" in d else ""
+
+        desc = wait_for(described, timeout=15, what="FailedScheduling in describe")
         assert re.search(r"Warning\s+FailedScheduling\s+.*default-scheduler\s+0/2 nodes are available: 2 Insufficient nvidia.com/gpu\.",
                          desc), desc
         kubectl.wait("pod", "small", ".status.phase", "Running")
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not any(re.match(r"small\s+1/1\s+Running", ln) for ln in lines):
-            time.sleep(0.05)
+        wait_for(lambda: any(re.match(r"small\s+1/1\s+Running", ln) for ln in lines), timeout=10, what="the watch shows small Running")
         assert any(re.match(r"small\s+1/1\s+Running", ln) for ln in lines), lines
         assert sum(1 for ln in lines if ln.startswith("NAME ")) == 1, lines  # one header, then rows
         assert any(re.match(r"huge\s+0/1\s+Pending", ln) for ln in lines), lines
