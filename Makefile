@@ -35,13 +35,13 @@ demo: $(STAMP) ## Start NATS, the four services and local clusters; run the seed
 	$(BIN)/gpuorch demo
 
 chaos: $(STAMP) ## Deterministic simulation (SIM_N=10000 schedules), then real-process chaos (N=3 schedules)
-	@$(BIN)/python -m gpuorch.dst --schedules $(SIM_N); sim=$$?; \
+	@$(BIN)/python -m gpuorch.dev.dst --schedules $(SIM_N); sim=$$?; \
 	echo; echo "real-process chaos (the shells):"; \
-	$(BIN)/python -m gpuorch.chaos --schedules $(N); real=$$?; \
+	$(BIN)/python -m gpuorch.dev.chaos --schedules $(N); real=$$?; \
 	exit $$(( sim | real ))
 
 bench: $(STAMP) ## Benchmarks: routing policy throughput and more; prints numbers
-	$(BIN)/python -m gpuorch.bench
+	$(BIN)/python -m gpuorch.dev.bench
 
 clean: ## Remove the venv and local state
 	rm -rf $(VENV) .gpuorch .pytest_cache .mypy_cache .ruff_cache

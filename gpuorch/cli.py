@@ -383,7 +383,7 @@ exit status: 0 done, 1 the cluster refused the fault, 2 the embedded system is n
 def cmd_fault(ns: argparse.Namespace) -> int:
     import subprocess
 
-    return subprocess.call([sys.executable, "-m", "gpuorch.localkube", "fault", "--state-dir", str(ns.state / "clusters"), ns.cluster, *ns.args])
+    return subprocess.call([sys.executable, "-m", "gpuorch_localkube", "fault", "--state-dir", str(ns.state / "clusters"), ns.cluster, *ns.args])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -467,7 +467,7 @@ def main(argv: list[str] | None = None) -> None:
 
         raise SystemExit(run_web(ns, settings_for(ns.state)))
     if ns.cmd == "demo":
-        from gpuorch.demo import run_demo
+        from gpuorch.dev.demo import run_demo
 
         raise SystemExit(run_demo(Path(ns.clusters), keep=ns.keep))
     s = settings_for(ns.state)

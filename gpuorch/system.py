@@ -204,7 +204,7 @@ class System:
     def start_clusters(self) -> None:
         kube_state = self.state_dir / "clusters"
         proc = self._spawn("localkube", [
-            sys.executable, "-m", "gpuorch.localkube", "serve", "--config", str(self.clusters_file),
+            sys.executable, "-m", "gpuorch_localkube", "serve", "--config", str(self.clusters_file),
             "--state-dir", str(kube_state), "--kubeconfig", str(self.kubeconfig),
         ])
 
@@ -314,7 +314,7 @@ class System:
     def fault(self, cluster: str, *args: str) -> str:
         """Inject a fault into a local cluster (partition, heal, lose-node N, capacity N G, slow-api S)."""
         out = subprocess.run(
-            [sys.executable, "-m", "gpuorch.localkube", "fault", "--state-dir", str(self.state_dir / "clusters"), cluster, *args],
+            [sys.executable, "-m", "gpuorch_localkube", "fault", "--state-dir", str(self.state_dir / "clusters"), cluster, *args],
             capture_output=True, text=True, timeout=30,
         )
         if out.returncode != 0:

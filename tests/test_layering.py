@@ -20,12 +20,12 @@ PURE = [
     "gpuorch.projection",
     "gpuorch.invariants",
     "gpuorch.backoff",
-    "gpuorch.dst.sim",
-    "gpuorch.dst.mutants",
-    "gpuorch.dst.__main__",
+    "gpuorch.dev.dst.sim",
+    "gpuorch.dev.dst.mutants",
+    "gpuorch.dev.dst.__main__",
 ]
 FORBIDDEN = {"nats", "kubernetes", "asyncio", "structlog", "opentelemetry", "urllib3", "subprocess", "socket"}
-PROJECT = ("gpuorch", "gpuorch_proto", "gpuorch_router", "gpuorch_dispatcher", "gpuorch_fencer", "gpuorch_inventory")
+PROJECT = ("gpuorch", "gpuorch_proto", "gpuorch_router", "gpuorch_dispatcher", "gpuorch_fencer", "gpuorch_inventory", "gpuorch_localkube")
 
 
 def _find(module: str) -> object | None:

@@ -112,7 +112,7 @@ def test_input_staged_where_not_cached_and_read_in_place_where_local() -> None:
     remote = job(w, "spare", e)
     validate(remote)
     init = remote["spec"]["template"]["spec"]["initContainers"][0]
-    assert init["command"][-1] == "gpuorch.stage" and "imagenet@v3" in init["args"] and "125" in init["args"]
+    assert init["command"][-1] == "gpuorch.workloads.stage" and "imagenet@v3" in init["args"] and "125" in init["args"]
 
 
 def routed(n: int, cluster: str = "primary") -> ev.Routed:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpuorch.dst.__main__ import DEFAULT_SCHEDULES, main
-from gpuorch.dst.mutants import MUTANTS, applied
-from gpuorch.dst.sim import run
+from gpuorch.dev.dst.__main__ import DEFAULT_SCHEDULES, main
+from gpuorch.dev.dst.mutants import MUTANTS, applied
+from gpuorch.dev.dst.sim import run
 
 
 def first_seed(mutant: str, invariant: str, limit: int = DEFAULT_SCHEDULES) -> int | None:

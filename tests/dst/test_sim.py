@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuorch.dst.bus import KVConflict, SimConsumer, SimKV, SimStream
-from gpuorch.dst.checks import check_owners
-from gpuorch.dst.cluster import SimCluster, SimNode, Unreachable
-from gpuorch.dst.sim import Simulation, run
+from gpuorch.dev.dst.bus import KVConflict, SimConsumer, SimKV, SimStream
+from gpuorch.dev.dst.checks import check_owners
+from gpuorch.dev.dst.cluster import SimCluster, SimNode, Unreachable
+from gpuorch.dev.dst.sim import Simulation, run
 from gpuorch_proto import OwnerLease
 from gpuorch_proto.k8s import GPU_RESOURCE, LABEL_GPU_MEMORY, LABEL_GPU_PRODUCT
 
@@ -30,7 +30,7 @@ def test_a_seed_replays_the_same_in_another_process_whatever_its_hash_seed() -> 
     outs = []
     for h in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": h}
-        p = subprocess.run([sys.executable, "-m", "gpuorch.dst", "--seed", "7", "--trace"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        p = subprocess.run([sys.executable, "-m", "gpuorch.dev.dst", "--seed", "7", "--trace"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         outs.append(p.stdout)
     assert outs[0] and outs[0] == outs[1]
     assert "publish attempt-created" in outs[0]
@@ -166,7 +166,7 @@ def test_node_loss_fails_its_pods() -> None:
 
 
 def test_the_simulation_loads_no_io_library() -> None:
-    code = "import sys, gpuorch.dst.__main__, gpuorch.dst.sim; print(sorted({m.split('.')[0] for m in sys.modules} & {'nats', 'kubernetes', 'asyncio', 'aiohttp', 'urllib3', 'structlog'}))"
+    code = "import sys, gpuorch.dev.dst.__main__, gpuorch.dev.dst.sim; print(sorted({m.split('.')[0] for m in sys.modules} & {'nats', 'kubernetes', 'asyncio', 'aiohttp', 'urllib3', 'structlog'}))"
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "[]"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuorch.chaos import run_schedule
+from gpuorch.dev.chaos import run_schedule
 from gpuorch.system import System
 
 pytestmark = pytest.mark.e2e

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from gpuorch.stage import COMPLETE, StageError, stage, transfer_seconds
 from gpuorch.workloads.dataset import make_dataset
+from gpuorch.workloads.stage import COMPLETE, StageError, stage, transfer_seconds
 
 
 def run_stager(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gpuorch.stage", *args],
+        [sys.executable, "-m", "gpuorch.workloads.stage", *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -94,7 +94,7 @@ def test_concurrent_stagers_copy_once(source: Path, tmp_path: Path):
     args = cli(source, cache, "--size-gb", "1", "--bandwidth-mbps", "1000", "--time-scale", "2.5")
     env = {k: v for k, v in os.environ.items() if k != "GPUORCH_TIME_SCALE"}
     procs = [
-        subprocess.Popen([sys.executable, "-m", "gpuorch.stage", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        subprocess.Popen([sys.executable, "-m", "gpuorch.workloads.stage", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         for _ in range(3)
     ]
     outs = [p.communicate(timeout=60) for p in procs]
@@ -126,7 +126,7 @@ def test_missing_source_or_bad_arguments_exit_2(source: Path, tmp_path: Path):
 
 
 def test_ensure_dataset_is_idempotent(tmp_path: Path):
-    from gpuorch.stage import ensure_dataset
+    from gpuorch.workloads.stage import ensure_dataset
 
     d = ensure_dataset(tmp_path / "loc", "imagenet@v3", seed=1)
     first = (d / "data.npz").read_bytes()

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from gpuorch.kube import ClusterClient, make_clients, unreachable
-from gpuorch.localkube import LocalClusters
 from gpuorch_inventory.core import build_snapshot, estimate_queue_waits
 from gpuorch_inventory.service import describe_failure, list_cluster
+from gpuorch_localkube import LocalClusters
 from gpuorch_proto import ClusterSnapshot, Taint
 
 from ..support.wait import assert_eventually

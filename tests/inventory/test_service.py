@@ -18,8 +18,8 @@ from nats.js import JetStreamContext
 
 from gpuorch.config import Registry, Settings
 from gpuorch.kube import make_clients
-from gpuorch.localkube import LocalClusters
 from gpuorch_inventory.service import Inventory
+from gpuorch_localkube import LocalClusters
 from gpuorch_proto import ClusterSnapshot, Names, decode_snapshot
 
 from ..support.wait import assert_eventually

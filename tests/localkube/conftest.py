@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gpuorch.localkube import LocalClusters
+from gpuorch_localkube import LocalClusters
 
 from .helpers import Harness, pid_alive
 

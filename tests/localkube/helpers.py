@@ -15,7 +15,7 @@ import kubernetes.watch
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from gpuorch.localkube import LocalClusters
+from gpuorch_localkube import LocalClusters
 
 TIMEOUT = (2, 10)  # (connect, read) for every client call
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuorch.localkube import ClusterConfig, ConfigError, LocalClusters, load_config, parse_config
-from gpuorch.localkube.config import REGISTRY_KEYS
-from gpuorch.localkube.util import parse_duration
+from gpuorch_localkube import ClusterConfig, ConfigError, LocalClusters, load_config, parse_config
+from gpuorch_localkube.config import REGISTRY_KEYS
+from gpuorch_localkube.util import parse_duration
 
 from .helpers import TIMEOUT, k8s, wait_for
 

@@ -169,7 +169,7 @@ def test_cli_serve_fault_and_clean_shutdown(tmp_path: Path) -> None:
     state, kubeconfig = tmp_path / "state", tmp_path / "kc.yaml"
     out = (tmp_path / "serve.log").open("w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpuorch.localkube", "serve", "--config", str(cfg_path), "--state-dir", str(state),
+        [sys.executable, "-m", "gpuorch_localkube", "serve", "--config", str(cfg_path), "--state-dir", str(state),
          "--kubeconfig", str(kubeconfig), "--grace", "1"],
         stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
     )
@@ -184,7 +184,7 @@ def test_cli_serve_fault_and_clean_shutdown(tmp_path: Path) -> None:
         assert len(pids) == 2 and all(pid_alive(p) for p in pids)
 
         def fault(*args: str) -> dict[str, Any]:
-            r = subprocess.run([sys.executable, "-m", "gpuorch.localkube", "fault", "--state-dir", str(state), "alpha", *args],
+            r = subprocess.run([sys.executable, "-m", "gpuorch_localkube", "fault", "--state-dir", str(state), "alpha", *args],
                                capture_output=True, text=True, timeout=30)
             assert r.returncode == 0, r.stderr + r.stdout
             out: dict[str, Any] = json.loads(r.stdout)
@@ -197,7 +197,7 @@ def test_cli_serve_fault_and_clean_shutdown(tmp_path: Path) -> None:
         assert len(c.core.list_node(_request_timeout=TIMEOUT).items) == 1
         fault("capacity", "gpu-0", "3")
         assert c.core.read_node("gpu-0", _request_timeout=TIMEOUT).status.allocatable["nvidia.com/gpu"] == "3"
-        bad = subprocess.run([sys.executable, "-m", "gpuorch.localkube", "fault", "--state-dir", str(state), "alpha", "lose-node", "nope"],
+        bad = subprocess.run([sys.executable, "-m", "gpuorch_localkube", "fault", "--state-dir", str(state), "alpha", "lose-node", "nope"],
                              capture_output=True, text=True, timeout=30)
         assert bad.returncode == 1 and "nope" in bad.stdout
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuorch.localkube import LocalClusters
+from gpuorch_localkube import LocalClusters
 
 from .helpers import pid_alive, wait_for
 

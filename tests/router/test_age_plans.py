@@ -12,8 +12,8 @@ import random
 import msgspec
 import pytest
 
-from gpuorch.bench.routing import NOW as BNOW
-from gpuorch.bench.routing import make_workload, make_world
+from gpuorch.dev.bench.routing import NOW as BNOW
+from gpuorch.dev.bench.routing import make_workload, make_world
 from gpuorch_proto.inventory import ClusterSnapshot
 from gpuorch_proto.routing import RoutingDecision
 from gpuorch_proto.workload import Workload

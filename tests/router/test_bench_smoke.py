@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import importlib
 
-from gpuorch.bench import BENCHES
-from gpuorch.bench.routing import NOW, SHAPES, Scenario, _once, make_workload, make_world
+from gpuorch.dev.bench import BENCHES
+from gpuorch.dev.bench.routing import NOW, SHAPES, Scenario, _once, make_workload, make_world
 from gpuorch_router.policy import route
 
 

@@ -17,12 +17,12 @@ import kubernetes_validate
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuorch.localkube.objects import pod_requests
-from gpuorch.localkube.quantity import parse_quantity
-from gpuorch.localkube.scheduler import NodeInfo as SchedNode
-from gpuorch.localkube.scheduler import _filter
 from gpuorch_dispatcher import core as dispatch
 from gpuorch_inventory.core import build_snapshot
+from gpuorch_localkube.objects import pod_requests
+from gpuorch_localkube.quantity import parse_quantity
+from gpuorch_localkube.scheduler import NodeInfo as SchedNode
+from gpuorch_localkube.scheduler import _filter
 from gpuorch_proto import ClusterRegistryEntry, Workload
 from gpuorch_proto.placement import Placement, accepts, gpu_memory_floor_mib, placement_for
 from gpuorch_proto.workload import Toleration

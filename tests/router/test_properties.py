@@ -241,9 +241,9 @@ def test_workloads_sharing_memoised_parts_decide_as_if_alone(data: Any) -> None:
 
 def test_one_field_changes_through_shared_indexes_match_fresh_decisions() -> None:
     """Deterministic companion: workloads differing in one field each, through the same indexes."""
-    from gpuorch.bench.routing import NOW as BNOW
-    from gpuorch.bench.routing import make_workload as bench_workload
-    from gpuorch.bench.routing import make_world
+    from gpuorch.dev.bench.routing import NOW as BNOW
+    from gpuorch.dev.bench.routing import make_workload as bench_workload
+    from gpuorch.dev.bench.routing import make_world
 
     w = make_world(8, 40, seed=3)
     r = msgspec.structs.replace

@@ -229,7 +229,7 @@ def build_job(
             {
                 "name": f"stage-{len(init)}",
                 "image": spec.image,
-                "command": [env.python, "-m", "gpuorch.stage"],
+                "command": [env.python, "-m", "gpuorch.workloads.stage"],
                 "args": [
                     "--dataset", inp.ref,
                     "--source", env.data_roots.get(source, source),

@@ -1,4 +1,4 @@
-"""Benchmarks: ``python -m gpuorch.bench`` runs every bench in :data:`BENCHES` and prints one table.
+"""Benchmarks: ``python -m gpuorch.dev.bench`` runs every bench in :data:`BENCHES` and prints one table.
 
 A bench is a callable ``run(quick: bool) -> list[Row]`` named by ``"module:function"``; add yours
 to :data:`BENCHES` (imported lazily, so one bench's imports never slow another).
@@ -7,7 +7,7 @@ to :data:`BENCHES` (imported lazily, so one bench's imports never slow another).
 from __future__ import annotations
 
 BENCHES: list[str] = [
-    "gpuorch.bench.routing:run",
-    "gpuorch.bench.faults:run",
-    "gpuorch.bench.throughput:run",
+    "gpuorch.dev.bench.routing:run",
+    "gpuorch.dev.bench.faults:run",
+    "gpuorch.dev.bench.throughput:run",
 ]

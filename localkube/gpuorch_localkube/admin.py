@@ -1,4 +1,4 @@
-"""The admin endpoint of `python -m gpuorch.localkube serve` (loopback only) and its client."""
+"""The admin endpoint of `python -m gpuorch_localkube serve` (loopback only) and its client."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from .cluster import LocalCluster, LocalClusters
 
 __all__ = ["FAULTS", "AdminServer", "apply_fault", "read_admin_file", "send_fault"]
 
-log = logging.getLogger("gpuorch.localkube.admin")
+log = logging.getLogger("gpuorch_localkube.admin")
 FAULTS = ("partition", "heal", "lose-node", "add-node", "capacity", "slow-api", "background")
 
 
@@ -126,7 +126,7 @@ def read_admin_file(state_dir: str | Path) -> dict[str, Any]:
     try:
         return dict(json.loads(path.read_text()))
     except FileNotFoundError as e:
-        raise FaultError(f"{path} not found: is `python -m gpuorch.localkube serve --state-dir {state_dir}` running?") from e
+        raise FaultError(f"{path} not found: is `python -m gpuorch_localkube serve --state-dir {state_dir}` running?") from e
 
 
 def send_fault(state_dir: str | Path, cluster: str, fault: str, args: list[str], timeout: float = 30.0) -> dict[str, Any]:

@@ -33,7 +33,7 @@ Figures, from the event stream (each event's ``at``) and the moment the fault wa
 
 ``quick``: one repetition, and a run with a replacement is cancelled as soon as the replacement
 has logged the step it resumed from (instead of running to completion and promotion).
-``python -m gpuorch.bench.faults [--quick] [--reps N] [--markdown] [--timeline]`` runs it alone
+``python -m gpuorch.dev.bench.faults [--quick] [--reps N] [--markdown] [--timeline]`` runs it alone
 and prints every repetition. See docs/faults.md.
 """
 
@@ -54,7 +54,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuorch.chaos import (
+from gpuorch.client import Client
+from gpuorch.config import load_registry
+from gpuorch.dev.chaos import (
     CLUSTERS,
     Fault,
     LostAttempt,
@@ -64,8 +66,6 @@ from gpuorch.chaos import (
     pod_log,
     resumed_from,
 )
-from gpuorch.client import Client
-from gpuorch.config import load_registry
 from gpuorch.invariants import check
 from gpuorch.kube import ClusterClient, make_clients
 from gpuorch.projection import AttemptView, Projection, WorkloadView
@@ -591,7 +591,7 @@ def markdown(samples: Sequence[Sample], time_scale: float = 600.0) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gpuorch.bench.faults", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m gpuorch.dev.bench.faults", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one repetition")
     ap.add_argument("--reps", type=int, default=None, help="repetitions of every scenario (default 3)")
     ap.add_argument("--only", action="append", default=[], help="only scenarios whose name contains this")

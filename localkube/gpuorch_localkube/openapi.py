@@ -3,7 +3,7 @@
 The definitions are Kubernetes' own (from the API server's published schema of the release in
 `core.KUBE_VERSION`), trimmed to what Pods, Nodes, Jobs, Namespaces, Events, Status and
 DeleteOptions reach, and kept in `openapi-definitions.json` beside this file (swagger 2.0 form).
-`python -m gpuorch.localkube.openapi` regenerates that file from the `kubernetes-validate` wheel
+`python -m gpuorch_localkube.openapi` regenerates that file from the `kubernetes-validate` wheel
 (a dev dependency) when the served version changes.
 
 kubectl reads `/openapi/v2` as protobuf (gnostic's `openapi.v2.Document`) for client-side

@@ -34,7 +34,7 @@ from .scheduler import TERMINAL, Scheduler
 
 __all__ = ["LocalCluster", "LocalClusters", "kubeconfig_dict", "write_kubeconfig"]
 
-log = logging.getLogger("gpuorch.localkube")
+log = logging.getLogger("gpuorch_localkube")
 
 
 def kubeconfig_dict(servers: Mapping[str, str], current: str | None = None) -> dict[str, Any]:

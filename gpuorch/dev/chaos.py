@@ -1,6 +1,6 @@
 """Randomized fault schedules against the whole embedded system, checked by the invariants.
 
-    python -m gpuorch.chaos --schedules N [--seed S] [--workloads K] [--faults F]
+    python -m gpuorch.dev.chaos --schedules N [--seed S] [--workloads K] [--faults F]
 
 Each schedule, seeded and bounded in count and time: submit K workloads, inject F faults
 drawn at random (partition a cluster then heal it, kill -9 a service then restart it, slow
@@ -37,14 +37,14 @@ from nats.js.api import DeliverPolicy
 from gpuorch.client import Client
 from gpuorch.invariants import WAIT_TOLERANCE, Violation, check, check_waits
 from gpuorch.kube import make_clients
-from gpuorch.localkube.admin import send_fault
 from gpuorch.projection import Projection
 from gpuorch.system import SERVICES, System
+from gpuorch_localkube.admin import send_fault
 from gpuorch_proto import ClusterSnapshot, Event, Workload, decode_snapshot, k8s, workload_from_obj
 from gpuorch_proto import events as ev
 
-HERE = Path(__file__).resolve().parent
-CLUSTERS = HERE.parent / "tests" / "e2e" / "clusters.yaml"
+HERE = Path(__file__).resolve().parents[2]
+CLUSTERS = HERE / "tests" / "e2e" / "clusters.yaml"
 DIGEST = "example.org/gpuorch/train@sha256:" + "c4" * 32
 
 
@@ -445,7 +445,7 @@ def _stats(xs: list[float], fmt: str = ".2f") -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gpuorch.chaos", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m gpuorch.dev.chaos", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--schedules", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--workloads", type=int, default=4)

@@ -1,6 +1,6 @@
 """Deliberate bugs in the cores, to show that the simulation finds them (tests/dst/test_mutations.py).
 
-``python -m gpuorch.dst --mutant NAME`` runs the schedules with one of them applied. Each replaces
+``python -m gpuorch.dev.dst --mutant NAME`` runs the schedules with one of them applied. Each replaces
 one core function, in its module, for the duration of a ``with`` block; the sim shells look the
 functions up in their modules at every call, as the real shells do.
 """

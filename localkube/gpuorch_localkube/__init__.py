@@ -1,7 +1,7 @@
 """localkube: embedded local clusters that serve a subset of the Kubernetes API and run each pod's
 command as a real local process. See docs/local-clusters.md.
 
-    from gpuorch.localkube import LocalClusters
+    from gpuorch_localkube import LocalClusters
     with LocalClusters("deploy/local/clusters.yaml", "/tmp/lk") as clusters:
         clusters.write_kubeconfig("/tmp/lk/kubeconfig")
         clusters["primary"].partition()

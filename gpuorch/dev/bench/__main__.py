@@ -1,4 +1,4 @@
-"""``python -m gpuorch.bench [--quick] [--only NAME]``: run the benches and print a table."""
+"""``python -m gpuorch.dev.bench [--quick] [--only NAME]``: run the benches and print a table."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def _fmt(value: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gpuorch.bench", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m gpuorch.dev.bench", description=__doc__)
     ap.add_argument("--quick", action="store_true", help="fewer iterations (for CI smoke runs)")
     ap.add_argument("--only", action="append", default=[], help="run only benches whose path contains this")
     args = ap.parse_args(argv)

@@ -3,7 +3,7 @@ Jobs and their pods, the scheduler, and faults.
 
 Pods are placed by the emitted Job's own constraints (its pod template: ``nodeSelector``, required
 node affinity, tolerations, resource requests), through the local clusters' scheduler filter
-(``gpuorch.localkube.scheduler._filter``), never by the router's view. A bound pod starts after a
+(``gpuorch_localkube.scheduler._filter``), never by the router's view. A bound pod starts after a
 startup delay and runs for its duration (the workload's ``SIM_SECONDS``), then succeeds or
 fails with the exit code the simulation drew for that attempt.
 
@@ -21,11 +21,11 @@ from datetime import UTC, datetime
 from fractions import Fraction
 from typing import Any
 
-from gpuorch.localkube.objects import pod_requests
-from gpuorch.localkube.quantity import parse_quantity
-from gpuorch.localkube.scheduler import NodeInfo as KNode
-from gpuorch.localkube.scheduler import _filter, unschedulable_message
 from gpuorch_dispatcher.core import JobObservation
+from gpuorch_localkube.objects import pod_requests
+from gpuorch_localkube.quantity import parse_quantity
+from gpuorch_localkube.scheduler import NodeInfo as KNode
+from gpuorch_localkube.scheduler import _filter, unschedulable_message
 from gpuorch_proto import k8s
 
 API_TIMEOUT = 5.0  # the clients' read timeout (gpuorch.kube.READ_TIMEOUT)

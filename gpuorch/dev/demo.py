@@ -27,7 +27,7 @@ from gpuorch_proto import ContractError, load_workload_yaml
 from gpuorch_proto.events import message_ref
 from gpuorch_proto.units import format_duration
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SEED = ROOT / "examples" / "seed"
 BAD = ROOT / "examples" / "bad"
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BACKGROUND_LABEL", "EXPECTED_DURATION_ANNOTATION", "BackgroundLoadManager"]
 
-log = logging.getLogger("gpuorch.localkube.background")
+log = logging.getLogger("gpuorch_localkube.background")
 BACKGROUND_LABEL = "gpuorch.io/background"
 EXPECTED_DURATION_ANNOTATION = "gpuorch.io/expected-duration-seconds"
 

@@ -1,6 +1,6 @@
 """Stage a versioned dataset into a cluster's cache: the init container the dispatcher runs.
 
-    python -m gpuorch.stage --dataset imagenet@v3 --source DATA_LOCATION_DIR \\
+    python -m gpuorch.workloads.stage --dataset imagenet@v3 --source DATA_LOCATION_DIR \\
         --cache CLUSTER_CACHE_DIR --size-gb 1350 --bandwidth-mbps 125 [--time-scale 3600]
 
 - ``CACHE/NAME@VERSION/.complete`` exists: cache hit, nothing is copied.
@@ -168,7 +168,7 @@ def ensure_dataset(location: Path, ref: str, *, seed: int = 0, samples: int = 20
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m gpuorch.stage", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m gpuorch.workloads.stage", description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", required=True, help="NAME@VERSION")
     p.add_argument("--source", required=True, type=Path, help="data location directory holding NAME@VERSION/")
     p.add_argument("--cache", required=True, type=Path, help="the cluster's cache directory")
@@ -195,10 +195,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             time_scale=args.time_scale,
         )
     except StageError as exc:
-        print(f"gpuorch.stage: {exc}", file=sys.stderr)
+        print(f"gpuorch.workloads.stage: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
-        print(f"gpuorch.stage: I/O error staging {args.dataset}: {exc}", file=sys.stderr)
+        print(f"gpuorch.workloads.stage: I/O error staging {args.dataset}: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(asdict(result), sort_keys=True), flush=True)
     return 0

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["APIServer"]
 
-log = logging.getLogger("gpuorch.localkube.api")
+log = logging.getLogger("gpuorch_localkube.api")
 _encoder = msgspec.json.Encoder()
 DEFAULT_WATCH_SECONDS = 1800
 

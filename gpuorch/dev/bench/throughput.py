@@ -15,7 +15,7 @@ publish; all on one machine):
 * raw JetStream publish rate in the same run (same client, same server, a scratch stream, the
   same number of messages in flight), printed beside the end-to-end rate as a ratio.
 
-``python -m gpuorch.bench.throughput [--quick] [--burst N ...]`` runs it alone; docs/performance.md.
+``python -m gpuorch.dev.bench.throughput [--quick] [--burst N ...]`` runs it alone; docs/performance.md.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from typing import Any
 
 import yaml
 
-from gpuorch.bench.routing import Row
 from gpuorch.client import Client
+from gpuorch.dev.bench.routing import Row
 from gpuorch.system import System
 from gpuorch_proto import Workload, workload_from_obj
 from gpuorch_proto import events as ev
@@ -166,7 +166,7 @@ def run(quick: bool = False, bursts: list[int] | None = None, timeout: float = 6
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gpuorch.bench.throughput", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m gpuorch.dev.bench.throughput", description=__doc__)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--burst", type=int, action="append", default=[], help="burst size (repeatable)")
     ap.add_argument("--timeout", type=float, default=600.0)

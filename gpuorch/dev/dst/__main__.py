@@ -1,7 +1,7 @@
 """Deterministic simulation of the whole control plane, many schedules, checked by the invariants.
 
-    python -m gpuorch.dst [--schedules N] [--seed S] [--jobs J]
-    python -m gpuorch.dst --seed S --trace        # replay one schedule exactly, print its steps
+    python -m gpuorch.dev.dst [--schedules N] [--seed S] [--jobs J]
+    python -m gpuorch.dev.dst --seed S --trace        # replay one schedule exactly, print its steps
 
 Prints the faults injected by kind, the violations by invariant with the seeds that found them,
 and for the first failing seed the command that replays it. Exit status 1 when any schedule
@@ -69,7 +69,7 @@ def summarize(found: Iterable[Result], *, progress: bool = False, mutant: str | 
     for kind, seeds in sorted(bad.items()):
         more = f" ... ({len(seeds)} seeds)" if len(seeds) > 10 else ""
         print(f"  {kind}: seeds {', '.join(map(str, seeds[:10]))}{more}")
-        print(f"    replay: python -m gpuorch.dst --seed {seeds[0]} --trace{flag}")
+        print(f"    replay: python -m gpuorch.dev.dst --seed {seeds[0]} --trace{flag}")
     if loop_errors:
         print("service loop errors (logged by the shell, not violations): " + ", ".join(f"{k} x{v}" for k, v in loop_errors.most_common(5)))
     if bad:
@@ -94,12 +94,12 @@ def story(seed: int, mutant: str | None = None, limit: int = 60) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gpuorch.dst", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m gpuorch.dev.dst", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--schedules", type=int, default=DEFAULT_SCHEDULES)
     ap.add_argument("--seed", type=int, default=1, help="first seed (with --trace: the one seed to replay)")
     ap.add_argument("--trace", action="store_true", help="replay the one schedule of --seed and print every step")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
-    ap.add_argument("--mutant", choices=sorted(MUTANTS), help="run with a deliberate bug in a core (gpuorch.dst.mutants)")
+    ap.add_argument("--mutant", choices=sorted(MUTANTS), help="run with a deliberate bug in a core (gpuorch.dev.dst.mutants)")
     ns = ap.parse_args(argv)
     if ns.trace:
         with applied(ns.mutant):

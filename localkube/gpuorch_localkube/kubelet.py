@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Kubelet", "PodRun"]
 
-log = logging.getLogger("gpuorch.localkube.kubelet")
+log = logging.getLogger("gpuorch_localkube.kubelet")
 
 _BASE_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV", "SYSTEMROOT", "USER")
 _VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")

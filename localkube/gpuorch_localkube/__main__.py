@@ -1,4 +1,4 @@
-"""`python -m gpuorch.localkube serve|fault|status` (see docs/local-clusters.md)."""
+"""`python -m gpuorch_localkube serve|fault|status` (see docs/local-clusters.md)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def _serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
-        logging.getLogger("gpuorch.localkube").info("signal %d: stopping", signum)
+        logging.getLogger("gpuorch_localkube").info("signal %d: stopping", signum)
         stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -93,7 +93,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gpuorch.localkube", description="Embedded local Kubernetes-API clusters.")
+    p = argparse.ArgumentParser(prog="python -m gpuorch_localkube", description="Embedded local Kubernetes-API clusters.")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run the clusters of a config file until SIGTERM/SIGINT")
     s.add_argument("--config", default=DEFAULT_CONFIG)
