@@ -10,6 +10,7 @@ import pytest
 
 PURE = [
     "gpuorch_proto",
+    "gpuorch_proto.kubesem",
     "gpuorch_router.policy",
     "gpuorch_router.explain",
     "gpuorch_router.history",

@@ -6,9 +6,10 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from gpuorch_proto.kubesem import job_finished
+
 from .config import BackgroundLoad
 from .errors import ApiError
-from .jobcontroller import _finished
 from .objects import GPU
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ class BackgroundLoadManager:
         wanted = {(b.namespace, b.name): b for b in self.loads}
         groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for j in jobs:
-            if j["metadata"].get("deletionTimestamp") or _finished(j):
+            if j["metadata"].get("deletionTimestamp") or job_finished(j):
                 continue
             key = (j["metadata"]["namespace"], j["metadata"]["labels"][BACKGROUND_LABEL])
             groups.setdefault(key, []).append(j)

@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gpuorch_proto.kubesem import job_finished
+
 from .objects import get_condition, set_condition
 from .scheduler import GANG_ANNOTATION, TERMINAL
 from .util import random_suffix, rfc3339
@@ -31,14 +33,6 @@ def desired_active(job: dict[str, Any]) -> int:
     if comp is None:
         return par if succ == 0 else 0
     return max(0, min(par, int(comp) - succ))
-
-
-def _finished(job: dict[str, Any]) -> str | None:
-    for ctype in ("Complete", "Failed"):
-        c = get_condition(job, ctype)
-        if c and c.get("status") == "True":
-            return ctype
-    return None
 
 
 def _controller_uid(pod: dict[str, Any]) -> str | None:
@@ -139,7 +133,7 @@ class JobController:
         succeeded = len(tr.succeeded_indexes) if indexed else int(st.get("succeeded") or 0) + new_succ
         failed = int(st.get("failed") or 0) + new_fail
         active = [p for p in pods if (p.get("status") or {}).get("phase", "Pending") not in TERMINAL and not p["metadata"].get("deletionTimestamp")]
-        finished = _finished(job)
+        finished = job_finished(job)
         conds: list[tuple[str, str, str, str]] = []
         start_time: str | bool | None = False  # False: leave as is
         completion_time: str | None = None

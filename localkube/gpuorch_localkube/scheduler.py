@@ -17,31 +17,27 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
+from gpuorch_proto.kubesem import (
+    TERMINAL_POD_PHASES,
+    UNSCHEDULABLE_TAINT,
+    affinity_terms,
+    blocking_taints,
+    node_affinity_matches,
+    node_selector_matches,
+    tolerates,
+)
+
 from .objects import GPU, pod_requests
 from .quantity import parse_quantity
-from .selectors import match_node_selector_term
 from .util import rfc3339
 
 if TYPE_CHECKING:
     from .core import ClusterCore
 
-__all__ = ["GANG_ANNOTATION", "Scheduler", "tolerates"]
+__all__ = ["GANG_ANNOTATION", "TERMINAL", "Scheduler"]
 
 GANG_ANNOTATION = "gpuorch.io/gang"
-TERMINAL = ("Succeeded", "Failed")
-
-
-def tolerates(tol: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
-    if tol.get("effect") and tol.get("effect") != taint.get("effect"):
-        return False
-    op = tol.get("operator") or "Equal"
-    if not tol.get("key"):
-        return op == "Exists"
-    if tol.get("key") != taint.get("key"):
-        return False
-    if op == "Exists":
-        return True
-    return (tol.get("value") or "") == (taint.get("value") or "")
+TERMINAL = TERMINAL_POD_PHASES
 
 
 @dataclass
@@ -74,23 +70,15 @@ def pod_priority(pod: Mapping[str, Any]) -> int:
 def _filter(pod: Mapping[str, Any], req: Mapping[str, Fraction], node: NodeInfo) -> list[str]:
     spec = pod.get("spec") or {}
     tols = spec.get("tolerations") or []
-    if node.unschedulable and not any(
-        tolerates(t, {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}) for t in tols
-    ):
+    if node.unschedulable and not tolerates(tols, UNSCHEDULABLE_TAINT):
         return ["node(s) were unschedulable"]
-    for taint in node.taints:
-        if taint.get("effect") not in ("NoSchedule", "NoExecute"):
-            continue
-        if not any(tolerates(t, taint) for t in tols):
-            return [f"node(s) had untolerated taint {{{taint.get('key')}: {taint.get('value', '')}}}"]
-    for k, v in (spec.get("nodeSelector") or {}).items():
-        if node.labels.get(k) != v:
-            return ["node(s) didn't match Pod's node affinity/selector"]
-    required = (
-        ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {}
-    )
-    terms = required.get("nodeSelectorTerms") or []
-    if terms and not any(match_node_selector_term(t, node.labels, node.name) for t in terms):
+    blocking = blocking_taints(tols, node.taints)
+    if blocking:
+        taint = blocking[0]
+        return [f"node(s) had untolerated taint {{{taint.get('key')}: {taint.get('value', '')}}}"]
+    if not node_selector_matches(spec.get("nodeSelector"), node.labels):
+        return ["node(s) didn't match Pod's node affinity/selector"]
+    if not node_affinity_matches(affinity_terms(spec.get("affinity")), node.labels, node.name):
         return ["node(s) didn't match Pod's node affinity/selector"]
     reasons = []
     if node.pods + 1 > node.allocatable.get("pods", Fraction(110)):

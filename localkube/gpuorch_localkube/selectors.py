@@ -7,6 +7,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuorch_proto.kubesem import requirement_matches, selector_term_matches
+
 from .errors import ApiError
 
 __all__ = [
@@ -38,24 +40,7 @@ class Requirement:
     values: tuple[str, ...] = ()
 
     def matches(self, labels: Mapping[str, str]) -> bool:
-        present = self.key in labels
-        if self.op == "exists":
-            return present
-        if self.op == "!":
-            return not present
-        if self.op == "in":
-            return present and labels[self.key] in self.values
-        if self.op == "notin":
-            return not present or labels[self.key] not in self.values
-        if self.op in ("gt", "lt"):
-            if not present:
-                return False
-            try:
-                have, want = int(labels[self.key]), int(self.values[0])
-            except (ValueError, IndexError):
-                return False
-            return have > want if self.op == "gt" else have < want
-        return False
+        return requirement_matches(self.key, _KUBE_OPS.get(self.op, ""), self.values, labels)
 
 
 @dataclass(frozen=True)
@@ -97,6 +82,7 @@ def parse_label_selector(text: str | None) -> LabelSelector:
 
 
 _STRUCT_OPS = {"In": "in", "NotIn": "notin", "Exists": "exists", "DoesNotExist": "!", "Gt": "gt", "Lt": "lt"}
+_KUBE_OPS = {v: k for k, v in _STRUCT_OPS.items()}
 
 
 def selector_from_struct(sel: Mapping[str, Any] | None) -> LabelSelector:
@@ -112,13 +98,7 @@ def selector_from_struct(sel: Mapping[str, Any] | None) -> LabelSelector:
 
 def match_node_selector_term(term: Mapping[str, Any], labels: Mapping[str, str], name: str) -> bool:
     """One NodeSelectorTerm of required node affinity (matchExpressions AND matchFields)."""
-    exprs = term.get("matchExpressions") or []
-    fields = term.get("matchFields") or []
-    if not exprs and not fields:
-        return False
-    if not selector_from_struct({"matchExpressions": exprs}).matches(labels):
-        return False
-    return selector_from_struct({"matchExpressions": fields}).matches({"metadata.name": name})
+    return selector_term_matches(term, labels, name)
 
 
 def _involved(key: str) -> Callable[[dict[str, Any]], str]:
