@@ -275,14 +275,15 @@ async def consume(
     backoff: Callable[[int], float] = default_backoff,
     handler_name: str | None = None,
     concurrency: int = 1,
-    key: Callable[[str], str] | None = None,
+    key: Callable[[Msg], str] | None = None,
 ) -> None:
     """Run `handler` over a durable pull consumer until `stop` is set (see the module doc).
 
     `concurrency` > 1: up to that many messages are handled at a time (`_Pipeline`), those with
-    the same `key(subject)` (default: the workload token of `evt.<workload>.<type>`) one after
-    the other in stream order, so each workload still sees its events in order; fetching goes
-    on as slots free up. Each message is still acked only after its own outputs are.
+    the same `key(msg)` (default `workload_key`: the workload token of `evt.<workload>.<type>`;
+    `submit_key` for commands: the idempotency key) one after the other in stream order, so
+    each workload still sees its events in order; fetching goes on as slots free up. Each
+    message is still acked only after its own outputs are.
 
     Returns within about `fetch_timeout` of `stop` being set (after the message in hand).
     `max_deliver <= 0` means unlimited deliveries (no dead-lettering). Raises
@@ -308,7 +309,7 @@ async def consume(
         max_deliver=max_deliver,
     )
     log.info("consumer.started", stream=stream, durable=durable, filter=filter_subject)
-    pipeline = _Pipeline(worker, concurrency, key or _workload_key) if concurrency > 1 else None
+    pipeline = _Pipeline(worker, concurrency, key or workload_key) if concurrency > 1 else None
     try:
         while not stop.is_set():
             try:
@@ -358,10 +359,18 @@ async def consume(
         log.info("consumer.stopped", stream=stream, durable=durable)
 
 
-def _workload_key(subject: str) -> str:
+def workload_key(msg: Msg) -> str:
     """`<prefix>.evt.<workload>.<type>` -> the workload token (other subjects: the subject)."""
-    parts = subject.split(".")
-    return parts[-2] if len(parts) >= 4 and parts[-3] == "evt" else subject
+    parts = msg.subject.split(".")
+    return parts[-2] if len(parts) >= 4 and parts[-3] == "evt" else msg.subject
+
+
+def submit_key(msg: Msg) -> str:
+    """A command's idempotency key (`Nats-Msg-Id`): one workload's submits (re-sends included)
+    run one after the other, different workloads' at once. Without the header (the key is then
+    in the body, read only after decoding) the subject: all such commands in one line, in order."""
+    msg_id = (msg.headers or {}).get(MSG_ID)
+    return f"key:{msg_id}" if msg_id else msg.subject
 
 
 class _Pipeline:
@@ -372,7 +381,7 @@ class _Pipeline:
     slots free up, so one slow workload holds only its own events.
     """
 
-    def __init__(self, worker: _Worker, limit: int, key: Callable[[str], str]) -> None:
+    def __init__(self, worker: _Worker, limit: int, key: Callable[[Msg], str]) -> None:
         self.worker, self.key = worker, key
         self.slots = asyncio.Semaphore(limit)
         self.limit = limit
@@ -387,7 +396,7 @@ class _Pipeline:
     async def submit(self, msg: Msg) -> None:
         await self.slots.acquire()
         self.in_flight += 1
-        k = self.key(msg.subject)
+        k = self.key(msg)
         before = self.chains.get(k)
 
         async def run() -> None:

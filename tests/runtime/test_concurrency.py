@@ -8,10 +8,11 @@ from collections.abc import Sequence
 from nats.js import JetStreamContext
 
 from gpuorch.projection import Projection
-from gpuorch.runtime.shell import Incoming, Publisher
+from gpuorch.runtime.shell import Incoming, Publisher, submit_key
 from gpuorch_proto import Base, Names
 from gpuorch_proto import events as ev
-from tests.runtime.helpers import consumer_settled, running_consumer
+from gpuorch_router.core import RouterState
+from tests.runtime.helpers import consumer_settled, running_consumer, submit_json
 from tests.support.wait import assert_eventually
 
 
@@ -51,3 +52,37 @@ def test_projection_dedups_per_workload_so_workloads_may_be_applied_out_of_globa
     p.apply(rr("w-a", 2), 12)
     p.apply(rr("w-a", 3), 12)  # a redelivery of seq 12 changes nothing
     assert p.workloads["w-a"].route_requested == {1, 2} and p.last_seq == 12
+
+
+async def test_submits_with_different_idempotency_keys_go_on_while_one_waits(js: JetStreamContext, names: Names) -> None:
+    """The router's submit consumer (`key=submit_key`): a slow submit holds only its own key's
+    line (with the default key every submit shares the subject, and the fast ones would wait)."""
+    pub = Publisher(js, names)
+    for key in ("slow", "fast-1", "fast-2"):
+        await pub.publish_raw(names.cmd_submit, submit_json(f"n-{key}"), msg_id=key)
+    gate = asyncio.Event()
+    seen: list[str] = []
+
+    async def handler(inc: Incoming) -> Sequence[Base]:
+        assert inc.msg_id is not None
+        seen.append(inc.msg_id)
+        if inc.msg_id == "slow":
+            await gate.wait()
+        return []
+
+    durable = names.durable("test", "subconc")
+    async with running_consumer(js, names, handler, durable="subconc", concurrency=8, key=submit_key):
+        await assert_eventually(lambda: {"fast-1", "fast-2"} <= set(seen))
+        gate.set()
+        await assert_eventually(lambda: consumer_settled(js, names.stream_cmd, durable))
+    assert sorted(seen) == ["fast-1", "fast-2", "slow"]
+
+
+def test_router_state_dedups_per_workload() -> None:
+    """Folded out of global order (a concurrent consumer), every workload's events still count once."""
+    s = RouterState()
+    s.apply(rr("w-b", 1), 11)
+    s.apply(rr("w-a", 1), 10)  # earlier sequence, other workload: applies
+    s.apply(rr("w-a", 2), 10)  # a redelivery of seq 10: nothing
+    assert s.requests["w-a"].attempt_number == 1 and s.requests["w-b"].attempt_number == 1
+    assert s.last_seq == 11

@@ -1,7 +1,7 @@
 """The router's functional core around the policy: exclusions and re-published waiting decisions.
 
 Pure: no I/O, no clock, no logging. The shell (`service.py`) folds every event of the log into a
-`RouterState` (`RouterState.apply`, idempotent by stream sequence, so a restarted router that
+`RouterState` (`RouterState.apply`, idempotent by stream sequence per workload, so a restarted router that
 replays the log rebuilds the same state), and asks:
 
 * `exclusions(request, attempt_number, snapshots, now)`: the clusters the caller's
@@ -71,15 +71,22 @@ class RouterState:
     sent: dict[str, Published] = field(default_factory=dict)  # published by this router, maybe not echoed yet
     unroutable: dict[str, int] = field(default_factory=dict)  # unroutable events in the log per workload
     unroutable_sent: dict[str, int] = field(default_factory=dict)  # ... counting those sent, not yet echoed
-    last_seq: int = 0
+    last_seq: int = 0  # the highest sequence folded in
+    seqs: dict[str, int] = field(default_factory=dict)  # the last sequence folded in, per workload
 
     def apply(self, e: Event, seq: int) -> None:
-        """Fold one event of the log (a sequence already applied changes nothing)."""
-        if seq and seq <= self.last_seq:
-            return
-        if seq:
-            self.last_seq = seq
+        """Fold one event of the log (a sequence already applied changes nothing).
+
+        Idempotent by sequence *per workload*, as `Projection.apply` is: a consumer that handles
+        workloads concurrently folds different workloads' events out of global order, one
+        workload's in order.
+        """
         wid = e.workload_id
+        if seq:
+            if seq <= self.seqs.get(wid, 0):
+                return
+            self.seqs[wid] = seq
+            self.last_seq = max(self.last_seq, seq)
         if isinstance(e, ev.RouteRequested):
             old = self.requests.get(wid)
             if old is None or e.attempt_number >= old.attempt_number:

@@ -10,6 +10,7 @@ attempt was lost come from the log and end (`core.exclusions`). It never talks t
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -21,7 +22,7 @@ from gpuorch.config import Settings, load_registry
 from gpuorch.follow import Follower, run_until_stopped
 from gpuorch.projection import WorkloadView
 from gpuorch.runtime import bus
-from gpuorch.runtime.shell import Incoming, Publisher, Reject, Retry, consume, replay, run_service
+from gpuorch.runtime.shell import Incoming, Publisher, Reject, Retry, consume, replay, run_service, submit_key
 from gpuorch.security.bundle import load_identities
 from gpuorch.security.identity import Unauthenticated, Verifier
 from gpuorch.security.receive import trusted_snapshot
@@ -58,6 +59,9 @@ class Router:
         self.registry = registry.clusters if registry else None  # the router's own registry (None: tests)
         self.inventory_changed = asyncio.Event()
         self.republish_min_interval = core.REPUBLISH_MIN_INTERVAL  # per workload, between re-published waits
+        # submits (by idempotency key) and events (by workload) handled this many at a time, one
+        # workload's in order: decisions are per workload (the policy reserves nothing across them)
+        self.concurrency = max(1, int(os.environ.get("GPUORCH_ROUTER_CONCURRENCY", "64")))
         self.publisher: Publisher | None = None
         self.verifier = Verifier(load_identities(settings.identities)) if settings.identities else None
 
@@ -152,7 +156,8 @@ class Router:
 
     async def on_event(self, msg: Incoming) -> Sequence[ev.Base]:
         e = msg.event
-        fresh = msg.stream_seq > self.follower.projection.last_seq
+        before = self.follower.projection.get(e.workload_id)
+        fresh = before is None or msg.stream_seq > before.last_seq  # per workload: folded out of global order
         view = self.follower.projection.apply(e, msg.stream_seq)
         self.state.apply(e, msg.stream_seq)
         self.follower.remember(e.workload_id, msg.headers)
@@ -249,8 +254,8 @@ class Router:
                 deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
             )
             await run_until_stopped("router", stop, [
-                consume(js, stream=self.names.stream_cmd, durable=self.names.durable("router", "submit"), filter_subject=self.names.cmd_submit, handler=self.on_command, publisher=self.publisher, names=self.names, stop=stop),
-                consume(js, stream=self.names.stream_evt, durable=self.names.durable("router", "events"), filter_subject=self.names.evt_all, handler=self.on_event, publisher=self.publisher, names=self.names, stop=stop),
+                consume(js, stream=self.names.stream_cmd, durable=self.names.durable("router", "submit"), filter_subject=self.names.cmd_submit, handler=self.on_command, publisher=self.publisher, names=self.names, stop=stop, concurrency=self.concurrency, key=submit_key),
+                consume(js, stream=self.names.stream_evt, durable=self.names.durable("router", "events"), filter_subject=self.names.evt_all, handler=self.on_event, publisher=self.publisher, names=self.names, stop=stop, concurrency=self.concurrency),
                 self.reevaluate(stop),
             ])
             await sub.unsubscribe()
