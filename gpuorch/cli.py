@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import time
 from dataclasses import asdict, is_dataclass
@@ -31,12 +30,12 @@ from typing import Any
 import msgspec
 
 from gpuorch.client import Client
-from gpuorch.config import Settings
+from gpuorch.config import SettingError, Settings, Tuning
 from gpuorch.projection import Projection, WorkloadView
 from gpuorch_proto import ContractError, load_workload_yaml, type_tag, workload_id_for
 from gpuorch_proto.units import format_duration
 
-DEFAULT_STATE = Path(os.environ.get("GPUORCH_STATE_DIR", ".gpuorch"))
+DEFAULT_STATE = Settings.default_state_dir()
 DEFAULT_CLUSTERS = Path(__file__).resolve().parent.parent / "deploy" / "local" / "clusters.yaml"
 SERVICE_NAMES = ("router", "dispatcher", "fencer", "inventory")  # what `gpuorch restart` takes
 
@@ -58,7 +57,7 @@ def settings_for(state: Path) -> Settings:
     f = state / "system.json"
     if f.exists():
         doc = json.loads(f.read_text())
-        creds = os.environ.get("GPUORCH_NATS_CREDS") or str(Path(doc["state_dir"]) / "auth" / "creds" / "client.nk")
+        creds = Settings.from_env().nats_creds or Path(doc["state_dir"]) / "auth" / "creds" / "client.nk"
         return Settings(nats_url=doc["nats_url"], prefix=doc["prefix"], kubeconfig=Path(doc["kubeconfig"]),
                         registry=Path(doc["clusters_file"]), state_dir=Path(doc["state_dir"]),
                         nats_creds=Path(creds))  # the CLI is the embedded system's `client` identity
@@ -438,7 +437,26 @@ def build_parser() -> argparse.ArgumentParser:
     from gpuorch.simulate.cli import add_arguments as simulate_arguments
 
     simulate_arguments(sub.add_parser("simulate", help="replay a job trace over simulated clusters, compare policies"))
+    out(sub.add_parser("settings", help="every tuning variable: its value in force, default and meaning"))
     return ap
+
+
+def cmd_settings(ns: argparse.Namespace) -> int:
+    try:
+        tuning = Tuning.from_env()
+    except SettingError as exc:
+        print(f"gpuorch settings: {exc}", file=sys.stderr)
+        return 2
+    rows = [(var, str(getattr(tuning, name)), default, doc) for name, (var, default, doc) in
+            zip(Tuning.__dataclass_fields__, Tuning.table(), strict=True)]
+    if ns.output == "json":
+        print(json.dumps([dict(zip(("variable", "value", "default", "meaning"), r, strict=True)) for r in rows], indent=2))
+        return 0
+    w = max(len(r[0]) for r in rows)
+    for var, value, default, doc in rows:
+        mark = "" if value == default else f"  (default {default})"
+        print(f"{var:<{w}}  {value}{mark}\n{'':<{w}}  {doc}")
+    return 0
 
 
 ASYNC = {"submit": cmd_submit, "get": cmd_get, "list": cmd_list, "events": cmd_events,
@@ -458,6 +476,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(cmd_restart(ns))
     if ns.cmd == "fault":
         raise SystemExit(cmd_fault(ns))
+    if ns.cmd == "settings":
+        raise SystemExit(cmd_settings(ns))
     if ns.cmd == "simulate":
         from gpuorch.simulate.cli import run as run_simulate
 

@@ -14,12 +14,17 @@ start them as independent processes with nothing but environment variables:
 | GPUORCH_NATS_CREDS    | this process's identity: nkey seed file (or JWT .creds)         |
 | GPUORCH_NATS_TLS_CA / _CERT / _KEY | TLS: server CA, client certificate and key         |
 | GPUORCH_IDENTITIES    | identities.json: client identity -> owners (router)            |
+
+The services' tuning knobs (intervals, timeouts, concurrency, stream limits) are the fields of
+`Tuning` below, each with its variable and meaning; `gpuorch settings` prints them all with the
+values in force. A malformed value stops the process with the variable's name and what is wrong.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +32,80 @@ import msgspec
 import yaml
 
 from gpuorch_proto import ClusterRegistryEntry, Names
+
+DAY = 86400.0
+
+
+def _knob(env: str, default: Any, doc: str, *, positive: bool = True) -> Any:
+    return field(default=default, metadata={"env": env, "doc": doc, "positive": positive})
+
+
+class SettingError(ValueError):
+    """A tuning variable that cannot be used: names the variable, its value and what is wrong."""
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Every knob a service reads, in one place: the variable, its default and what it does.
+
+    Seconds are real seconds (the embedded clusters' time scale does not apply)."""
+
+    router_concurrency: int = _knob("GPUORCH_ROUTER_CONCURRENCY", 64, "router: workloads decided at once (each workload's messages in order)")
+    dispatch_interval: float = _knob("GPUORCH_DISPATCH_INTERVAL", 0.5, "dispatcher: seconds between observation passes")
+    lost_after: float = _knob("GPUORCH_LOST_AFTER", 3.0, "dispatcher: seconds without an answer from a cluster before its attempts are lost")
+    unschedulable_after: float = _knob("GPUORCH_UNSCHEDULABLE_AFTER", 60.0, "dispatcher: seconds a pod no node can take may stay pending before its attempt fails")
+    dispatcher_id: str = _knob("GPUORCH_DISPATCHER_ID", "0", "dispatcher: this instance's id in ownership leases")
+    owner_ttl: float = _knob("GPUORCH_OWNER_TTL", 6.0, "dispatcher: seconds an ownership lease lives without renewal")
+    reconcile_interval: float = _knob("GPUORCH_RECONCILE_INTERVAL", 1.0, "dispatcher: seconds between reconciles of owned workloads")
+    dispatch_concurrency: int = _knob("GPUORCH_DISPATCH_CONCURRENCY", 64, "dispatcher: workloads handled at once (Job creates in flight)")
+    kube_threads: int = _knob("GPUORCH_KUBE_THREADS", 16, "dispatcher: threads for Kubernetes API calls")
+    fence_interval: float = _knob("GPUORCH_FENCE_INTERVAL", 0.5, "fencer: seconds between pursuit passes")
+    orphan_grace: float = _knob("GPUORCH_ORPHAN_GRACE", 30.0, "fencer: seconds before a Job of a stale epoch is collected")
+    orphan_grace_unknown: float = _knob("GPUORCH_ORPHAN_GRACE_UNKNOWN", 5.0, "fencer: seconds before a Job of an unknown attempt is collected")
+    inventory_interval: float = _knob("GPUORCH_INVENTORY_INTERVAL", 1.0, "inventory: seconds between snapshot passes")
+    inventory_heartbeat: float = _knob("GPUORCH_INVENTORY_HEARTBEAT", 5.0, "inventory: seconds between snapshots of an unchanged cluster")
+    replicas: int = _knob("GPUORCH_REPLICAS", 1, "streams and buckets: replicas (3 or 5 on a JetStream cluster)")
+    cmd_max_age: float = _knob("GPUORCH_CMD_MAX_AGE", 7 * DAY, "command stream: seconds a command is kept (never below the duplicate window)")
+    cmd_max_bytes: int = _knob("GPUORCH_CMD_MAX_BYTES", 256 << 20, "command stream: byte limit")
+    evt_max_bytes: int = _knob("GPUORCH_EVT_MAX_BYTES", 4 << 30, "event stream: byte limit")
+    inventory_max_bytes: int = _knob("GPUORCH_INVENTORY_MAX_BYTES", 64 << 20, "inventory stream: byte limit")
+    log_level: str = _knob("GPUORCH_LOG_LEVEL", "INFO", "every service: log level")
+    restart_initial: float = _knob("GPUORCH_RESTART_INITIAL", 0.5, "supervisor: seconds before the first restart of a crashed process")
+    restart_factor: float = _knob("GPUORCH_RESTART_FACTOR", 2.0, "supervisor: backoff factor for every crash in a row")
+    restart_max: float = _knob("GPUORCH_RESTART_MAX", 30.0, "supervisor: longest backoff, seconds")
+    restart_reset: float = _knob("GPUORCH_RESTART_RESET", 60.0, "supervisor: seconds of running that reset the crash count")
+    metrics_port: str = _knob("GPUORCH_METRICS_PORT", "0", "every service: /metrics port (0: any free port; off: no endpoint)")
+    metrics_addr: str = _knob("GPUORCH_METRICS_ADDR", "127.0.0.1", "every service: /metrics listen address")
+    trace_file: str = _knob("GPUORCH_TRACE_FILE", "", "every service: also write spans to this JSONL file (tests, demo)")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Tuning:
+        e = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = e.get(f.metadata["env"])
+            if raw is None or raw.strip() == "":
+                continue
+            kind: Any = type(f.default)
+            value: Any
+            try:
+                value = kind(raw.strip()) if kind is not str else raw.strip()
+            except ValueError:
+                what = "an integer" if kind is int else "a number"
+                raise SettingError(f"{f.metadata['env']}={raw!r}: not {what} ({f.metadata['doc']})") from None
+            if kind in (int, float) and f.metadata["positive"] and value <= 0:
+                raise SettingError(f"{f.metadata['env']}={raw!r}: must be > 0 ({f.metadata['doc']})")
+            values[f.name] = value
+        return cls(**values)
+
+    def to_env(self) -> dict[str, str]:
+        """The knobs that differ from their defaults, as variables for a child process."""
+        return {f.metadata["env"]: str(getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) != f.default}
+
+    @classmethod
+    def table(cls) -> list[tuple[str, str, str]]:
+        """(variable, default, meaning) for every knob: `gpuorch settings` and docs/operations.md."""
+        return [(f.metadata["env"], str(f.default), f.metadata["doc"]) for f in fields(cls)]
 
 
 @dataclass(frozen=True)
@@ -42,6 +121,7 @@ class Settings:
     nats_tls_cert: Path | None = None
     nats_tls_key: Path | None = None
     identities: Path | None = None  # identities.json (who may submit as which owner)
+    tuning: Tuning = field(default_factory=Tuning)
 
     async def connect(self, name: str, **options: Any) -> Any:
         """A NATS connection as this process's identity (creds, TLS from the settings)."""
@@ -93,11 +173,26 @@ class Settings:
             prefix=e.get("GPUORCH_PREFIX", cls.prefix),
             kubeconfig=Path(kc) if kc else None,
             registry=Path(reg) if reg else None,
-            state_dir=Path(e.get("GPUORCH_STATE_DIR", ".gpuorch")),
+            state_dir=cls.default_state_dir(e),
+            tuning=Tuning.from_env(e),
         )
+
+    @staticmethod
+    def default_state_dir(env: Mapping[str, str] | None = None) -> Path:
+        """GPUORCH_STATE_DIR, else `.gpuorch` (the CLI's default before anything else is read)."""
+        return Path((os.environ if env is None else env).get("GPUORCH_STATE_DIR") or ".gpuorch")
+
+    @classmethod
+    def for_service(cls, service: str) -> Settings:
+        """`from_env` for a service's `main`: a bad variable stops it with one clear line."""
+        try:
+            return cls.from_env()
+        except SettingError as exc:
+            raise SystemExit(f"{service}: {exc}") from None
 
     def to_env(self) -> dict[str, str]:
         env = {
+            **self.tuning.to_env(),
             "GPUORCH_NATS_URL": self.nats_url,
             "GPUORCH_PREFIX": self.prefix,
             "GPUORCH_STATE_DIR": str(self.state_dir.resolve()),

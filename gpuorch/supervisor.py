@@ -41,6 +41,7 @@ from typing import Any
 import structlog
 
 from gpuorch.backoff import BackoffPolicy, RestartDecision, decide_restart
+from gpuorch.config import Tuning
 from gpuorch.system import SERVICES, Proc, StartError, System
 
 log = structlog.get_logger("gpuorch.supervisor")
@@ -62,14 +63,8 @@ class SupervisorError(RuntimeError):
 
 
 def policy_from_env(env: dict[str, str] | None = None) -> BackoffPolicy:
-    env = dict(os.environ if env is None else env)
-    d = BackoffPolicy()
-    return BackoffPolicy(
-        initial=float(env.get("GPUORCH_RESTART_INITIAL", d.initial)),
-        factor=float(env.get("GPUORCH_RESTART_FACTOR", d.factor)),
-        cap=float(env.get("GPUORCH_RESTART_MAX", d.cap)),
-        healthy_after=float(env.get("GPUORCH_RESTART_RESET", d.healthy_after)),
-    )
+    t = Tuning.from_env(env)
+    return BackoffPolicy(initial=t.restart_initial, factor=t.restart_factor, cap=t.restart_max, healthy_after=t.restart_reset)
 
 
 def exit_status(returncode: int | None) -> tuple[int | None, str | None]:
@@ -397,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = ap.parse_args(argv)
     from gpuorch.runtime.logs import configure_logging
 
-    configure_logging("supervisor", os.environ.get("GPUORCH_LOG_LEVEL", "INFO"))
+    configure_logging("supervisor", Tuning.from_env().log_level)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:

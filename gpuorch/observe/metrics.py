@@ -15,13 +15,13 @@ import json
 import os
 import weakref
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gpuorch.config import Settings
 from gpuorch_proto import Base, ClusterSnapshot, type_tag
 from gpuorch_proto import events as ev
 
@@ -46,6 +46,7 @@ LOST = Counter("gpuorch_attempts_lost", "Attempts declared lost (their cluster s
 CONSUMER_LAG = Gauge("gpuorch_consumer_lag_messages", "Messages left for a durable consumer after its latest fetch", ["stream", "durable"])
 QUEUE_DEPTH = Gauge("gpuorch_queue_depth", "Pending jobs in each destination queue (from inventory snapshots)", ["cluster", "queue"])
 REACHABLE = Gauge("gpuorch_cluster_reachable", "1 when the cluster answered inventory's latest list, else 0", ["cluster"])
+KUBE_REQUESTS = Counter("gpuorch_kube_requests", "Kubernetes API calls made, by cluster, verb (list, watch, get, create, ...) and resource", ["cluster", "verb", "resource"])
 CLUSTERS_LOST = Gauge("gpuorch_clusters_lost", "Clusters that do not answer (from inventory snapshots)")
 
 _projection: Any = None  # weakref.ref to the live Projection
@@ -138,15 +139,15 @@ REGISTRY.register(_ProjectionCollector())
 
 def start_server(service: str, log: Any = None) -> str | None:
     """Serve `/metrics` in a thread; returns its URL (None when disabled by `GPUORCH_METRICS_PORT=off`)."""
-    raw = os.environ.get(PORT_ENV, "0").strip()
+    settings = Settings.from_env()
+    raw = settings.tuning.metrics_port.strip()
     if raw.lower() in ("off", "none", "-1"):
         return None
-    addr = os.environ.get(ADDR_ENV, "127.0.0.1")
+    addr = settings.tuning.metrics_addr
     server, _thread = start_http_server(int(raw or 0), addr=addr)
     url = f"http://{addr}:{server.server_port}/metrics"
-    state = os.environ.get("GPUORCH_STATE_DIR")
-    if state:
-        d = Path(state) / "metrics"
+    if settings.state_dir:
+        d = settings.state_dir / "metrics"
         d.mkdir(parents=True, exist_ok=True)
         (d / f"{service}-{os.getpid()}.json").write_text(json.dumps({"service": service, "pid": os.getpid(), "url": url}))
     if log is not None:

@@ -31,6 +31,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, KeyValueConfig, RetentionPolicy, StorageType, StreamConfig
 
+from gpuorch.config import Tuning
 from gpuorch_proto import Names, kv_buckets, streams
 from gpuorch_proto.subjects import StreamSpec
 
@@ -190,7 +191,7 @@ async def await_topology(js: JetStreamContext, names: Names, timeout: float = 60
 
 def replicas() -> int:
     """Stream and bucket replicas: 1 on one server, 3 (or 5) on a JetStream cluster."""
-    return max(1, int(os.environ.get("GPUORCH_REPLICAS", "1")))
+    return Tuning.from_env().replicas
 
 
 MAX_MSG_SIZE = 1024 * 1024  # bytes, as the server's max_payload (gpuorch.security.bundle.MAX_PAYLOAD)
@@ -202,14 +203,12 @@ def stream_limits(spec: StreamSpec) -> dict[str, Any]:
     """Caps of each stream: commands expire (`GPUORCH_CMD_MAX_AGE`, default 7 days, never below
     the duplicate window), sizes capped (`GPUORCH_<CMD|EVT|INVENTORY>_MAX_BYTES`), every
     message at most MAX_MSG_SIZE. The event log is the record: it does not expire by age."""
+    t = Tuning.from_env()
     kind = spec.name.rsplit("_", 1)[-1]
-    default_bytes = {"CMD": 256 << 20, "EVT": 4 << 30, "INVENTORY": 64 << 20}.get(kind, 256 << 20)
-    limits: dict[str, Any] = {
-        "max_msg_size": MAX_MSG_SIZE,
-        "max_bytes": int(os.environ.get(f"GPUORCH_{kind}_MAX_BYTES", default_bytes)),
-    }
+    max_bytes = {"CMD": t.cmd_max_bytes, "EVT": t.evt_max_bytes, "INVENTORY": t.inventory_max_bytes}.get(kind, t.cmd_max_bytes)
+    limits: dict[str, Any] = {"max_msg_size": MAX_MSG_SIZE, "max_bytes": max_bytes}
     if kind == "CMD":
-        limits["max_age"] = max(float(os.environ.get("GPUORCH_CMD_MAX_AGE", 7 * DAY)), spec.duplicate_window_s)
+        limits["max_age"] = max(t.cmd_max_age, spec.duplicate_window_s)
     return limits
 
 

@@ -45,6 +45,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, PubAck
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, Status, StatusCode
 
+from gpuorch.config import Tuning
 from gpuorch.observe import metrics
 from gpuorch_proto import Base, ContractError, Event, FieldError, Names, encode, type_tag, workload_id_for
 from gpuorch_proto.codec import decode_event, is_msgpack
@@ -965,7 +966,7 @@ async def serve(
 
     A second signal cancels `main`. The tracer provider is flushed and shut down on the way out.
     """
-    logs.configure_logging(name, log_level or os.environ.get("GPUORCH_LOG_LEVEL", "INFO"))
+    logs.configure_logging(name, log_level or Tuning.from_env().log_level)
     provider = telemetry.setup_tracing(name)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

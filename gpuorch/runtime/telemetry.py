@@ -35,6 +35,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, Sp
 from opentelemetry.trace import Span, SpanKind, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from gpuorch.config import Tuning
+
 __all__ = [
     "TRACE_FILE_ENV",
     "JsonlSpanExporter",
@@ -152,7 +154,7 @@ def setup_tracing(service_name: str, exporter: SpanExporter | None = None) -> Tr
     provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
-    trace_file = os.environ.get(TRACE_FILE_ENV)
+    trace_file = Tuning.from_env().trace_file
     if trace_file:
         provider.add_span_processor(SimpleSpanProcessor(JsonlSpanExporter(trace_file)))
     if otlp_wanted(os.environ):

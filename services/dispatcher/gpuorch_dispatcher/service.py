@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -93,25 +92,25 @@ class Dispatcher:
         self.registry = load_registry(settings.registry) if settings.registry else None
         self.clients: dict[str, ClusterClient] = make_clients(settings.kubeconfig) if settings.kubeconfig else {}
         self.contacts: dict[str, core.Contact] = {}  # cluster -> its answers to our list calls
-        self.interval = float(os.environ.get("GPUORCH_DISPATCH_INTERVAL", "0.5"))
-        self.lost_after = float(os.environ.get("GPUORCH_LOST_AFTER", "3"))
+        self.interval = settings.tuning.dispatch_interval
+        self.lost_after = settings.tuning.lost_after
         # real seconds a pod may stay unplaceable (no node could ever take it) before its attempt fails
-        self.unschedulable_grace = float(os.environ.get("GPUORCH_UNSCHEDULABLE_AFTER", str(core.UNSCHEDULABLE_GRACE)))
+        self.unschedulable_grace = settings.tuning.unschedulable_after
         self.publisher: Publisher | None = None
         self.kv_staged: Any = None
         self.kv_owners: Any = None
-        self.me = os.environ.get("GPUORCH_DISPATCHER_ID", "0")
+        self.me = settings.tuning.dispatcher_id
         self.verifier = Verifier(load_identities(settings.identities)) if settings.identities else None  # who may cancel
-        self.owner_ttl = float(os.environ.get("GPUORCH_OWNER_TTL", "6"))
+        self.owner_ttl = settings.tuning.owner_ttl
         self.owned: dict[str, int] = {}  # workload id -> revision of our lease in the owners bucket
         self.busy: dict[str, int] = {}  # workload id -> handlers now acting on it (creating its Job, ...)
-        self.reconcile_every = float(os.environ.get("GPUORCH_RECONCILE_INTERVAL", "1.0"))
+        self.reconcile_every = settings.tuning.reconcile_interval
         self.unknown_cancel_retries = 3  # deliveries of a cancel for an id we do not know before `rejected`
         self.js: Any = None
         self.created: dict[str, set[str]] = {}  # workload id -> attempts whose Job this process created
         # workloads handled at once (each workload's events still in order): Job creates in flight
-        self.concurrency = int(os.environ.get("GPUORCH_DISPATCH_CONCURRENCY", "64"))
-        self.kube_pool = ThreadPoolExecutor(max_workers=int(os.environ.get("GPUORCH_KUBE_THREADS", "16")), thread_name_prefix="kube")
+        self.concurrency = settings.tuning.dispatch_concurrency
+        self.kube_pool = ThreadPoolExecutor(max_workers=settings.tuning.kube_threads, thread_name_prefix="kube")
 
     def environment(self, attempts: Sequence[AttemptView] = ()) -> core.Environment:
         reg = self.registry.clusters if self.registry else {}
@@ -431,4 +430,4 @@ class Dispatcher:
 
 
 def main() -> None:
-    run_service("dispatcher", Dispatcher(Settings.from_env()).run)
+    run_service("dispatcher", Dispatcher(Settings.for_service("dispatcher")).run)

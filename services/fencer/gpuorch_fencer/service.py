@@ -90,9 +90,9 @@ class Fencer:
         self.pursuits: dict[str, Pursuit] = {}
         self.kv: Any = None
         self.publisher: Publisher | None = None
-        self.interval = float(os.environ.get("GPUORCH_FENCE_INTERVAL", "0.5"))
-        self.orphan_grace = float(os.environ.get("GPUORCH_ORPHAN_GRACE", str(core.ORPHAN_GRACE)))
-        self.orphan_grace_unknown = float(os.environ.get("GPUORCH_ORPHAN_GRACE_UNKNOWN", str(core.ORPHAN_GRACE_UNKNOWN)))
+        self.interval = settings.tuning.fence_interval
+        self.orphan_grace = settings.tuning.orphan_grace
+        self.orphan_grace_unknown = settings.tuning.orphan_grace_unknown
         self.time_scale = load_registry(settings.registry).time_scale if settings.registry else 1.0
         self.js: Any = None
         self.store_names: list[str] | None = _registry_stores(settings)  # None: no registry to check against
@@ -385,4 +385,4 @@ def _attempt_event(p: Pursuit) -> ev.AttemptEvent:
 
 
 def main() -> None:
-    run_service("fencer", Fencer(Settings.from_env()).run)
+    run_service("fencer", Fencer(Settings.for_service("fencer")).run)

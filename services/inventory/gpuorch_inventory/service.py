@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -310,23 +309,9 @@ class Inventory:
             await nc.close()
 
 
-def _seconds(env: Mapping[str, str], key: str, default: float) -> float:
-    raw = env.get(key)
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SystemExit(f"inventory: {key}={raw!r} is not a number of seconds") from None
-    if value <= 0:
-        raise SystemExit(f"inventory: {key}={raw!r} must be > 0")
-    return value
-
-
 def main() -> None:
-    settings = Settings.from_env()
-    interval = _seconds(os.environ, "GPUORCH_INVENTORY_INTERVAL", DEFAULT_INTERVAL)
-    heartbeat = _seconds(os.environ, "GPUORCH_INVENTORY_HEARTBEAT", DEFAULT_HEARTBEAT)
+    settings = Settings.for_service("inventory")
+    interval, heartbeat = settings.tuning.inventory_interval, settings.tuning.inventory_heartbeat
 
     async def start(stop: asyncio.Event) -> None:
         # built inside the loop (it owns asyncio.Events); a bad configuration fails fast

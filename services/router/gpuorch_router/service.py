@@ -10,7 +10,6 @@ attempt was lost come from the log and end (`core.exclusions`). It never talks t
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -61,7 +60,7 @@ class Router:
         self.republish_min_interval = core.REPUBLISH_MIN_INTERVAL  # per workload, between re-published waits
         # submits (by idempotency key) and events (by workload) handled this many at a time, one
         # workload's in order: decisions are per workload (the policy reserves nothing across them)
-        self.concurrency = max(1, int(os.environ.get("GPUORCH_ROUTER_CONCURRENCY", "64")))
+        self.concurrency = settings.tuning.router_concurrency
         self.publisher: Publisher | None = None
         self.verifier = Verifier(load_identities(settings.identities)) if settings.identities else None
 
@@ -264,5 +263,5 @@ class Router:
 
 
 def main() -> None:
-    settings = Settings.from_env()
+    settings = Settings.for_service("router")
     run_service("router", Router(settings).run)
