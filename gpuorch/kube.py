@@ -6,9 +6,12 @@ means it did not: that is the line between `gone` and `lost` (see unreachable())
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import urllib3
 import yaml
@@ -19,12 +22,47 @@ READ_TIMEOUT = 5.0
 TIMEOUT = (CONNECT_TIMEOUT, READ_TIMEOUT)
 
 
+def request_kind(method: str, url: str) -> tuple[str, str]:
+    """(verb, resource) of one API call: ("list", "pods"), ("watch", "jobs"), ("create", "jobs")..."""
+    parts = urlsplit(url)
+    segs = [s for s in parts.path.split("/") if s]
+    if segs[:2] == ["api", "v1"]:
+        segs = segs[2:]
+    elif segs[:1] == ["apis"] and len(segs) >= 3:
+        segs = segs[3:]
+    watching = bool(segs) and segs[0] == "watch"
+    if watching:
+        segs = segs[1:]
+    if len(segs) >= 3 and segs[0] == "namespaces":
+        segs = segs[2:]
+    resource = segs[0] if segs else "other"
+    named = len(segs) >= 2
+    watching = watching or parse_qs(parts.query).get("watch", [""])[0].lower() == "true"
+    method = method.upper()
+    if method == "GET":
+        verb = "get" if named else ("watch" if watching else "list")
+    else:
+        verb = {"POST": "create", "DELETE": "delete", "PATCH": "patch", "PUT": "update"}.get(method, method.lower())
+    return verb, resource
+
+
 @dataclass
 class ClusterClient:
     name: str
     api: client.ApiClient
     core: client.CoreV1Api
     batch: client.BatchV1Api
+    #: API calls made through this client, by (verb, resource): see `count_calls`
+    calls: Counter[tuple[str, str]] = field(default_factory=Counter)
+    _calls_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def count(self, verb: str, resource: str) -> None:
+        with self._calls_lock:
+            self.calls[(verb, resource)] += 1
+
+    def calls_now(self) -> Counter[tuple[str, str]]:
+        with self._calls_lock:
+            return Counter(self.calls)
 
     def sanitize(self, obj: Any) -> Any:
         return self.api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
@@ -42,7 +80,25 @@ def make_client(kubeconfig: Path, context: str) -> ClusterClient:
     cfg.retries = urllib3.Retry(total=1, connect=1, read=0, status=0, backoff_factor=0.1)
     cfg.connection_pool_maxsize = 32  # calls in flight per cluster (the dispatcher pipelines creates)
     api = client.ApiClient(cfg)
-    return ClusterClient(name=context, api=api, core=client.CoreV1Api(api), batch=client.BatchV1Api(api))
+    cc = ClusterClient(name=context, api=api, core=client.CoreV1Api(api), batch=client.BatchV1Api(api))
+    count_calls(cc)
+    return cc
+
+
+def count_calls(cc: ClusterClient) -> None:
+    """Count every API call of `cc` (in `cc.calls` and the `gpuorch_kube_requests` metric):
+    wraps the client's `ApiClient.call_api`, through which every generated method goes."""
+    from gpuorch.observe import metrics  # not at import time: metrics imports config
+
+    inner = cc.api.call_api
+
+    def call_api(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        verb, resource = request_kind(method, url)
+        cc.count(verb, resource)
+        metrics.KUBE_REQUESTS.labels(cc.name, verb, resource).inc()
+        return inner(method, url, *args, **kwargs)
+
+    cc.api.call_api = call_api  # type: ignore[method-assign]
 
 
 def make_clients(kubeconfig: Path) -> dict[str, ClusterClient]:

@@ -1,0 +1,306 @@
+"""Following a cluster the way client-go informers do: list once, then watch.
+
+An :class:`Informer` keeps a local cache of one resource of one cluster (for example the Jobs
+with gpuorch's labels in the workload namespace). Its thread (the official client is
+synchronous) does what client-go's reflector does:
+
+1. **list** once (``_preload_content=False``: the raw JSON, no model objects) and replace the
+   cache with the answer; remember the list's ``resourceVersion``;
+2. **watch** from that resourceVersion (``kubernetes.watch.Watch().stream`` with
+   ``resource_version``, ``allow_watch_bookmarks`` and ``timeout_seconds``), applying ADDED,
+   MODIFIED and DELETED to the cache and moving the resourceVersion with every event and
+   bookmark; when the server ends the watch at ``timeout_seconds``, watch again from where it
+   stopped (no list);
+3. on **410 Gone** (an ``ApiException`` with status 410, which the client raises for an ``ERROR``
+   event with code 410 as well): the history the watch needed was compacted, so list again
+   (step 1). Every change is in the new list, so nothing is missed;
+4. on any other failure (no answer, or an API error), wait with exponential backoff and try
+   again from the last resourceVersion.
+
+Readers (the services' asyncio loops) read the cache without any API call: :meth:`items`,
+:meth:`get`, :meth:`covers`. The cost against the cluster is one list at start (and after a
+410) plus one watch per ``timeout_seconds``, whatever the number of objects or live attempts.
+
+Reachability is reported as facts with times, not decided here: every call's outcome goes to
+``on_contact(answered, at, error)``. A watch that is open and quiet reports nothing until it
+ends cleanly at ``timeout_seconds`` (then ``answered=True``); its read timeout is
+``timeout_seconds + READ_MARGIN``, so a connection that hangs (a real network partition) is a
+failed call after at most that long. A refused or reset connection (the local clusters'
+``partition``) fails at once. The dispatcher folds these facts with ``core.contact``/``silence``
+(its rule for "lost"); inventory marks a cluster unreachable while its latest call failed.
+
+resourceVersions are compared as integers (:meth:`covers`): etcd revisions and the local
+clusters' counter are; Kubernetes calls them opaque, so :meth:`covers` is used only to wait for
+the cache to hold an object this process has just created.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes import watch
+from kubernetes.client.exceptions import ApiException
+
+from gpuorch.kube import CONNECT_TIMEOUT, TIMEOUT
+
+#: Seconds a watch stays open before the server ends it (and it is opened again from its
+#: resourceVersion): also the longest a quiet cluster goes without a reported answer.
+WATCH_SECONDS = 4
+#: A watch's read timeout is WATCH_SECONDS plus this: a hung connection fails after that long.
+READ_MARGIN = 2.0
+BACKOFF_MIN = 0.2
+BACKOFF_MAX = 5.0
+
+ContactFn = Callable[[bool, float, str], None]
+Key = tuple[str, str]  # (namespace, name)
+
+
+def _key(obj: dict[str, Any]) -> Key:
+    meta = obj.get("metadata") or {}
+    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+
+
+def _rv(value: Any) -> int | None:
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def describe(exc: BaseException) -> str:
+    """A short text for a failed call (no object addresses)."""
+    if isinstance(exc, ApiException):
+        return f"api error: {exc.status} {exc.reason}".strip()
+    reason = getattr(exc, "reason", None)  # urllib3 MaxRetryError wraps the cause
+    cause = reason if isinstance(reason, BaseException) else exc
+    text = str(cause).split(": ", 1)[-1] if ">: " in str(cause) else str(cause)
+    return f"unreachable: {type(cause).__name__}: {text}"[:300]
+
+
+class Informer:
+    """A cache of one resource of one cluster, kept by list-then-watch in its own thread.
+
+    `list_fn` is the official client's list method (``BatchV1Api.list_namespaced_job``,
+    ``CoreV1Api.list_pod_for_all_namespaces``, ...); `namespace` is passed first when given.
+    """
+
+    def __init__(
+        self,
+        cluster: str,
+        list_fn: Callable[..., Any],
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        watch_seconds: int = WATCH_SECONDS,
+        on_contact: ContactFn | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.cluster = cluster
+        self.list_fn = list_fn
+        self.namespace = namespace
+        self.label_selector = label_selector
+        self.watch_seconds = watch_seconds
+        self.on_contact = on_contact
+        self.clock = clock
+        self.synced = threading.Event()  # set after the first successful list
+        self.lists = 0  # lists made (1 at start, +1 per 410 Gone)
+        self.watches = 0  # watch calls opened
+        self.gone = 0  # 410 Gone answers
+        self.generation = 0  # moves with every change of the cache
+        self.last_error = ""
+        self._rv: int | None = None  # None: list before watching
+        self._cache: dict[Key, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._watch: watch.Watch | None = None
+        self._thread: threading.Thread | None = None
+
+    # --- reading (any thread) -----------------------------------------------------------------
+    @property
+    def resource_version(self) -> int | None:
+        """The resourceVersion the cache reflects (None before the first list)."""
+        return self._rv
+
+    def items(self) -> list[dict[str, Any]]:
+        """The cached objects (plain dicts as the API serves them; do not mutate them)."""
+        with self._lock:
+            return list(self._cache.values())
+
+    def get(self, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        with self._lock:
+            return self._cache.get((namespace if namespace is not None else self.namespace or "", name))
+
+    def covers(self, resource_version: int) -> bool:
+        """Has the cache seen everything up to `resource_version` (e.g. an object just created)?"""
+        rv = self._rv
+        return rv is not None and rv >= resource_version
+
+    # --- life ---------------------------------------------------------------------------------
+    def start(self) -> Informer:
+        """Start (or, after `stop`, resume from the cache's resourceVersion, as a reflector does
+        after a long disconnection: a 410 then means a fresh list)."""
+        if self._thread is None or not self._thread.is_alive():
+            self._stop.clear()
+            name = f"informer-{self.cluster}-{getattr(self.list_fn, '__name__', 'list')}"
+            self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        w = self._watch
+        if w is not None:
+            w.stop()  # type: ignore[no-untyped-call]
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # --- the reflector loop (its own thread) --------------------------------------------------
+    def _args(self) -> tuple[Any, ...]:
+        return (self.namespace,) if self.namespace is not None else ()
+
+    def _selector(self) -> dict[str, Any]:
+        return {"label_selector": self.label_selector} if self.label_selector else {}
+
+    def _contact(self, answered: bool, error: str = "") -> None:
+        self.last_error = error
+        if self.on_contact is not None:
+            self.on_contact(answered, self.clock(), error)
+
+    def _run(self) -> None:
+        delay = BACKOFF_MIN
+        while not self._stop.is_set():
+            try:
+                if self._rv is None:
+                    self._list()
+                self._watch_once()
+                delay = BACKOFF_MIN
+            except ApiException as exc:
+                if exc.status == 410:  # the history we needed was compacted: list again, at once
+                    self.gone += 1
+                    self._rv = None
+                    self._contact(True)
+                    continue
+                self._contact(False, describe(exc))
+            except Exception as exc:  # no answer (connection refused, reset, timed out)
+                self._contact(False, describe(exc))
+            else:
+                continue
+            if self._stop.wait(delay):
+                return
+            delay = min(delay * 2, BACKOFF_MAX)
+
+    def _list(self) -> None:
+        resp = self.list_fn(*self._args(), **self._selector(), _preload_content=False, _request_timeout=TIMEOUT)
+        try:
+            doc = json.loads(resp.data)
+        finally:
+            resp.release_conn()
+        items = {_key(o): o for o in doc.get("items") or []}
+        rv = _rv((doc.get("metadata") or {}).get("resourceVersion"))
+        with self._lock:
+            self._cache = items
+            self.generation += 1
+        self._rv = rv if rv is not None else 0
+        self.lists += 1
+        self.synced.set()
+        self._contact(True)
+
+    def _watch_once(self) -> None:
+        w = self._watch = watch.Watch(return_type=object)  # type: ignore[no-untyped-call]  # raw dicts, no models
+        self.watches += 1
+        try:
+            stream = w.stream(  # type: ignore[no-untyped-call]
+                self.list_fn, *self._args(), **self._selector(),
+                resource_version=str(self._rv), allow_watch_bookmarks=True, timeout_seconds=self.watch_seconds,
+                _request_timeout=(CONNECT_TIMEOUT, self.watch_seconds + READ_MARGIN),
+            )  # fmt: skip
+            for event in stream:
+                self._apply(event)
+                if self._stop.is_set():
+                    w.stop()  # type: ignore[no-untyped-call]
+        finally:
+            self._watch = None
+        self._contact(True)  # the server ended the watch at timeout_seconds: reachable, maybe quiet
+
+    def _apply(self, event: dict[str, Any]) -> None:
+        kind, obj = event.get("type"), event.get("raw_object") or event.get("object")
+        if not isinstance(obj, dict):
+            return
+        rv = _rv((obj.get("metadata") or {}).get("resourceVersion"))
+        if kind in ("ADDED", "MODIFIED", "DELETED"):
+            with self._lock:
+                if kind == "DELETED":
+                    self._cache.pop(_key(obj), None)
+                else:
+                    self._cache[_key(obj)] = obj
+                self.generation += 1
+        if rv is not None:  # BOOKMARK too: only the resourceVersion moves
+            self._rv = rv
+        self._contact(True)
+
+
+class ClusterInformers:
+    """The informers of one cluster, sharing one stream of contact facts.
+
+    `contacts()` returns (and forgets) the facts reported since the last call, in order:
+    ``(answered, at, error)``; the reader folds them with its own rule (the dispatcher's
+    `core.contact`). `failing`, `last_ok` and `error` are the latest facts, for inventory.
+    """
+
+    def __init__(self, cluster: str, keep: int = 1000) -> None:
+        self.cluster = cluster
+        self.informers: dict[str, Informer] = {}
+        self._facts: list[tuple[bool, float, str]] = []
+        self._keep = keep
+        self._lock = threading.Lock()
+        self.failing = False  # the latest call failed
+        self.last_ok: float | None = None  # when the cluster last answered
+        self.error = ""  # why the latest call failed
+
+    def report(self, answered: bool, at: float, error: str) -> None:
+        """One call's outcome. Repeats are folded (a run of answers keeps only the latest, a
+        run of failures only the first): nothing the contact rule reads is lost."""
+        with self._lock:
+            last = self._facts[-1] if self._facts else None
+            if last is not None and last[0] == answered:
+                if answered:
+                    self._facts[-1] = (answered, at, error)
+            else:
+                self._facts.append((answered, at, error))
+                if len(self._facts) > self._keep:
+                    del self._facts[: len(self._facts) - self._keep]
+            self.failing, self.error = not answered, error
+            if answered:
+                self.last_ok = at
+
+    def contacts(self) -> list[tuple[bool, float, str]]:
+        with self._lock:
+            out, self._facts = self._facts, []
+            return out
+
+    def add(self, name: str, list_fn: Callable[..., Any], **kw: Any) -> Informer:
+        inf = Informer(self.cluster, list_fn, on_contact=self.report, **kw)
+        self.informers[name] = inf
+        return inf
+
+    def __getitem__(self, name: str) -> Informer:
+        return self.informers[name]
+
+    @property
+    def synced(self) -> bool:
+        return all(i.synced.is_set() for i in self.informers.values())
+
+    def start(self) -> ClusterInformers:
+        for i in self.informers.values():
+            i.start()
+        return self
+
+    def stop(self) -> None:
+        for i in self.informers.values():
+            i._stop.set()
+        for i in self.informers.values():
+            i.stop()
