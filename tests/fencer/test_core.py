@@ -186,3 +186,73 @@ def test_replacement_verdict_at_the_epoch_bump(policy: str, stopped: bool, at_bu
 def test_lease_expiry_allows_the_strict_replacement_as_lease_expired() -> None:
     evts = core.confirm(fence(1, 1), 9.0, "lease-expired", replacement_pending=True)
     assert isinstance(evts[1], ev.ReplacementAllowed) and evts[1].how == "lease-expired"
+
+
+# --- the pursuit rules (the shell and the simulation call these; neither keeps a copy) ---------
+
+
+def _pursuit(**kw: object) -> core.Pursuit:
+    base: dict[str, object] = dict(workload_id="w", attempt_id="w-a1", epoch=1, cluster="alpha", namespace="gpuorch",
+                                   job_name="w-a1", lease_expires_at=100.0)
+    base.update(kw)
+    return core.Pursuit(**base)  # type: ignore[arg-type]
+
+
+def test_an_unreachable_attempt_is_presumed_dead_only_after_its_lease() -> None:
+    p = _pursuit(replacement_pending=True)
+    assert core.pursuit_unreachable(p, False, now=99.0) == ([], p)  # lease still running
+    assert core.pursuit_unreachable(p, True, now=200.0) == ([], p)  # its end is already on record
+    assert core.pursuit_unreachable(p, None, now=200.0) == ([], p)  # not in the log's view
+    evts, after = core.pursuit_unreachable(p, False, now=200.0)
+    assert [type(e) for e in evts] == [ev.CancelConfirmed, ev.ReplacementAllowed]
+    assert isinstance(evts[0], ev.CancelConfirmed) and evts[0].how == "lease-expired"
+    assert after.orphan_reason == core.LEASE_EXPIRED_ORPHAN and not after.replacement_pending
+    assert p.orphan_reason is None  # the input is not changed
+    assert core.pursuit_unreachable(after, False, now=300.0) == ([], after)  # once
+
+
+def test_a_confirmed_pursuit_records_the_attempt_or_the_orphan() -> None:
+    evts = core.pursuit_confirmed(_pursuit(), "deleted", now=5.0)
+    assert [type(e) for e in evts] == [ev.CancelConfirmed]
+    orphan = core.pursuit_confirmed(_pursuit(orphan_reason="stale epoch", replacement_pending=True), "deleted", now=5.0)
+    assert [type(e) for e in orphan] == [ev.OrphanDeleted, ev.ReplacementAllowed]
+    assert isinstance(orphan[0], ev.OrphanDeleted) and orphan[0].reason == "stale epoch"
+
+
+def test_a_found_job_is_read_from_its_labels() -> None:
+    from gpuorch_proto.k8s import LABEL_ATTEMPT, LABEL_EPOCH, LABEL_WORKLOAD
+
+    f = core.found_job({LABEL_WORKLOAD: "w", LABEL_ATTEMPT: "w-a2", LABEL_EPOCH: "3"}, "alpha", "gpuorch", "job")
+    assert (f.workload_id, f.attempt_id, f.epoch) == ("w", "w-a2", 3)
+    bad = core.found_job({LABEL_WORKLOAD: "w", LABEL_EPOCH: "three"}, "alpha", "gpuorch", "job")
+    assert (bad.attempt_id, bad.epoch) == ("job", 0)  # no attempt label: the Job's name; bad epoch: the stalest
+
+
+def test_after_a_restart_every_fenced_attempt_not_confirmed_gone_is_pursued_from_its_fence_request() -> None:
+    from gpuorch.projection import Projection
+    from tests.support.builders import make_workload
+
+    wl = make_workload("train")
+    wid = "w1"
+    proj = Projection()
+    base = dict(workload_id=wid, cluster="alpha")
+
+    def created_(n: int) -> ev.AttemptCreated:
+        return ev.AttemptCreated(**base, at=1.0, attempt_id=f"{wid}-a{n}", epoch=n, attempt_number=n,  # type: ignore[arg-type]
+                                 job_name=f"{wid}-a{n}", output_path="/o", checkpoint_path="/c")
+
+    evts: list[ev.Base] = [
+        ev.Submitted(workload_id=wid, at=0.0, workload=wl), created_(1), created_(2),
+        ev.FenceRequested(**base, at=50.0, attempt_id=f"{wid}-a1", epoch=1, reason="lost"),  # type: ignore[arg-type]
+        ev.Fenced(**base, at=50.5, attempt_id=f"{wid}-a1", epoch=1, new_epoch=2),  # type: ignore[arg-type]
+        ev.FenceRequested(**base, at=60.0, attempt_id=f"{wid}-a2", epoch=2, reason="cancel"),  # type: ignore[arg-type]
+        ev.Fenced(**base, at=60.5, attempt_id=f"{wid}-a2", epoch=2, new_epoch=3),  # type: ignore[arg-type]
+        ev.CancelConfirmed(**base, at=61.0, attempt_id=f"{wid}-a2", epoch=2),  # type: ignore[arg-type]
+    ]
+    for seq, e in enumerate(evts, 1):
+        proj.apply(e, seq)
+    got = core.pursuits_to_resume(proj.workloads.values(), time_scale=1.0)
+    assert [p.attempt_id for p in got] == [f"{wid}-a1"]  # a2 is confirmed gone; a live attempt is not pursued
+    (p,) = got
+    assert p.lease_expires_at == core.lease_expires_at(50.0, wl.spec.lease, 1.0)  # from the request, not from now
+    assert p.replacement_pending and p.orphan_reason is None

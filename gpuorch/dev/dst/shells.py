@@ -24,7 +24,7 @@ from gpuorch_inventory import core as icore
 from gpuorch_proto import ClusterSnapshot, Event, FenceRecord, OwnerLease, event_id, workload_id_for
 from gpuorch_proto import events as ev
 from gpuorch_proto.events import message_ref
-from gpuorch_proto.k8s import LABEL_ATTEMPT, LABEL_EPOCH, LABEL_WORKLOAD, NAMESPACE
+from gpuorch_proto.k8s import NAMESPACE
 from gpuorch_proto.subjects import valid_token
 from gpuorch_router import core as rcore
 from gpuorch_router.policy import SnapshotIndex, build_index
@@ -503,22 +503,7 @@ class DispatcherSim(Service):
 # =============================================================================== fencer
 
 
-@dataclass
-class Pursuit:
-    workload_id: str
-    attempt_id: str
-    epoch: int
-    cluster: str
-    namespace: str
-    job_name: str
-    lease_expires_at: float
-    orphan_reason: str | None = None
-    deleted: bool = False
-    replacement_pending: bool = False  # strict: the verdict on its replacement waits for this confirmation
-
-
-def _attempt_event(p: Pursuit) -> ev.AttemptEvent:
-    return ev.Admitted(workload_id=p.workload_id, at=0.0, attempt_id=p.attempt_id, epoch=p.epoch, cluster=p.cluster)
+Pursuit = fcore.Pursuit
 
 
 class FencerSim(Service):
@@ -653,23 +638,17 @@ class FencerSim(Service):
             now = self.w.now
             view = self.projection.get(p.workload_id)
             a = view.attempts.get(p.attempt_id) if view else None
-            # shell logic: when an unreachable attempt is presumed dead
-            if p.orphan_reason is None and fcore.cancellation_due(p.lease_expires_at, now) and a is not None and a.cancel_confirmed is None:
-                for x in fcore.confirm(_attempt_event(p), now, "lease-expired", replacement_pending=p.replacement_pending):
-                    yield None
-                    self.w.publish(x, self.name)
-                p.orphan_reason, p.replacement_pending = "lease expired while unreachable", False
+            expired, after = fcore.pursuit_unreachable(p, None if a is None else a.cancel_confirmed is not None, now)
+            for x in expired:
+                yield None
+                self.w.publish(x, self.name)
+            if expired:
+                self.pursuits[key] = after
             return
         if how is None:
             return
         now = self.w.now
-        if p.orphan_reason:
-            evts: list[ev.Base] = [fcore.orphan_deleted(p.workload_id, p.attempt_id, p.epoch, p.cluster, p.job_name, p.orphan_reason, now)]
-            if p.replacement_pending:
-                evts.append(fcore.replacement_allowed(_attempt_event(p), now, "confirmed"))
-        else:
-            evts = fcore.confirm(_attempt_event(p), now, how, replacement_pending=p.replacement_pending)
-        for x in evts:
+        for x in fcore.pursuit_confirmed(p, how, now):
             yield None
             self.w.publish(x, self.name)
         self.pursuits.pop(key, None)
@@ -688,14 +667,10 @@ class FencerSim(Service):
     def judge(self, cluster: str, name: str, labels: dict[str, str], created: float, deleting: bool) -> Gen:
         if deleting:
             return
-        aid = labels.get(LABEL_ATTEMPT) or name
-        wid = fcore.orphan_workload_id(labels.get(LABEL_WORKLOAD, ""), cluster, NAMESPACE, name)
+        found = fcore.found_job(labels, cluster, NAMESPACE, name)
+        wid, aid, epoch = found.workload_id, found.attempt_id, found.epoch
         if aid in self.pursuits:
             return
-        try:
-            epoch = int(labels.get(LABEL_EPOCH) or 0)
-        except ValueError:
-            epoch = 0
         now = self.w.now
         view = self.projection.get(wid)
         known_attempt = view is not None and aid in view.attempts
@@ -714,19 +689,9 @@ class FencerSim(Service):
         self.w.log(self.name, f"orphan {cluster}/{name}: {reason}")
         self.pursuits[aid] = Pursuit(wid, aid, epoch, cluster, NAMESPACE, name, now, reason)
 
-    def resume_pursuits(self) -> None:  # shell logic (Fencer.resume_pursuits)
-        for view in self.projection.workloads.values():
-            for a in view.attempts.values():
-                if a.gone:
-                    continue
-                if a.promotion_rejected:
-                    pending = a.fenced and "replacement-allowed" not in a.times
-                    self.pursuits.setdefault(a.attempt_id, Pursuit(view.workload_id, a.attempt_id, a.epoch, a.cluster, a.namespace, a.job_name, 0.0, "promotion rejected", replacement_pending=pending))
-                elif a.fenced:
-                    asked = a.times.get("fence-requested", a.times.get("fenced", 0.0))
-                    lease = fcore.lease_expires_at(asked, view.workload.spec.lease, 1.0) if view.workload else asked
-                    pending = "replacement-allowed" not in a.times
-                    self.pursuits.setdefault(a.attempt_id, Pursuit(view.workload_id, a.attempt_id, a.epoch, a.cluster, a.namespace, a.job_name, lease, replacement_pending=pending))
+    def resume_pursuits(self) -> None:  # the fencer core's rule, as the shell calls it
+        for p in fcore.pursuits_to_resume(self.projection.workloads.values(), 1.0):
+            self.pursuits.setdefault(p.attempt_id, p)
 
 
 # =============================================================================== inventory

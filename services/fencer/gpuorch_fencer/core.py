@@ -12,13 +12,17 @@ promoted; an attempt whose epoch is not the current one never is.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
+from dataclasses import replace as _dc_replace
 from typing import Any, Literal
 
 from msgspec.structs import replace
 
+from gpuorch.projection import WorkloadView
 from gpuorch_proto import FenceRecord, event_id
 from gpuorch_proto import events as ev
+from gpuorch_proto.k8s import LABEL_ATTEMPT, LABEL_EPOCH, LABEL_WORKLOAD
 from gpuorch_proto.subjects import valid_token
 from gpuorch_proto.units import parse_duration
 
@@ -274,3 +278,95 @@ def result_path_for(output_path: str) -> str:
     """`<store>/<workload>/attempts/<attempt>` publishes to `<store>/<workload>/result`."""
     head, sep, _ = output_path.rstrip("/").rpartition("/attempts/")
     return f"{head}/result" if sep else f"{output_path.rstrip('/')}.result"
+
+
+# --- cancellation pursuit: the rules the shell (and the simulation) follow ----------------------
+
+
+@dataclass
+class Pursuit:
+    """A Job to delete and confirm gone. The shell performs the calls; these rules say what the
+    answers mean (`pursuit_confirmed`, `pursuit_unreachable`) and what to pursue after a restart
+    (`pursuits_to_resume`)."""
+
+    workload_id: str
+    attempt_id: str
+    epoch: int
+    cluster: str
+    namespace: str
+    job_name: str
+    lease_expires_at: float
+    orphan_reason: str | None = None  # set: confirm with orphan-deleted instead of cancel-confirmed
+    deleted: bool = False  # a delete of an existing Job was accepted (pods may still be terminating)
+    replacement_pending: bool = False  # strict: the verdict on its replacement waits for this confirmation
+
+    def attempt_event(self) -> ev.AttemptEvent:
+        """The attempt's identity as the event builders take it."""
+        return ev.Admitted(workload_id=self.workload_id, at=0.0, attempt_id=self.attempt_id, epoch=self.epoch, cluster=self.cluster)
+
+
+LEASE_EXPIRED_ORPHAN = "lease expired while unreachable"
+
+
+def pursuit_confirmed(p: Pursuit, how: ConfirmHow, now: float) -> list[ev.Base]:
+    """The Job is confirmed gone (`how`): what goes on record. An orphan's end is `orphan-deleted`
+    (and, if a strict replacement waited for it, its `replacement-allowed`); an attempt's is its
+    cancellation confirmation (`confirm`)."""
+    if p.orphan_reason:
+        out: list[ev.Base] = [orphan_deleted(p.workload_id, p.attempt_id, p.epoch, p.cluster, p.job_name, p.orphan_reason, now)]
+        if p.replacement_pending:
+            out.append(replacement_allowed(p.attempt_event(), now, "confirmed"))
+        return out
+    return confirm(p.attempt_event(), now, how, replacement_pending=p.replacement_pending)
+
+
+def pursuit_unreachable(p: Pursuit, cancel_confirmed: bool | None, now: float) -> tuple[list[ev.Base], Pursuit]:
+    """The cluster did not answer. Once the attempt's lease has expired (and nothing confirmed its
+    end yet) it is presumed dead: `lease-expired` goes on record, and the Job is still pursued as
+    an orphan, deleted when the cluster answers again. `cancel_confirmed`: None when the attempt
+    is not (or no longer) in the log's view, else whether its end is on record."""
+    if p.orphan_reason is not None or cancel_confirmed is None or cancel_confirmed or not cancellation_due(p.lease_expires_at, now):
+        return [], p
+    expired = confirm(p.attempt_event(), now, "lease-expired", replacement_pending=p.replacement_pending)
+    return list(expired), _dc_replace(p, orphan_reason=LEASE_EXPIRED_ORPHAN, replacement_pending=False)
+
+
+def pursuits_to_resume(workloads: Iterable[WorkloadView], time_scale: float) -> list[Pursuit]:
+    """After a restart: every fenced (or promotion-rejected) attempt not yet confirmed gone is
+    pursued again. The lease runs from the fence request, as the dispatcher computed it, never
+    from the restart."""
+    out: list[Pursuit] = []
+    for view in workloads:
+        for a in view.attempts.values():
+            if a.gone:
+                continue
+            if a.promotion_rejected:
+                pending = a.fenced and "replacement-allowed" not in a.times
+                out.append(Pursuit(view.workload_id, a.attempt_id, a.epoch, a.cluster, a.namespace, a.job_name, 0.0,
+                                   "promotion rejected", replacement_pending=pending))
+            elif a.fenced:
+                asked = a.times.get("fence-requested", a.times.get("fenced", 0.0))
+                lease = lease_expires_at(asked, view.workload.spec.lease, time_scale) if view.workload else asked
+                out.append(Pursuit(view.workload_id, a.attempt_id, a.epoch, a.cluster, a.namespace, a.job_name, lease,
+                                   replacement_pending="replacement-allowed" not in a.times))
+    return out
+
+
+@dataclass(frozen=True)
+class FoundJob:
+    """A managed Job seen on a cluster, read from its labels (the orphan collector's input)."""
+
+    workload_id: str
+    attempt_id: str
+    epoch: int
+
+
+def found_job(labels: dict[str, str], cluster: str, namespace: str, job_name: str) -> FoundJob:
+    """Which workload, attempt and epoch a managed Job claims (unparseable epoch: 0, the stalest)."""
+    aid = labels.get(LABEL_ATTEMPT) or job_name
+    wid = orphan_workload_id(labels.get(LABEL_WORKLOAD, ""), cluster, namespace, job_name)
+    try:
+        epoch = int(labels.get(LABEL_EPOCH) or 0)
+    except ValueError:
+        epoch = 0
+    return FoundJob(wid, aid, epoch)

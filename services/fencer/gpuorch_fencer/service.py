@@ -8,7 +8,6 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -22,9 +21,10 @@ from gpuorch.follow import Follower, every, run_until_stopped
 from gpuorch.kube import TIMEOUT, ClusterClient, make_clients, unreachable
 from gpuorch.runtime import bus, kv
 from gpuorch.runtime.shell import Incoming, Publisher, Reject, consume, run_service
+from gpuorch.runtime.snapshot import Snapshots, follower_body, restore_follower
 from gpuorch_proto import FenceRecord, decode_fence, encode
 from gpuorch_proto import events as ev
-from gpuorch_proto.k8s import LABEL_ATTEMPT, LABEL_EPOCH, LABEL_MANAGED, LABEL_WORKLOAD, NAMESPACE
+from gpuorch_proto.k8s import LABEL_MANAGED, NAMESPACE
 from gpuorch_proto.subjects import valid_token
 
 from . import core
@@ -32,22 +32,6 @@ from . import core
 log = structlog.get_logger("gpuorch.fencer")
 
 LABEL_JOB_NAME = "job-name"  # set on a Job's pods by the Job controller (every Kubernetes version)
-
-
-@dataclass
-class Pursuit:
-    """A Job to delete and confirm gone."""
-
-    workload_id: str
-    attempt_id: str
-    epoch: int
-    cluster: str
-    namespace: str
-    job_name: str
-    lease_expires_at: float
-    orphan_reason: str | None = None  # set: confirm with orphan-deleted instead of cancel-confirmed
-    deleted: bool = False  # a delete of an existing Job was accepted (pods may still be terminating)
-    replacement_pending: bool = False  # strict: the verdict on its replacement waits for this confirmation
 
 
 def publish_dir(src: str, dst: str) -> None:
@@ -87,7 +71,7 @@ class Fencer:
         self.names = settings.names
         self.follower = Follower()
         self.clients: dict[str, ClusterClient] = make_clients(settings.kubeconfig) if settings.kubeconfig else {}
-        self.pursuits: dict[str, Pursuit] = {}
+        self.pursuits: dict[str, core.Pursuit] = {}
         self.kv: Any = None
         self.publisher: Publisher | None = None
         self.interval = settings.tuning.fence_interval
@@ -204,7 +188,7 @@ class Fencer:
         job = a.job_name if a and a.job_name else e.attempt_id
         ns = a.namespace if a else NAMESPACE
         if e.attempt_id not in self.pursuits:
-            self.pursuits[e.attempt_id] = Pursuit(e.workload_id, e.attempt_id, e.epoch, e.cluster, ns, job, lease_expires_at, orphan_reason, replacement_pending=replacement_pending)
+            self.pursuits[e.attempt_id] = core.Pursuit(e.workload_id, e.attempt_id, e.epoch, e.cluster, ns, job, lease_expires_at, orphan_reason, replacement_pending=replacement_pending)
 
     # --- handler --------------------------------------------------------------------------------
     async def on_event(self, msg: Incoming) -> Sequence[ev.Base]:
@@ -230,7 +214,7 @@ class Fencer:
         return []
 
     # --- cancellation pursuit and orphan collection --------------------------------------------
-    def _delete_and_check(self, cc: ClusterClient, p: Pursuit) -> core.ConfirmHow | None:
+    def _delete_and_check(self, cc: ClusterClient, p: core.Pursuit) -> core.ConfirmHow | None:
         """Delete the Job; return how it is confirmed gone, or None while pods remain."""
         try:
             cc.batch.delete_namespaced_job(p.job_name, p.namespace, propagation_policy="Foreground", grace_period_seconds=5, _request_timeout=TIMEOUT)
@@ -264,7 +248,7 @@ class Fencer:
                     log.warning("pursuit.failed", attempt=p.attempt_id, error=str(exc))
         await every(stop, self.interval, tick, name="pursue_loop")
 
-    async def pursue_one(self, key: str, p: Pursuit) -> None:
+    async def pursue_one(self, key: str, p: core.Pursuit) -> None:
         assert self.publisher is not None
         cc = self.clients.get(p.cluster)
         now = time.time()
@@ -279,20 +263,14 @@ class Fencer:
                 log.warning("pursuit.error", attempt=p.attempt_id, error=str(exc))
             view = self.follower.projection.get(p.workload_id)
             a = view.attempts.get(p.attempt_id) if view else None
-            if p.orphan_reason is None and core.cancellation_due(p.lease_expires_at, now) and a is not None and a.cancel_confirmed is None:
-                expired = core.confirm(_attempt_event(p), now, "lease-expired", replacement_pending=p.replacement_pending)
+            expired, after = core.pursuit_unreachable(p, None if a is None else a.cancel_confirmed is not None, now)
+            if expired:
                 await self.publisher.publish(expired, context=self.follower.context(p.workload_id))
-                # keep pursuing: the orphan collector deletes it once the cluster answers
-                p.orphan_reason, p.replacement_pending = "lease expired while unreachable", False
+                self.pursuits[key] = after  # still pursued: deleted as an orphan once the cluster answers
             return
         if how is None:
             return
-        if p.orphan_reason:
-            evts: list[ev.Base] = [core.orphan_deleted(p.workload_id, p.attempt_id, p.epoch, p.cluster, p.job_name, p.orphan_reason, now)]
-            if p.replacement_pending:
-                evts.append(core.replacement_allowed(_attempt_event(p), now, "confirmed"))
-        else:
-            evts = core.confirm(_attempt_event(p), now, how, replacement_pending=p.replacement_pending)
+        evts = core.pursuit_confirmed(p, how, now)
         log.info("pursuit.confirmed", attempt=p.attempt_id, how=how, orphan=bool(p.orphan_reason))
         await self.publisher.publish(evts, context=self.follower.context(p.workload_id))
         self.pursuits.pop(key, None)  # only once it is on record
@@ -319,15 +297,10 @@ class Fencer:
         name, ns = meta["name"], meta.get("namespace", NAMESPACE)
         if meta.get("deletionTimestamp"):
             return  # already going
-        labels = meta.get("labels") or {}
-        aid = labels.get(LABEL_ATTEMPT) or name
-        wid = core.orphan_workload_id(labels.get(LABEL_WORKLOAD, ""), cluster, ns, name)
+        found = core.found_job(meta.get("labels") or {}, cluster, ns, name)
+        wid, aid, epoch = found.workload_id, found.attempt_id, found.epoch
         if aid in self.pursuits:
             return
-        try:
-            epoch = int(labels.get(LABEL_EPOCH) or 0)
-        except ValueError:
-            epoch = 0
         now = time.time()
         view = self.follower.projection.get(wid)
         known_attempt = view is not None and aid in view.attempts
@@ -343,23 +316,12 @@ class Fencer:
         if reason is None:
             return
         log.info("orphan.found", cluster=cluster, job=name, workload=wid, reason=reason)
-        self.pursuits[aid] = Pursuit(wid, aid, epoch, cluster, ns, name, now, reason)
+        self.pursuits[aid] = core.Pursuit(wid, aid, epoch, cluster, ns, name, now, reason)
 
     def resume_pursuits(self) -> None:
-        """After a restart: every fenced attempt not yet confirmed gone is pursued again."""
-        for view in self.follower.projection.workloads.values():
-            for a in view.attempts.values():
-                if a.gone:
-                    continue
-                if a.promotion_rejected:
-                    pending = a.fenced and "replacement-allowed" not in a.times
-                    self.pursuits.setdefault(a.attempt_id, Pursuit(view.workload_id, a.attempt_id, a.epoch, a.cluster, a.namespace, a.job_name, 0.0, "promotion rejected", replacement_pending=pending))
-                elif a.fenced:
-                    # the lease runs from the fence request, as the dispatcher computed it (never "now")
-                    asked = a.times.get("fence-requested", a.times.get("fenced", 0.0))
-                    lease = core.lease_expires_at(asked, view.workload.spec.lease, self.time_scale) if view.workload else asked
-                    pending = "replacement-allowed" not in a.times
-                    self.pursuits.setdefault(a.attempt_id, Pursuit(view.workload_id, a.attempt_id, a.epoch, a.cluster, a.namespace, a.job_name, lease, replacement_pending=pending))
+        """After a restart: every fenced attempt not yet confirmed gone is pursued again (`core.pursuits_to_resume`)."""
+        for p in core.pursuits_to_resume(self.follower.projection.workloads.values(), self.time_scale):
+            self.pursuits.setdefault(p.attempt_id, p)
 
     async def run(self, stop: asyncio.Event) -> None:
         nc = await self.settings.connect("gpuorch-fencer")  # its own identity (GPUORCH_NATS_CREDS)
@@ -368,20 +330,20 @@ class Fencer:
             await bus.await_topology(js, self.names)  # created by the admin identity
             self.kv = await js.key_value(self.names.kv_fence)
             self.publisher = Publisher(js, self.names)
-            n = await self.follower.catch_up(js, self.names.stream_evt, self.names.evt_all)
+            snapshots = Snapshots(js, self.names, "fencer", self.names.durable("fencer", "events"), lambda: follower_body(self.follower.projection, self.follower.traceparents), interval=self.settings.tuning.snapshot_interval)
+            start, _ = await restore_follower(snapshots, self.follower)
+            n = await self.follower.catch_up(js, self.names.stream_evt, self.names.evt_all, start_seq=start)
             self.resume_pursuits()
             log.info("fencer.caught_up", events=n, pursuits=len(self.pursuits))
             await run_until_stopped("fencer", stop, [
                 consume(js, stream=self.names.stream_evt, durable=self.names.durable("fencer", "events"), filter_subject=self.names.evt_all, handler=self.on_event, publisher=self.publisher, names=self.names, stop=stop),
                 self.pursue_loop(stop),
                 self.collect_orphans(stop),
+                snapshots.run(stop),
             ], clusters=sorted(self.clients))
+            await snapshots.final()
         finally:
             await nc.close()
-
-
-def _attempt_event(p: Pursuit) -> ev.AttemptEvent:
-    return ev.Admitted(workload_id=p.workload_id, at=0.0, attempt_id=p.attempt_id, epoch=p.epoch, cluster=p.cluster)
 
 
 def main() -> None:
