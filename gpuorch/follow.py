@@ -48,9 +48,15 @@ class Follower:
         carrier = self.traceparents.get(workload_id)
         return carrier.get("traceparent") if carrier else None
 
-    async def catch_up(self, js: Any, stream: str, subject: str) -> int:
+    def restore(self, projection: Projection, traceparents: dict[str, dict[str, str]]) -> None:
+        """Start from a state snapshot's projection (gpuorch.runtime.snapshot), before `catch_up`."""
+        self.projection.workloads, self.projection.last_seq = projection.workloads, projection.last_seq
+        self.traceparents.update(traceparents)
+
+    async def catch_up(self, js: Any, stream: str, subject: str, *, start_seq: int = 0) -> int:
+        """Replay the log (from `start_seq`: what a restored snapshot does not cover) into the projection."""
         n = 0
-        async for evt, _subject, seq, headers in replay(js, stream, subject):
+        async for evt, _subject, seq, headers in replay(js, stream, subject, start_seq=start_seq):
             if evt is None:
                 continue
             self.projection.apply(evt, seq)

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import msgspec
+
 from gpuorch_proto import Event, RoutingDecision, Workload, k8s
 from gpuorch_proto import events as ev
 
@@ -135,6 +137,22 @@ class Projection:
         _fold(view, evt)
         view.history.append((seq, ev.type_tag(evt), evt.at))
         return view
+
+
+_PROJECTION_ENCODER = msgspec.msgpack.Encoder()
+_PROJECTION_DECODER = msgspec.msgpack.Decoder(Projection)
+
+
+def dump_projection(p: Projection) -> bytes:
+    """The projection as bytes (msgpack of every field), for a state snapshot
+    (`gpuorch.runtime.snapshot`). `load_projection(dump_projection(p)) == p`."""
+    return _PROJECTION_ENCODER.encode(p)
+
+
+def load_projection(data: bytes) -> Projection:
+    """A projection back from `dump_projection` (fields a newer release added take their defaults,
+    unknown ones are skipped; raises `msgspec.DecodeError` / `ValidationError` on bad bytes)."""
+    return _PROJECTION_DECODER.decode(data)
 
 
 def _current(view: WorkloadView, a: AttemptView) -> bool:

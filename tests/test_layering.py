@@ -15,6 +15,7 @@ PURE = [
     "gpuorch_router.explain",
     "gpuorch_router.history",
     "gpuorch_router.core",
+    "gpuorch_router.fairshare",
     "gpuorch_dispatcher.core",
     "gpuorch_fencer.core",
     "gpuorch_inventory.core",

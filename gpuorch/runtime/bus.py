@@ -239,11 +239,22 @@ async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
     await js.update_stream(config)
 
 
-async def ensure_kv(js: JetStreamContext, bucket: str, history: int = KV_HISTORY) -> None:
+SNAPSHOT_MAX_VALUE = MAX_MSG_SIZE - 64 * 1024  # a chunk of a state snapshot and its headers
+SNAPSHOT_MAX_BYTES = 4 << 30  # two slots of each owner's snapshot (gpuorch.runtime.snapshot)
+
+
+async def ensure_kv(
+    js: JetStreamContext,
+    bucket: str,
+    history: int = KV_HISTORY,
+    *,
+    max_value_size: int = KV_MAX_VALUE,
+    max_bytes: int = 64 << 20,
+) -> None:
     """Create the KV bucket (idempotent; an existing bucket with another config is updated)."""
     cfg = KeyValueConfig(
         bucket=bucket, history=history, storage=StorageType.FILE, replicas=replicas(),
-        max_value_size=KV_MAX_VALUE, max_bytes=64 << 20,
+        max_value_size=max_value_size, max_bytes=max_bytes,
     )  # fmt: skip
     try:
         await js.create_key_value(cfg)
@@ -259,7 +270,8 @@ async def ensure_kv(js: JetStreamContext, bucket: str, history: int = KV_HISTORY
 async def ensure_topology(js: JetStreamContext, names: Names) -> None:
     """Every stream in `streams(names)` and every bucket in `kv_buckets(names)`, idempotently."""
     await asyncio.gather(*(ensure_stream(js, _stream_config(spec)) for spec in streams(names)))
-    await asyncio.gather(*(ensure_kv(js, bucket) for bucket in kv_buckets(names)))
+    await asyncio.gather(*(ensure_kv(js, bucket) for bucket in kv_buckets(names) if bucket != names.kv_snapshots))
+    await ensure_kv(js, names.kv_snapshots, 1, max_value_size=SNAPSHOT_MAX_VALUE, max_bytes=SNAPSHOT_MAX_BYTES)
 
 
 async def delete_topology(js: JetStreamContext, names: Names) -> None:

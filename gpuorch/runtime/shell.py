@@ -878,8 +878,10 @@ async def replay(
     batch: int = 256,
     fetch_timeout: float = 2.0,
     include_undecodable: bool = False,
+    start_seq: int = 0,
 ) -> AsyncIterator[Replayed]:
-    """Read `stream` (optionally filtered) from the start up to its last sequence at call time.
+    """Read `stream` (optionally filtered) from the start (or from `start_seq`: after a state
+    snapshot, gpuorch.runtime.snapshot) up to its last sequence at call time.
 
     For services that rebuild an in-memory projection from the event log at start-up. Uses an
     ephemeral, unacknowledged pull consumer that is deleted afterwards. Undecodable messages are
@@ -887,11 +889,12 @@ async def replay(
     """
     info = await js.stream_info(stream)
     last = info.state.last_seq or 0
-    if not info.state.messages:
+    if not info.state.messages or start_seq > last:
         return
     config = ConsumerConfig(
         ack_policy=AckPolicy.NONE,
-        deliver_policy=DeliverPolicy.ALL,
+        deliver_policy=DeliverPolicy.BY_START_SEQUENCE if start_seq > 1 else DeliverPolicy.ALL,
+        opt_start_seq=start_seq if start_seq > 1 else None,
         inactive_threshold=60.0,
         mem_storage=True,
     )

@@ -180,6 +180,9 @@ def _ordered_reader(p: Perms, stream: str) -> None:
     ]
 
 
+SNAPSHOT_OWNERS = ("router", "dispatcher", "fencer")  # who folds the log and snapshots it (gpuorch.runtime.snapshot)
+
+
 def _kv_read(p: Perms, bucket: str) -> None:
     s = _kv_stream(bucket)
     _stream_info(p, s)
@@ -225,7 +228,10 @@ def permissions(
         _named_reader(p, names.stream_evt, others_evt, on_evt)
     if role in SERVICES:  # every service waits for the whole topology at start (`bus.await_topology`)
         _stream_info(p, names.stream_cmd, names.stream_evt, names.stream_inventory)
-        _stream_info(p, *(_kv_stream(b) for b in (names.kv_fence, names.kv_owners, names.kv_staged)))
+        _stream_info(p, *(_kv_stream(b) for b in (names.kv_fence, names.kv_owners, names.kv_staged, names.kv_snapshots)))
+    if role in SNAPSHOT_OWNERS:  # its own state snapshots: read, and write only its own keys
+        _kv_read(p, names.kv_snapshots)
+        p.pub_allow.append(f"$KV.{names.kv_snapshots}.{role}.>")
     if role in ("dispatcher", "fencer"):
         p.pub_allow.append(f"{API}.STREAM.MSG.GET.{names.stream_evt}")  # last `submitted` of a workload
     if role in ("router", "client", "inventory"):

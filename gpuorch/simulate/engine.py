@@ -19,7 +19,10 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from gpuorch_proto.inventory import ClusterSnapshot, NodeInfo, QueueInfo
+from gpuorch_proto.policy import AdmissionPolicy
 from gpuorch_router import core as router_core
+from gpuorch_router import fairshare
+from gpuorch_router import pipeline as admission_core
 from gpuorch_router.policy import SnapshotIndex, build_index, relative_speed, route
 
 from .generator import SimJob, family
@@ -74,6 +77,17 @@ class RunResult:
 
 
 @dataclass(frozen=True)
+class Admission:
+    """gpuorch's admission in front of routing (docs/pipelines.md): trace jobs wait (held) until
+    the router's own `pipeline.admit` releases them under `policy`; with `fair_share`, in the
+    order of `fairshare.FairOrder` over every cluster's capacity (the policy's queues say which
+    have fair share). Released work is routed and booked as without admission."""
+
+    policy: AdmissionPolicy
+    fair_share: bool = True
+
+
+@dataclass(frozen=True)
 class BackgroundJob:
     cluster: int
     submit: float
@@ -117,7 +131,7 @@ class Simulation:
 
     def __init__(self, world: World, jobs: Sequence[SimJob], policy: str | Policy, *, seed: int = 0,
                  bucket: float = 3600.0, background: Sequence[BackgroundJob] | None = None,
-                 queue_model: str = "pooled") -> None:
+                 queue_model: str = "pooled", admission: Admission | None = None) -> None:
         if queue_model not in QUEUE_MODELS:
             raise ValueError(f"unknown queue model {queue_model!r}; one of {', '.join(QUEUE_MODELS)}")
         self.queue_model = queue_model
@@ -149,6 +163,12 @@ class Simulation:
         self.seq = 0
         self.load: dict[str, list[float]] = {m.name: [] for m in self.models}
         self.ref_speed = relative_speed(jobs[0].workload.spec.reference_accelerator) if jobs else 1.0
+        # admission (None: every arrival is routed at once)
+        self.admission = admission
+        self.held: list[int] = []  # trace jobs waiting for admission, in arrival order
+        self.released: dict[int, fairshare.Use] = {}  # released, unfinished: its use (start = booked start)
+        self.finished_uses: list[fairshare.Use] = []
+        self.capacity = fairshare.Vec(gpus=float(sum(m.spec.gpus for m in self.models)))
 
     # ---- Context ---------------------------------------------------------------------------
     def eligible(self, job: SimJob) -> tuple[tuple[int, ...], str]:
@@ -247,6 +267,60 @@ class Simulation:
         res.gpu_hours = w.gpus * w.hold / 3600.0
         res.cost = res.gpu_hours * price
 
+    def _queue_of(self, job: SimJob) -> str:
+        assert self.admission is not None
+        q = self.admission.policy.queue(job.workload.spec.policy_queue)
+        return q.name if q is not None else (job.workload.spec.policy_queue or self.admission.policy.default_queue)
+
+    def _admit(self, t: float, results: list[JobResult]) -> list[int]:
+        """One level-triggered round of the router's admission: the jobs it releases now."""
+        assert self.admission is not None
+        if not self.held:
+            return []
+        cands = [admission_core.candidate(f"trace-{k}", self.jobs[k].workload, self.jobs[k].submit, index=k) for k in self.held]
+        running = [admission_core.Running(f"trace-{k}", u.queue, u.vec.gpus) for k, u in self.released.items()]
+        usage = None
+        if self.admission.fair_share:
+            usage = fairshare.Usage([*self.finished_uses, *self.released.values()], self.capacity)
+        out: list[int] = []
+        for v in admission_core.admit(self.admission.policy, running, [], cands, t, usage):
+            if isinstance(v, admission_core.Released):
+                k = int(v.workload_id.removeprefix("trace-"))
+                job = self.jobs[k]
+                self.released[k] = fairshare.Use(job.workload.metadata.owner, self._queue_of(job), fairshare.Vec(gpus=float(job.gpus)),
+                                                 start=t, expected=job.declared_run)
+                out.append(k)
+            elif isinstance(v, admission_core.Refused):
+                k = int(v.workload_id.removeprefix("trace-"))
+                results[k].never = f"refused: {v.reason}"
+                self.held.remove(k)
+        released = set(out)
+        self.held = [k for k in self.held if k not in released]
+        return out
+
+    def _finish(self, k: int, w: Work) -> None:
+        u = self.released.pop(k, None)
+        if u is not None:
+            self.finished_uses.append(fairshare.Use(u.owner, u.queue, u.vec, w.start, w.end, u.expected))
+
+    def _decide_and_book(self, k: int, t: float, results: list[JobResult]) -> None:
+        job, res = self.jobs[k], results[k]
+        self._refresh(t)
+        choice = self.policy(job, self, t)
+        res.decisions += 1
+        if choice.cluster is not None:
+            self._book(job, choice.cluster, t, res)
+            u = self.released.get(k)
+            if u is not None and not math.isnan(res.start):  # its use runs from when it really starts
+                self.released[k] = fairshare.Use(u.owner, u.queue, u.vec, res.start, None, u.expected)
+            elif u is not None:
+                self.released.pop(k)  # booking failed: it will never run, so it holds nothing
+        elif choice.outcome == "waiting":  # capacity-only: decide again when inventory has news
+            self._push(t + max(RETRY_SECONDS_MIN, self.world.snapshot_interval), _RETRY, k)
+        else:
+            res.never = choice.reason or "rejected"
+            self.released.pop(k, None)
+
     def run(self) -> RunResult:
         results = [JobResult(index=j.index, submit=j.submit, gpus=j.gpus) for j in self.jobs]
         for k, j in enumerate(self.jobs):
@@ -262,6 +336,10 @@ class Simulation:
                     self.models[ci].apply_start(booked)
                 else:
                     self.models[ci].apply_end(booked)
+                    if self.admission is not None and booked.trace_index >= 0:
+                        self._finish(booked.trace_index, booked)  # a slot frees: admission again
+                        for r in self._admit(t, results):
+                            self._decide_and_book(r, t, results)
             elif isinstance(item, BackgroundJob):
                 m = self.models[item.cluster]
                 bg_key += 1
@@ -275,16 +353,12 @@ class Simulation:
                     self._add_load(m, w)
             else:
                 k = cast(int, item)
-                job, res = self.jobs[k], results[k]
-                self._refresh(t)
-                choice = self.policy(job, self, t)
-                res.decisions += 1
-                if choice.cluster is not None:
-                    self._book(job, choice.cluster, t, res)
-                elif choice.outcome == "waiting":  # capacity-only: decide again when inventory has news
-                    self._push(t + max(RETRY_SECONDS_MIN, self.world.snapshot_interval), _RETRY, k)
-                else:
-                    res.never = choice.reason or "rejected"
+                if self.admission is not None and kind == _ARRIVE:
+                    self.held.append(k)  # held until the router's admission releases it
+                    for r in self._admit(t, results):
+                        self._decide_and_book(r, t, results)
+                    continue
+                self._decide_and_book(k, t, results)
         return RunResult(policy=self.policy_name, clusters=self.names, jobs=results, bucket=self.bucket, load=self.load,
                          capacity={m.name: m.spec.gpus for m in self.models}, decisions=self.decisions,
                          snapshots_built=self.snapshots_built)
@@ -303,5 +377,5 @@ def never_reason(decision: object) -> str:
 
 
 def simulate(world: World, jobs: Sequence[SimJob], policy: str | Policy, *, seed: int = 0, bucket: float = 3600.0,
-             queue_model: str = "pooled") -> RunResult:
-    return Simulation(world, jobs, policy, seed=seed, bucket=bucket, queue_model=queue_model).run()
+             queue_model: str = "pooled", admission: Admission | None = None) -> RunResult:
+    return Simulation(world, jobs, policy, seed=seed, bucket=bucket, queue_model=queue_model, admission=admission).run()

@@ -30,12 +30,29 @@ class Budget(msgspec.Struct, frozen=True, kw_only=True):
     window: str = "7d"
 
 
+class FairShare(msgspec.Struct, frozen=True, kw_only=True):
+    """Owners sharing a queue get its resources in proportion to their weights (issue 13).
+
+    Measured across every cluster together, by dominant-resource share over `window`: GPU, CPU
+    and memory seconds used (finished and running work), each divided by all clusters' capacity
+    times the window, the largest of them divided by the owner's weight. Running work counts at
+    least `quantum` (or its expected run time) so one round does not give one owner every slot.
+    `gpuorch_router.fairshare` computes it.
+    """
+
+    weights: dict[str, float] = {}  # owner -> weight; an owner not named gets `default_weight`
+    default_weight: float = 1.0
+    window: str = "7d"
+    quantum: str = "1h"  # the least a started workload is charged before its real use is known
+
+
 class QueuePolicy(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     priority: int = 0  # between queues: higher first
     owners: list[str] = msgspec.field(default_factory=lambda: ["*"])  # who may submit; "*" = everyone
     limits: Limits = Limits()
     budget: Budget | None = None
+    fair_share: FairShare | None = None  # None: first come, first served within a priority
 
 
 class AdmissionPolicy(msgspec.Struct, frozen=True, kw_only=True):

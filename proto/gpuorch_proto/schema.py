@@ -36,7 +36,7 @@ WORKLOAD_DEFS = (
     "Preferences", "DatasetInput", "RetryPolicy", "CheckpointPolicy", "OutputPolicy", "Stage",
     "Sweep", "Limits",
     # the admission policy (gpuorch_proto.policy) is written by people too
-    "AdmissionPolicy", "QueuePolicy", "Budget",
+    "AdmissionPolicy", "QueuePolicy", "Budget", "FairShare",
 )
 
 _SUFFIX = "(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?"
@@ -95,6 +95,9 @@ _RULES: dict[str, dict[str, dict[str, Any]]] = {
     "Limits": {"max_running": {"minimum": 1}, "max_gpus": {"minimum": 0}},
     "QueuePolicy": {"name": {"pattern": NAME}},
     "Budget": {"gpu_hours": {"exclusiveMinimum": 0}, "window": {"pattern": DURATION}},
+    "FairShare": {"weights": {"additionalProperties": {"type": "number", "exclusiveMinimum": 0}},
+                  "default_weight": {"exclusiveMinimum": 0}, "window": {"pattern": DURATION},
+                  "quantum": {"pattern": DURATION}},
     "RetryPolicy": {"budget": {"minimum": 0}, "backoff": {"pattern": DURATION}},
     "CheckpointPolicy": {"interval": {"pattern": DURATION}},
     "Preferences": {"time_weight": {"minimum": 0}, "cost_weight": {"minimum": 0}},

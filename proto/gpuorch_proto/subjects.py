@@ -82,6 +82,11 @@ class Names:
     def kv_staged(self) -> str:
         return f"{self._up}_staged"
 
+    @property
+    def kv_snapshots(self) -> str:
+        """State snapshots, keys `<owner>.head` / `<owner>.<slot>.<n>` (gpuorch.runtime.snapshot)."""
+        return f"{self._up}_snapshots"
+
     def durable(self, service: str, purpose: str) -> str:
         return f"{self._up}_{service}_{purpose}".replace("-", "_")
 
@@ -108,4 +113,4 @@ def streams(names: Names) -> list[StreamSpec]:
 
 
 def kv_buckets(names: Names) -> list[str]:
-    return [names.kv_fence, names.kv_owners, names.kv_staged]
+    return [names.kv_fence, names.kv_owners, names.kv_staged, names.kv_snapshots]

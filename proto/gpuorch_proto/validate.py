@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import TYPE_CHECKING
 
@@ -10,7 +11,7 @@ from .units import UnitError, parse_duration, parse_quantity
 from .workload import DatasetInput, Limits, ParamValue, Resources, Stage, Sweep, Workload, WorkloadSpecBody
 
 if TYPE_CHECKING:
-    from .policy import AdmissionPolicy
+    from .policy import AdmissionPolicy, FairShare
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
 _DIGEST = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
@@ -405,6 +406,8 @@ def validate_policy(policy: AdmissionPolicy) -> list[FieldError]:
                     errors.append(FieldError(path=f"{at}.budget.window", message="must be > 0"))
             except UnitError as exc:
                 errors.append(FieldError(path=f"{at}.budget.window", message=str(exc)))
+        if q.fair_share is not None:
+            _fair_share(q.fair_share, f"{at}.fair_share", errors)
     if policy.default_queue not in names:
         errors.append(
             FieldError(
@@ -413,3 +416,16 @@ def validate_policy(policy: AdmissionPolicy) -> list[FieldError]:
             )
         )
     return errors
+
+def _fair_share(fs: FairShare, at: str, errors: list[FieldError]) -> None:
+    for owner, w in fs.weights.items():
+        if not (w > 0 and math.isfinite(w)):
+            errors.append(FieldError(path=f"{at}.weights.{owner}", message=f"{w:g} must be a finite number > 0"))
+    if not (fs.default_weight > 0 and math.isfinite(fs.default_weight)):
+        errors.append(FieldError(path=f"{at}.default_weight", message=f"{fs.default_weight:g} must be a finite number > 0"))
+    for name, value in (("window", fs.window), ("quantum", fs.quantum)):
+        try:
+            if parse_duration(value) <= 0:
+                errors.append(FieldError(path=f"{at}.{name}", message="must be > 0"))
+        except UnitError as exc:
+            errors.append(FieldError(path=f"{at}.{name}", message=str(exc)))

@@ -471,7 +471,97 @@ def test_pods_waiting_for_capacity_are_recorded_but_never_failed() -> None:
     assert [type(e) for e in first] == [ev.Unschedulable] and not first[0].permanent  # type: ignore[attr-defined]
     p.apply(first[0], 20)  # type: ignore[arg-type]
     assert "queued on primary" in v.reason
-    assert core.on_observation(v, v.attempts[a1], obs, 10_000.0, unschedulable_grace=1) == []
+    assert core.on_observation(v, v.attempts[a1], obs, 10_000.0, unschedulable_grace=1) == []  # no requeue rule given
+
+
+def _queued(estimate: float | None, cluster: str = "primary") -> Projection:
+    """Routed to `cluster` with the router's queue-wait estimate (simulated seconds), created at t=1, queued."""
+    from gpuorch_proto.routing import ClusterVerdict, Estimate
+
+    verdicts = [ClusterVerdict(cluster=cluster, eligible=True, estimate=Estimate(queue_wait=estimate))] if estimate is not None else []
+    d = RoutingDecision(workload_id=W, decided_at=1.0, outcome="routed", cluster=cluster, summary="because", verdicts=verdicts)
+    r = ev.Routed(workload_id=W, at=1.0, decision=d, attempt_number=1, event_id=f"{W}.routed.1")
+    pending = ev.Unschedulable(workload_id=W, at=2.0, attempt_id=f"{W}-a1", epoch=1, cluster=cluster, message=BUSY, permanent=False)
+    return history(r, _created(1, 1, cluster), pending)
+
+
+BUSY = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+RQ = core.Requeue(factor=4.0, floor=300.0, most=3600.0)
+
+
+@pytest.mark.parametrize(
+    ("estimate", "limit"),
+    [
+        pytest.param(100.0 * 600, 400.0, id="4x-a-100s-estimate-at-time-scale-600"),
+        pytest.param(0.0, 300.0, id="starts-now-estimate-waits-the-floor"),
+        pytest.param(None, 300.0, id="no-estimate-waits-the-floor"),
+        pytest.param(10 * 3600.0 * 600, 3600.0, id="huge-estimate-capped"),
+    ],
+)
+def test_queued_attempt_is_requeued_after_k_times_the_routers_estimate(estimate: float | None, limit: float) -> None:
+    p = _queued(estimate)
+    v = p.workloads[W]
+    a = v.attempts[f"{W}-a1"]
+    assert core.requeue_limit(v, a, RQ, 600) == pytest.approx(limit)
+    obs = core.JobObservation(exists=True, scheduled=0, unschedulable=BUSY)
+    created = a.times["created"]
+    assert core.on_observation(v, a, obs, created + limit - 1, requeue=RQ, time_scale=600) == []
+    late = [x.event for x in core.on_observation(v, a, obs, created + limit, requeue=RQ, time_scale=600) if isinstance(x, core.Emit)]
+    assert len(late) == 1 and isinstance(late[0], ev.Failed)
+    f = late[0]
+    assert f.placement and f.retryable and f.exit_code is None
+    assert f.reason.startswith("requeued: 0/1 pods placed on primary") and BUSY in f.reason and f"limit {limit:.0f}s" in f.reason
+
+
+def test_a_requeue_spends_no_retry_budget_and_reroutes_elsewhere_at_once() -> None:
+    p = _queued(0.0)
+    v = p.workloads[W]
+    a1 = f"{W}-a1"
+    obs = core.JobObservation(exists=True, scheduled=0, unschedulable=BUSY)
+    (act,) = core.on_observation(v, v.attempts[a1], obs, 1000.0, requeue=RQ, time_scale=600)
+    assert isinstance(act, core.Emit) and isinstance(act.event, ev.Failed)
+    p.apply(act.event, 30)
+    assert core.failed_attempts(v) == 0  # not a failure of the workload
+    acts = [x.event for x in core.on_event(v, act.event, 1000.0, env()) if isinstance(x, core.Emit)]
+    assert [type(e) for e in acts] == [ev.FenceRequested]  # fenced per the usual rules, never WorkloadFailed
+    p.apply(ev.Fenced(workload_id=W, at=1001.0, attempt_id=a1, epoch=1, cluster="primary", new_epoch=2), 31)
+    allowed = _allowed(1, at=1001.0)
+    p.apply(allowed, 32)
+    assert core.replacement_not_before(v, v.attempts[a1], 600) == 0.0  # no backoff: the code never ran
+    route = [x.event for x in core.on_event(v, allowed, 1001.0, env()) if isinstance(x, core.Emit)]
+    assert len(route) == 1 and isinstance(route[0], ev.RouteRequested)
+    assert route[0].exclude == ["primary"] and "backoff" not in route[0].reason
+
+
+@pytest.mark.parametrize(
+    "obs",
+    [
+        pytest.param(core.JobObservation(exists=True, scheduled=1, running=1), id="placed-and-running"),
+        pytest.param(core.JobObservation(exists=True, workers=2, scheduled=1, unschedulable=BUSY), id="gang-half-placed-still-waits"),
+    ],
+)
+def test_requeue_only_while_unplaced_and_never_admitted(obs: core.JobObservation) -> None:
+    p = _queued(0.0)
+    v = p.workloads[W]
+    a = v.attempts[f"{W}-a1"]
+    acts = core.on_observation(v, a, obs, 1000.0, requeue=RQ, time_scale=600)
+    if obs.scheduled >= obs.workers:
+        assert not any(isinstance(x, core.Emit) and isinstance(x.event, ev.Failed) for x in acts)
+    else:
+        assert any(isinstance(x, core.Emit) and isinstance(x.event, ev.Failed) and x.event.placement for x in acts)
+    # once admitted, a later wait is not a queue wait (pods lost mid-run fail the Job instead)
+    p.apply(ev.Admitted(workload_id=W, at=3.0, attempt_id=a.attempt_id, epoch=1, cluster="primary"), 40)
+    assert core.on_observation(v, a, core.JobObservation(exists=True, scheduled=0, unschedulable=BUSY), 5000.0, requeue=RQ, time_scale=600) == []
+
+
+def test_suspended_job_the_clusters_admission_never_admits_is_requeued() -> None:
+    p = _queued(0.0)
+    v = p.workloads[W]
+    a = v.attempts[f"{W}-a1"]
+    held = core.JobObservation(exists=True, scheduled=0)  # a suspended Kueue Job: no pods, no scheduler message
+    assert core.on_observation(v, a, held, 200.0, requeue=RQ, time_scale=600) == []
+    (act,) = core.on_observation(v, a, held, 400.0, requeue=RQ, time_scale=600)
+    assert isinstance(act, core.Emit) and isinstance(act.event, ev.Failed) and "not admitted by the cluster" in act.event.reason
 
 
 def test_status_follows_the_attempt_dispatched_admitted_running() -> None:

@@ -224,3 +224,11 @@ def test_a_workload_may_not_set_what_gpuorch_or_the_gpu_runtime_owns() -> None:
     doc["spec"]["args"] = ["x"] * 2000
     with pytest.raises(ContractError, match="at most 1024"):
         workload_from_obj(doc)
+
+
+def test_each_snapshot_owner_writes_only_its_own_snapshot_keys() -> None:
+    for role in ROLES:
+        if role == "admin":
+            continue
+        writes = [r for r in allowed(role) if r.startswith(f"$KV.{N.kv_snapshots}.")]
+        assert writes == ([f"$KV.{N.kv_snapshots}.{role}.>"] if role in ("router", "dispatcher", "fencer") else []), role

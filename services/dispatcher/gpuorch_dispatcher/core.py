@@ -43,6 +43,27 @@ CONTAINER_SECURITY: Final = {
 }
 UNSCHEDULABLE_GRACE = 60.0  # real seconds a pod may stay unplaceable before its attempt fails
 BACKOFF_CAP = 3600.0  # simulated seconds: the longest wait between a failed attempt and its replacement
+REQUEUE_FACTOR = 4.0  # an attempt queued at its destination waits this many times the router's estimate,
+REQUEUE_FLOOR = 300.0  # never less than this many real seconds (GPUORCH_REQUEUE_AFTER)
+REQUEUE_MAX = 3600.0  # and never more (GPUORCH_REQUEUE_MAX): then the router decides again, with fresh snapshots
+
+
+@dataclass(frozen=True)
+class Requeue:
+    """How long an attempt may wait unplaced at its destination before it is requeued elsewhere.
+
+    ``min(max(factor x the router's queue-wait estimate for that cluster, floor), most)``, in real
+    seconds (the estimate is in the cluster's simulated seconds, divided by `time_scale`), as
+    Kueue's waitForPodsReady timeout with requeueing. The wait counts from the attempt's creation
+    while its pods are not all bound and it was never admitted: queued for capacity, or held by the
+    cluster's own admission (a suspended Kueue Job). `most` bounds the trust in an estimate that
+    was wrong the other way (a default mean job length, capacity lost since): a requeued attempt
+    never ran, so asking the router again costs only the place in that cluster's queue.
+    """
+
+    factor: float = REQUEUE_FACTOR
+    floor: float = REQUEUE_FLOOR
+    most: float = REQUEUE_MAX
 
 
 @dataclass(frozen=True)
@@ -364,8 +385,48 @@ def _eid(a: AttemptView, kind: str) -> str:
     return f"{a.attempt_id}.{kind}"
 
 
+def estimated_queue_wait(view: WorkloadView, a: AttemptView) -> float | None:
+    """The router's queue-wait estimate (simulated seconds) for `a`'s cluster when it chose it.
+
+    From the latest routing decision, if it chose `a`'s cluster (None: no such estimate)."""
+    d = view.decision
+    if d is None or d.cluster != a.cluster:
+        return None
+    return next((v.estimate.queue_wait for v in d.verdicts if v.cluster == a.cluster and v.estimate is not None), None)
+
+
+def requeue_limit(view: WorkloadView, a: AttemptView, requeue: Requeue, time_scale: float) -> float:
+    """Real seconds `a` may wait unplaced at its destination (see :class:`Requeue`)."""
+    estimate = estimated_queue_wait(view, a) or 0.0
+    return min(max(requeue.factor * estimate / max(time_scale, 1e-9), requeue.floor), max(requeue.most, requeue.floor))
+
+
+def _requeue(view: WorkloadView, a: AttemptView, obs: JobObservation, now: float, requeue: Requeue, time_scale: float) -> Emit | None:
+    """Requeue `a` (a placement failure: no retry budget spent) once it waited past its limit."""
+    since = a.times.get("created")
+    if since is None or "admitted" in a.times or a.status != "created" or a.fenced or view.cancel_requested:
+        return None
+    waited, limit = now - since, requeue_limit(view, a, requeue, time_scale)
+    if waited < limit:
+        return None
+    estimate = estimated_queue_wait(view, a)
+    told = f"the router estimated {format_duration(estimate)} of queue wait" if estimate is not None else "no queue-wait estimate"
+    what = f"pods waiting: {obs.unschedulable}" if obs.unschedulable else "not admitted by the cluster"
+    why = (
+        f"requeued: {obs.scheduled}/{obs.workers} pods placed on {a.cluster} after {waited:.0f}s ({what}); "
+        f"{told}, limit {limit:.0f}s ({requeue.factor:g} x estimate within {requeue.floor:g}s..{requeue.most:g}s)"
+    )
+    return Emit(
+        ev.Failed(
+            event_id=_eid(a, "failed"), workload_id=view.workload_id, at=now, attempt_id=a.attempt_id, epoch=a.epoch,
+            cluster=a.cluster, exit_code=None, reason=why, retryable=True, placement=True,
+        )
+    )
+
+
 def on_observation(
-    view: WorkloadView, a: AttemptView, obs: JobObservation, now: float, *, unschedulable_grace: float = 60.0
+    view: WorkloadView, a: AttemptView, obs: JobObservation, now: float, *, unschedulable_grace: float = 60.0,
+    requeue: Requeue | None = None, time_scale: float = 1.0,
 ) -> list[Action]:
     """Translate what the cluster says about an attempt's Job into lifecycle events.
 
@@ -373,7 +434,10 @@ def on_observation(
     node could ever take them (:func:`placement_impossible`) for `unschedulable_grace` real
     seconds, the attempt fails with the scheduler's reason (``placement=True``) and is re-routed
     elsewhere, as Kueue's waitForPodsReady requeues: the router promised a placement the cluster
-    refuses, and waiting would never end.
+    refuses, and waiting would never end. Pods that only queue (for capacity, or for the cluster's
+    admission) are requeued the same way once they waited past :func:`requeue_limit` (`requeue`;
+    None: never): the router's estimate was wrong there (a node lost, say), and another cluster may
+    run it now.
     """
     if a.status in ("succeeded", "failed") or a.gone or view.workload is None:
         return []
@@ -391,7 +455,12 @@ def on_observation(
         elif permanent and not a.fenced and not view.cancel_requested and now - a.times[kind] >= unschedulable_grace:
             why = f"pods unschedulable on {a.cluster} for {now - a.times[kind]:.0f}s: {obs.unschedulable}"
             out.append(Emit(ev.Failed(event_id=_eid(a, "failed"), exit_code=None, reason=why, retryable=True, placement=True, **base)))
+        elif not permanent and requeue is not None and (late := _requeue(view, a, obs, now, requeue, time_scale)):
+            out.append(late)
         return out
+    if obs.scheduled < obs.workers and not (obs.complete or obs.failed) and requeue is not None:
+        late = _requeue(view, a, obs, now, requeue, time_scale)
+        return [late] if late else []
     if obs.scheduled >= obs.workers and "admitted" not in a.times:
         out.append(Emit(ev.Admitted(event_id=_eid(a, "admitted"), **base)))
     if (obs.running >= obs.workers or obs.complete) and "running" not in a.times:
@@ -483,8 +552,15 @@ def _fence(view: WorkloadView, a: AttemptView, now: float, reason: str, time_sca
 
 
 def failed_attempts(view: WorkloadView, up_to: int | None = None) -> int:
-    """Failed attempts (with a number <= `up_to`, if given)."""
-    return sum(1 for a in view.attempts.values() if a.status == "failed" and (up_to is None or a.number <= up_to))
+    """Failed attempts (with a number <= `up_to`, if given) that count against the retry budget.
+
+    A placement failure (pods the cluster never placed: unschedulable, or requeued after waiting
+    past the estimate) is not the workload's failure: it spends no budget and backs off nothing.
+    """
+    return sum(
+        1 for a in view.attempts.values()
+        if a.status == "failed" and not a.placement_failed and (up_to is None or a.number <= up_to)
+    )
 
 
 def retry_backoff(wl: Workload, failures: int) -> float:
@@ -505,7 +581,7 @@ def replacement_not_before(view: WorkloadView, a: AttemptView, time_scale: float
     Only a *failed* attempt backs off (from when it failed); a lost one is replaced as soon as
     fencing allows: losing a cluster says nothing about the workload.
     """
-    if a.status != "failed" or view.workload is None:
+    if a.status != "failed" or a.placement_failed or view.workload is None:
         return 0.0
     delay = retry_backoff(view.workload, failed_attempts(view, up_to=a.number))
     return a.times.get("finished", 0.0) + delay / max(time_scale, 1e-9)
@@ -548,7 +624,7 @@ def _request_route(view: WorkloadView, a: AttemptView, now: float, why: str) -> 
     # lost: that cluster is not answering; placement failed: its scheduler refuses what the router
     # counted (a replacement must not go back to it on the same promise)
     exclude = [a.cluster] if a.status == "lost" or a.placement_failed else []
-    if a.status == "failed" and view.workload is not None:
+    if a.status == "failed" and not a.placement_failed and view.workload is not None:
         n_failed = failed_attempts(view, up_to=a.number)
         wait = retry_backoff(view.workload, n_failed)
         if wait > 0:

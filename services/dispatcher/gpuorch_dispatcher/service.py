@@ -27,6 +27,7 @@ from gpuorch.observe import progress, spans
 from gpuorch.projection import AttemptView, WorkloadView
 from gpuorch.runtime import bus, kv
 from gpuorch.runtime.shell import Incoming, Publisher, Reject, Retry, consume, guard_commands, run_service
+from gpuorch.runtime.snapshot import Snapshots, follower_body, interval_from_env, restore_follower
 from gpuorch.security.bundle import load_identities
 from gpuorch.security.identity import Verifier, cancel_refusal
 from gpuorch_proto import OwnerLease, decode_owner, encode, k8s
@@ -408,8 +409,11 @@ class Dispatcher:
             self.kv_staged = await js.key_value(self.names.kv_staged)
             self.kv_owners = await js.key_value(self.names.kv_owners)
             self.publisher = Publisher(js, self.names)
-            n = await self.follower.catch_up(js, self.names.stream_evt, self.names.evt_all)
-            log.info("dispatcher.caught_up", events=n, instance=self.me)
+            durable = self.names.durable("dispatcher", f"events-{self.me}")
+            snapshots = Snapshots(js, self.names, f"dispatcher.{self.me}", durable, lambda: follower_body(self.follower.projection, self.follower.traceparents), interval=interval_from_env())
+            start, _ = await restore_follower(snapshots, self.follower)
+            n = await self.follower.catch_up(js, self.names.stream_evt, self.names.evt_all, start_seq=start)
+            log.info("dispatcher.caught_up", events=n, instance=self.me, from_seq=start)
             for wid, view in list(self.follower.projection.workloads.items()):
                 if not view.terminal and view.routed_attempts and await self._claim(wid) is not None:
                     try:
@@ -424,7 +428,9 @@ class Dispatcher:
                 consume(js, stream=self.names.stream_cmd, durable=self.names.durable("dispatcher", "cancel"), filter_subject=self.names.cmd_cancel, handler=self.on_command, publisher=self.publisher, names=self.names, stop=stop, max_deliver=40),
                 guard_commands(js, names=self.names, publisher=self.publisher, stop=stop),  # unknown cmd.* subjects get a rejection
                 self.watch(stop),
+                snapshots.run(stop),
             ], clusters=sorted(self.clients), instance=self.me)
+            await snapshots.final()
         finally:
             await nc.close()
 

@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import msgspec
+
 from gpuorch.projection import WorkloadView
 from gpuorch_proto import Event, RoutingDecision, Workload, event_id
 from gpuorch_proto import events as ev
@@ -114,6 +116,35 @@ class RouterState:
         if p is None or (s is not None and s.at > p.at):
             return s
         return p
+
+
+class _FoldedState(msgspec.Struct, frozen=True):
+    """What `RouterState` folds from the log (what this router sent but the log has not echoed
+    is not state to restore: a full replay does not have it either)."""
+
+    requests: dict[str, RouteRequest]
+    published: dict[str, Published]
+    unroutable: dict[str, int]
+    seqs: dict[str, int]
+    last_seq: int
+
+
+def dump_state(state: RouterState) -> bytes:
+    """The log-folded part of `state`, for a state snapshot: `load_state(dump_state(s))` equals
+    the state a full replay of the same events builds."""
+    return msgspec.msgpack.encode(
+        _FoldedState(state.requests, state.published, state.unroutable, state.seqs, state.last_seq)
+    )
+
+
+def _tupled(x: object) -> object:
+    return tuple(_tupled(v) for v in x) if isinstance(x, list | tuple) else x
+
+
+def load_state(data: bytes) -> RouterState:
+    f = msgspec.msgpack.decode(data, type=_FoldedState)
+    published = {w: Published(p.attempt_number, tuple(_tupled(v) for v in p.signature), p.at) for w, p in f.published.items()}
+    return RouterState(requests=dict(f.requests), published=published, unroutable=dict(f.unroutable), seqs=dict(f.seqs), last_seq=f.last_seq)
 
 
 def exclusions(

@@ -45,6 +45,8 @@ from gpuorch_proto.units import format_duration, parse_duration
 from gpuorch_proto.validate import PLACEHOLDER
 from gpuorch_proto.workload import Limits, Metadata, ParamValue, Stage, Sweep, WorkloadSpecBody
 
+from . import fairshare
+
 SEP = "--"  # between a pipeline's id and a child's stage: `<pipeline>--<stage>`
 LABEL_PIPELINE = "gpuorch.io/pipeline"
 LABEL_STAGE = "gpuorch.io/stage"
@@ -869,20 +871,29 @@ def admit(
     spans: Sequence[GpuSpan],
     candidates: Iterable[Candidate],
     now: float,
+    usage: fairshare.Usage | None = None,
 ) -> list[Verdict]:
     """Every waiting candidate's verdict, taken in order; each release counts against the limits
     of those after it. Level-triggered: call it whenever released work finishes (a slot frees),
     a candidate arrives or the budget window moves, and publish the changes.
 
     Best effort within the order: a candidate too large for what is left is held, and a smaller
-    one after it may still be released (fair share and reservation are a later step).
+    one after it may still be released.
+
+    Fair share (`usage` given, queues with `fair_share`): the order is `fairshare.FairOrder`'s,
+    the owner with the lowest weighted dominant share across all clusters next, each release
+    charged to its owner before the next choice.
     """
     tally = Tally.of(running)
     out: list[Verdict] = []
-    for c in sorted(candidates, key=lambda c: order_key(policy, c)):
+    order = fairshare.FairOrder(policy, candidates, usage, now, key=lambda c: order_key(policy, c))
+    for c in order:
         v = admission(policy, tally, spans, c, now)
         if isinstance(v, Released):
             tally.add(v.queue, c.pipeline, c.gpus, c.gpu_hours if c.gpus > 0 else 0.0)
+            order.charge(c)
+        elif isinstance(v, Held) and order.reserve(c, v.holds):
+            tally.add(v.queue, c.pipeline, c.gpus)  # its room is kept: fair share must not starve it
         out.append(v)
     return out
 

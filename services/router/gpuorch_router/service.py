@@ -22,6 +22,7 @@ from gpuorch.follow import Follower, run_until_stopped
 from gpuorch.projection import WorkloadView
 from gpuorch.runtime import bus
 from gpuorch.runtime.shell import Incoming, Publisher, Reject, Retry, consume, replay, run_service, submit_key
+from gpuorch.runtime.snapshot import Snapshots, follower_body, interval_from_env, restore_follower
 from gpuorch.security.bundle import load_identities
 from gpuorch.security.identity import Unauthenticated, Verifier
 from gpuorch.security.receive import trusted_snapshot
@@ -209,6 +210,10 @@ class Router:
             published += 1
         return published
 
+    def dump_snapshot(self) -> bytes:
+        """The router's state snapshot: projection, trace contexts, `RouterState` (gpuorch.runtime.snapshot)."""
+        return follower_body(self.follower.projection, self.follower.traceparents, core.dump_state(self.state))
+
     async def on_snapshot(self, msg: Any) -> None:
         try:
             snap = decode_snapshot(msg.data)
@@ -226,10 +231,11 @@ class Router:
         if old is None or old.reachable != snap.reachable or old.observed_at != snap.observed_at:
             self.inventory_changed.set()
 
-    async def catch_up(self, js: Any) -> int:
-        """Replay the log into the projection and the router's state (`Follower.catch_up` + fold)."""
+    async def catch_up(self, js: Any, start_seq: int = 0) -> int:
+        """Replay the log (from `start_seq`, after a restored snapshot) into the projection and
+        the router's state (`Follower.catch_up` + fold)."""
         n = 0
-        async for evt, _subject, seq, headers in replay(js, self.names.stream_evt, self.names.evt_all):
+        async for evt, _subject, seq, headers in replay(js, self.names.stream_evt, self.names.evt_all, start_seq=start_seq):
             if evt is None:
                 continue
             self.fold(evt, seq)
@@ -243,7 +249,11 @@ class Router:
             js = nc.jetstream()
             await bus.await_topology(js, self.names)  # created by the admin identity
             self.publisher = Publisher(js, self.names)
-            n = await self.catch_up(js)
+            snapshots = Snapshots(js, self.names, "router", self.names.durable("router", "events"), self.dump_snapshot, interval=interval_from_env())
+            start, state = await restore_follower(snapshots, self.follower, core.load_state)
+            if state is not None:
+                self.state = state
+            n = await self.catch_up(js, start)
             for view in self.follower.projection.workloads.values():
                 if view.status == "completed":
                     self.learn(view)
@@ -256,7 +266,9 @@ class Router:
                 consume(js, stream=self.names.stream_cmd, durable=self.names.durable("router", "submit"), filter_subject=self.names.cmd_submit, handler=self.on_command, publisher=self.publisher, names=self.names, stop=stop, concurrency=self.concurrency, key=submit_key),
                 consume(js, stream=self.names.stream_evt, durable=self.names.durable("router", "events"), filter_subject=self.names.evt_all, handler=self.on_event, publisher=self.publisher, names=self.names, stop=stop, concurrency=self.concurrency),
                 self.reevaluate(stop),
+                snapshots.run(stop),
             ])
+            await snapshots.final()  # the consumers have drained: what they folded is acked
             await sub.unsubscribe()
         finally:
             await nc.close()
