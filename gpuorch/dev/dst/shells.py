@@ -264,6 +264,8 @@ class DispatcherSim(Service):
     owner_ttl = 6.0  # GPUORCH_OWNER_TTL
     reconcile_every = 1.0  # GPUORCH_RECONCILE_INTERVAL
     unschedulable_grace = 10.0  # GPUORCH_UNSCHEDULABLE_AFTER (60 s by default)
+    # the requeue rule (defaults 4x, 300 s, 3600 s): bounds shorter here, as simulated jobs run seconds
+    requeue = dcore.Requeue(factor=dcore.REQUEUE_FACTOR, floor=30.0, most=120.0)
     unknown_cancel_retries = 3
 
     def __init__(self, w: World, name: str, me: str, consumers: dict[str, SimConsumer]) -> None:
@@ -494,7 +496,9 @@ class DispatcherSim(Service):
             for view, a in items:
                 job = jobs.get(a.job_name)
                 obs = cl.observe(job) if job else dcore.JobObservation(exists=False)
-                acts = dcore.on_observation(view, a, obs, now, unschedulable_grace=self.unschedulable_grace)
+                acts = dcore.on_observation(
+                    view, a, obs, now, unschedulable_grace=self.unschedulable_grace, requeue=self.requeue, time_scale=1.0
+                )
                 if acts:
                     out = yield from self.execute(acts, view.workload_id)
                     yield from self.publish(out)
