@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import os
 import time
 import zlib
 from collections.abc import Callable
@@ -48,23 +47,9 @@ log = structlog.get_logger("gpuorch.runtime.snapshot")
 
 FORMAT = 1
 CHUNK = 512 * 1024  # bytes per KV value (the server's max payload is 1 MiB)
-DEFAULT_INTERVAL = 60.0  # seconds between periodic snapshots (GPUORCH_SNAPSHOT_INTERVAL)
+DEFAULT_INTERVAL = 60.0  # seconds between periodic snapshots (`Tuning.snapshot_interval`)
 
 T = TypeVar("T")
-
-
-def interval_from_env() -> float:
-    """`GPUORCH_SNAPSHOT_INTERVAL` (seconds, > 0), default `DEFAULT_INTERVAL`."""
-    raw = os.environ.get("GPUORCH_SNAPSHOT_INTERVAL", "").strip()
-    if not raw:
-        return DEFAULT_INTERVAL
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SystemExit(f"GPUORCH_SNAPSHOT_INTERVAL={raw!r}: not a number of seconds") from None
-    if value <= 0:
-        raise SystemExit(f"GPUORCH_SNAPSHOT_INTERVAL={raw!r}: must be > 0")
-    return value
 
 
 class Head(msgspec.Struct, frozen=True, kw_only=True):

@@ -27,7 +27,7 @@ from gpuorch.observe import progress, spans
 from gpuorch.projection import AttemptView, WorkloadView
 from gpuorch.runtime import bus, kv
 from gpuorch.runtime.shell import Incoming, Publisher, Reject, Retry, consume, guard_commands, run_service
-from gpuorch.runtime.snapshot import Snapshots, follower_body, interval_from_env, restore_follower
+from gpuorch.runtime.snapshot import Snapshots, follower_body, restore_follower
 from gpuorch.security.bundle import load_identities
 from gpuorch.security.identity import Verifier, cancel_refusal
 from gpuorch_proto import OwnerLease, decode_owner, encode, k8s
@@ -410,7 +410,7 @@ class Dispatcher:
             self.kv_owners = await js.key_value(self.names.kv_owners)
             self.publisher = Publisher(js, self.names)
             durable = self.names.durable("dispatcher", f"events-{self.me}")
-            snapshots = Snapshots(js, self.names, f"dispatcher.{self.me}", durable, lambda: follower_body(self.follower.projection, self.follower.traceparents), interval=interval_from_env())
+            snapshots = Snapshots(js, self.names, f"dispatcher.{self.me}", durable, lambda: follower_body(self.follower.projection, self.follower.traceparents), interval=self.settings.tuning.snapshot_interval)
             start, _ = await restore_follower(snapshots, self.follower)
             n = await self.follower.catch_up(js, self.names.stream_evt, self.names.evt_all, start_seq=start)
             log.info("dispatcher.caught_up", events=n, instance=self.me, from_seq=start)

@@ -22,7 +22,7 @@ from gpuorch.follow import Follower, run_until_stopped
 from gpuorch.projection import WorkloadView
 from gpuorch.runtime import bus
 from gpuorch.runtime.shell import Incoming, Publisher, Reject, Retry, consume, replay, run_service, submit_key
-from gpuorch.runtime.snapshot import Snapshots, follower_body, interval_from_env, restore_follower
+from gpuorch.runtime.snapshot import Snapshots, follower_body, restore_follower
 from gpuorch.security.bundle import load_identities
 from gpuorch.security.identity import Unauthenticated, Verifier
 from gpuorch.security.receive import trusted_snapshot
@@ -249,7 +249,7 @@ class Router:
             js = nc.jetstream()
             await bus.await_topology(js, self.names)  # created by the admin identity
             self.publisher = Publisher(js, self.names)
-            snapshots = Snapshots(js, self.names, "router", self.names.durable("router", "events"), self.dump_snapshot, interval=interval_from_env())
+            snapshots = Snapshots(js, self.names, "router", self.names.durable("router", "events"), self.dump_snapshot, interval=self.settings.tuning.snapshot_interval)
             start, state = await restore_follower(snapshots, self.follower, core.load_state)
             if state is not None:
                 self.state = state
