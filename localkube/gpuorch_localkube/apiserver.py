@@ -25,6 +25,7 @@ from .errors import EVENTS, JOBS, NAMESPACES, NODES, PODS, ApiError, Resource
 from .kubelet import log_path
 from .selectors import parse_field_selector, parse_label_selector
 from .tables import table, wants_table
+from .version import version_info
 
 if TYPE_CHECKING:
     from .core import ClusterCore
@@ -294,8 +295,6 @@ class _Handler(BaseHTTPRequestHandler):
         core = self.server.api.core
         if method == "GET":
             if parts == ["version"]:
-                from .core import version_info
-
                 return self._send(200, version_info())
             if parts in (["healthz"], ["readyz"], ["livez"]):
                 return self._send_bytes(200, b"ok", "text/plain; charset=utf-8")

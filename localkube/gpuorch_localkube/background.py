@@ -13,7 +13,7 @@ from .errors import ApiError
 from .objects import GPU
 
 if TYPE_CHECKING:
-    from .core import ClusterCore
+    from .api import ClusterAPI
 
 __all__ = ["BACKGROUND_LABEL", "EXPECTED_DURATION_ANNOTATION", "BackgroundLoadManager"]
 
@@ -23,7 +23,7 @@ EXPECTED_DURATION_ANNOTATION = "gpuorch.io/expected-duration-seconds"
 
 
 class BackgroundLoadManager:
-    def __init__(self, core: ClusterCore):
+    def __init__(self, core: ClusterAPI):
         self.core = core
         self.loads: list[BackgroundLoad] = list(core.config.background)
 

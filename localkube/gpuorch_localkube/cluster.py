@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from gpuorch_proto.kubesem import TERMINAL_POD_PHASES
+
 from .apiserver import APIServer
 from .background import BackgroundLoadManager
 from .config import (
@@ -28,9 +30,10 @@ from .config import (
     parse_config,
 )
 from .core import ClusterCore, node_object
-from .jobcontroller import JobController, PodGC, _mark_node_lost
+from .jobcontroller import JobController, PodGC, mark_node_lost
+from .kubelet import Kubelet
 from .objects import GPU
-from .scheduler import TERMINAL, Scheduler
+from .scheduler import Scheduler
 
 __all__ = ["LocalCluster", "LocalClusters", "kubeconfig_dict", "write_kubeconfig"]
 
@@ -93,6 +96,8 @@ class LocalCluster:
         self.state_dir = Path(state_dir).resolve()
         self._wake = threading.Event()
         self.core = ClusterCore(cfg, self.state_dir, self._wake.set)
+        self.kubelet = Kubelet(self.core)
+        self.core.kubelet = self.kubelet
         self.scheduler = Scheduler(self.core)
         self.jobs = JobController(self.core)
         self.podgc = PodGC(self.core)
@@ -159,7 +164,7 @@ class LocalCluster:
             self._thread.join(timeout=30)
         self.api.stop()
         with self.core.store.lock:
-            self.core.kubelet.shutdown(grace)
+            self.kubelet.shutdown(grace)
             self.core.store.closed = True
         self.core.store.notify()
         self._started = False
@@ -186,11 +191,11 @@ class LocalCluster:
     def reconcile(self) -> None:
         """One pass of every controller (normally called by the cluster's own loop)."""
         with self.core.store.lock:
-            self.core.kubelet.sync()
+            self.kubelet.sync()
             self.jobs.sync()
             self.podgc.sync()
             self.scheduler.sync()
-            self.core.kubelet.sync()
+            self.kubelet.sync()
             self.background.sync()
 
     # -- faults ----------------------------------------------------------------------------------
@@ -215,12 +220,12 @@ class LocalCluster:
             if self.core.store.get("nodes", "", name) is None:
                 raise KeyError(f"no node {name!r} in cluster {self.name}")
             self.core.store.delete("nodes", "", name)
-            self.core.kubelet.kill_node(name)
+            self.kubelet.kill_node(name)
             lost = []
             for p in self.core.store.values("pods"):
-                if p["spec"].get("nodeName") == name and (p.get("status") or {}).get("phase") not in TERMINAL:
+                if p["spec"].get("nodeName") == name and (p.get("status") or {}).get("phase") not in TERMINAL_POD_PHASES:
                     meta = p["metadata"]
-                    self.core.store.update("pods", meta["namespace"], meta["name"], lambda o: _mark_node_lost(o, name))
+                    self.core.store.update("pods", meta["namespace"], meta["name"], lambda o: mark_node_lost(o, name))
                     lost.append(f"{meta['namespace']}/{meta['name']}")
         self._wake.set()
         log.warning("cluster %s: lost node %s (%d pods)", self.name, name, len(lost))
@@ -263,12 +268,12 @@ class LocalCluster:
         """Live process ids of a pod's containers (container name -> pid)."""
         with self.core.store.lock:
             pod = self.core.store.get("pods", namespace, name)
-            return self.core.kubelet.pod_pids(pod["metadata"]["uid"]) if pod else {}
+            return self.kubelet.pod_pids(pod["metadata"]["uid"]) if pod else {}
 
     def pids(self) -> list[int]:
         """Every live container process of this cluster."""
         with self.core.store.lock:
-            return self.core.kubelet.all_pids()
+            return self.kubelet.all_pids()
 
     def nodes(self) -> list[str]:
         return [n["metadata"]["name"] for n in self.core.store.list("nodes")]

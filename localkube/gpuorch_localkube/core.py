@@ -13,10 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpuorch_proto.kubesem import TERMINAL_POD_PHASES
+
+from .api import ProcessTable
 from .config import ClusterConfig, NodeGroup
 from .errors import JOBS, NODES, PODS, ApiError, Resource
 from .events import EventRecorder
-from .kubelet import Kubelet
 from .objects import (
     GPU,
     _validate_annotations,
@@ -27,33 +29,17 @@ from .objects import (
     prepare_pod,
 )
 from .patch import apply_patch
-from .scheduler import TERMINAL
 from .selectors import parse_field_selector, parse_label_selector
 from .store import Store
 from .util import new_uid, rfc3339
+from .version import KUBE_VERSION, version_info
 
 __all__ = ["KUBE_VERSION", "ClusterCore", "version_info"]
 
-KUBE_VERSION = ("1", "37", "v1.37.0+localkube")
 ORPHAN_WARNING = (
     '299 - "child pods are preserved by default when jobs are deleted; set propagationPolicy=Background to '
     'remove them or set propagationPolicy=Orphan to suppress this warning"'
 )
-
-
-def version_info() -> dict[str, str]:
-    machine = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
-    return {
-        "major": KUBE_VERSION[0],
-        "minor": KUBE_VERSION[1],
-        "gitVersion": KUBE_VERSION[2],
-        "gitCommit": "0000000000000000000000000000000000000000",
-        "gitTreeState": "clean",
-        "buildDate": "2026-01-01T00:00:00Z",
-        "goVersion": f"python{platform.python_version()}",
-        "compiler": "cpython",
-        "platform": f"linux/{machine}",
-    }
 
 
 def node_object(cluster: str, group: NodeGroup, name: str) -> dict[str, Any]:
@@ -151,7 +137,7 @@ class ClusterCore:
         self.wake = wake
         self.store.add_listener(wake)
         self.events = EventRecorder(self.store)
-        self.kubelet = Kubelet(self)
+        self.kubelet: ProcessTable = _NoProcesses()  # the cluster puts its kubelet here
         self.node_groups: dict[str, NodeGroup] = {}
         self.extra_namespaces: set[str] = {"default", "kube-system", "kube-public", "kube-node-lease"}
         self.started = rfc3339()
@@ -293,7 +279,7 @@ class ClusterCore:
             phase = (pod.get("status") or {}).get("phase", "Pending")
             node = spec.get("nodeName")
             if not self.kubelet.has_processes(meta["uid"]) and (
-                not node or self.store.get("nodes", "", node) is None or phase in TERMINAL
+                not node or self.store.get("nodes", "", node) is None or phase in TERMINAL_POD_PHASES
             ):
                 return self.store.delete("pods", namespace, name)
             current = meta.get("deletionGracePeriodSeconds")
@@ -450,6 +436,19 @@ class ClusterCore:
         out = self.store.replace(res.plural, new)
         self.wake()
         return out
+
+
+class _NoProcesses:
+    """The process table of a cluster without a kubelet (until `LocalCluster` wires one in)."""
+
+    def has_processes(self, uid: str) -> bool:
+        return False
+
+    def kill_node(self, node: str, timeout: float = 5.0) -> list[str]:
+        return []
+
+    def pod_pids(self, uid: str) -> dict[str, int]:
+        return {}
 
 
 def _drop_owner(o: dict[str, Any], uid: str) -> None:

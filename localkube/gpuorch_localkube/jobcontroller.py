@@ -8,31 +8,17 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gpuorch_proto.kubesem import job_finished
+from gpuorch_proto.kubesem import TERMINAL_POD_PHASES, job_finished
 
-from .objects import get_condition, set_condition
-from .scheduler import GANG_ANNOTATION, TERMINAL
+from .objects import GANG_ANNOTATION, get_condition, set_condition
 from .util import random_suffix, rfc3339
 
 if TYPE_CHECKING:
-    from .core import ClusterCore
+    from .api import ClusterAPI
 
-__all__ = ["JobController", "PodGC", "desired_active"]
+__all__ = ["JobController", "PodGC", "mark_node_lost"]
 
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
-
-
-def desired_active(job: dict[str, Any]) -> int:
-    """How many pods the Job wants running at once now."""
-    spec, st = job.get("spec") or {}, job.get("status") or {}
-    if spec.get("suspend"):
-        return 0
-    par = int(spec.get("parallelism", 1) or 0)
-    comp = spec.get("completions")
-    succ = int(st.get("succeeded") or 0)
-    if comp is None:
-        return par if succ == 0 else 0
-    return max(0, min(par, int(comp) - succ))
 
 
 def _controller_uid(pod: dict[str, Any]) -> str | None:
@@ -69,7 +55,7 @@ class JobTrack:
 
 
 class JobController:
-    def __init__(self, core: ClusterCore):
+    def __init__(self, core: ClusterAPI):
         self.core = core
         self.track: dict[str, JobTrack] = {}
 
@@ -112,7 +98,7 @@ class JobController:
         for p in pods:
             puid = p["metadata"]["uid"]
             phase = (p.get("status") or {}).get("phase", "Pending")
-            if phase in TERMINAL:
+            if phase in TERMINAL_POD_PHASES:
                 if puid in tr.counted:
                     continue
                 tr.counted.add(puid)
@@ -132,7 +118,7 @@ class JobController:
         tr.known &= current
         succeeded = len(tr.succeeded_indexes) if indexed else int(st.get("succeeded") or 0) + new_succ
         failed = int(st.get("failed") or 0) + new_fail
-        active = [p for p in pods if (p.get("status") or {}).get("phase", "Pending") not in TERMINAL and not p["metadata"].get("deletionTimestamp")]
+        active = [p for p in pods if (p.get("status") or {}).get("phase", "Pending") not in TERMINAL_POD_PHASES and not p["metadata"].get("deletionTimestamp")]
         finished = job_finished(job)
         conds: list[tuple[str, str, str, str]] = []
         start_time: str | bool | None = False  # False: leave as is
@@ -231,7 +217,7 @@ class JobController:
             if any(c.get("type") == "Ready" and c.get("status") == "True" for c in (p.get("status") or {}).get("conditions") or [])
         )
         terminating = sum(
-            1 for p in pods if p["metadata"].get("deletionTimestamp") and (p.get("status") or {}).get("phase") not in TERMINAL
+            1 for p in pods if p["metadata"].get("deletionTimestamp") and (p.get("status") or {}).get("phase") not in TERMINAL_POD_PHASES
         ) + deleted
 
         def mutate(j: dict[str, Any]) -> None:
@@ -323,7 +309,7 @@ class JobController:
 class PodGC:
     """Garbage collector for pods: owner Job gone (Background deletion) or node gone (NodeLost)."""
 
-    def __init__(self, core: ClusterCore):
+    def __init__(self, core: ClusterAPI):
         self.core = core
 
     def sync(self) -> None:
@@ -336,17 +322,17 @@ class PodGC:
             owner = _controller_uid(p)
             node = p["spec"].get("nodeName")
             if node and node not in nodes:
-                if (p.get("status") or {}).get("phase") in TERMINAL:
+                if (p.get("status") or {}).get("phase") in TERMINAL_POD_PHASES:
                     store.delete("pods", ns, name)
                 else:
                     self.core.kubelet.kill_node(node)
-                    store.update("pods", ns, name, functools.partial(_mark_node_lost, node=node))
+                    store.update("pods", ns, name, functools.partial(mark_node_lost, node=node))
                 continue
             if owner and owner not in jobs and not meta.get("deletionTimestamp"):
                 self.core.delete_pod_internal(ns, name)
 
 
-def _mark_node_lost(pod: dict[str, Any], node: str) -> None:
+def mark_node_lost(pod: dict[str, Any], node: str) -> None:
     st = pod.setdefault("status", {})
     now = rfc3339()
     st["phase"] = "Failed"

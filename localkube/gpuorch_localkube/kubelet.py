@@ -27,7 +27,7 @@ from .quantity import parse_quantity
 from .util import rfc3339
 
 if TYPE_CHECKING:
-    from .core import ClusterCore
+    from .api import ClusterAPI, ObjectStore
 
 __all__ = ["Kubelet", "PodRun"]
 
@@ -127,7 +127,7 @@ class PodRun:
 class Kubelet:
     """All nodes' kubelets of one cluster (they share one process table)."""
 
-    def __init__(self, core: ClusterCore):
+    def __init__(self, core: ClusterAPI):
         self.core = core
         self.runs: dict[str, PodRun] = {}
         self._sleep = shutil.which("sleep")
@@ -135,7 +135,7 @@ class Kubelet:
     # -- helpers ---------------------------------------------------------------------------------
 
     @property
-    def _store(self) -> Any:
+    def _store(self) -> ObjectStore:
         return self.core.store
 
     def used_gpu_ids(self, node: str) -> set[int]:
@@ -186,14 +186,15 @@ class Kubelet:
             ):
                 self._admit(pod, nodes[node])
         for uid, run in list(self.runs.items()):
-            pod = pods.get(uid)
-            if pod is None:
+            found = pods.get(uid)
+            if found is None:
                 # the object is gone (force delete, node controller): make sure the processes are too
                 for c in run.live():
                     self._signal(c, signal.SIGKILL)
                 if not run.live():
                     del self.runs[uid]
                 continue
+            pod = found
             if pod["metadata"].get("deletionTimestamp"):
                 self._terminate(run, pod, now)
                 continue
@@ -587,7 +588,7 @@ class Kubelet:
         self.runs.clear()
 
 
-def log_path(core: ClusterCore, pod: dict[str, Any], container: str) -> Path:
+def log_path(core: ClusterAPI, pod: dict[str, Any], container: str) -> Path:
     meta = pod["metadata"]
     pod_dir = f"{meta['name']}-{str(meta['uid'])[:8]}"
     return Path(core.state_dir, "pods", str(meta["namespace"]), pod_dir, "logs", f"{container}.log")

@@ -455,3 +455,19 @@ def set_condition(
     if message is not None:
         cond["message"] = message
     conds.append(cond)
+
+
+GANG_ANNOTATION = "gpuorch.io/gang"
+
+
+def desired_active(job: dict[str, Any]) -> int:
+    """How many pods the Job wants running at once now."""
+    spec, st = job.get("spec") or {}, job.get("status") or {}
+    if spec.get("suspend"):
+        return 0
+    par = int(spec.get("parallelism", 1) or 0)
+    comp = spec.get("completions")
+    succ = int(st.get("succeeded") or 0)
+    if comp is None:
+        return par if succ == 0 else 0
+    return max(0, min(par, int(comp) - succ))

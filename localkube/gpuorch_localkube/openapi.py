@@ -1,7 +1,7 @@
 """`/openapi/v2` and `/openapi/v3` for the kinds localkube serves.
 
 The definitions are Kubernetes' own (from the API server's published schema of the release in
-`core.KUBE_VERSION`), trimmed to what Pods, Nodes, Jobs, Namespaces, Events, Status and
+`version.KUBE_VERSION`), trimmed to what Pods, Nodes, Jobs, Namespaces, Events, Status and
 DeleteOptions reach, and kept in `openapi-definitions.json` beside this file (swagger 2.0 form).
 `python -m gpuorch_localkube.openapi` regenerates that file from the `kubernetes-validate` wheel
 (a dev dependency) when the served version changes.
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import EVENTS, JOBS, NAMESPACES, NODES, PODS, Resource
+from .version import KUBE_VERSION
 
 __all__ = ["V2_PROTOBUF", "v2_document", "v2_protobuf", "v3_document", "v3_index"]
 
@@ -241,8 +242,6 @@ def _paths(v3: bool, only: str | None = None) -> dict[str, Any]:
 
 
 def _info() -> dict[str, str]:
-    from .core import KUBE_VERSION
-
     return {"title": "Kubernetes", "version": KUBE_VERSION[2]}
 
 
@@ -444,8 +443,6 @@ def v2_protobuf() -> bytes:
 
 
 def _main(argv: list[str]) -> int:
-    from .core import KUBE_VERSION
-
     version = argv[0] if argv else KUBE_VERSION[2].lstrip("v").split("+")[0].split("-")[0]
     data = regenerate(version)
     DATA.write_text(json.dumps(data, indent=None, separators=(",", ":"), sort_keys=False) + "\n")

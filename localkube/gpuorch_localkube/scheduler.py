@@ -27,16 +27,15 @@ from gpuorch_proto.kubesem import (
     tolerates,
 )
 
-from .objects import GPU, pod_requests
+from .objects import GANG_ANNOTATION, GPU, desired_active, pod_requests
 from .quantity import parse_quantity
 from .util import rfc3339
 
 if TYPE_CHECKING:
-    from .core import ClusterCore
+    from .api import ClusterAPI
 
 __all__ = ["GANG_ANNOTATION", "TERMINAL", "Scheduler"]
 
-GANG_ANNOTATION = "gpuorch.io/gang"
 TERMINAL = TERMINAL_POD_PHASES
 
 
@@ -119,7 +118,7 @@ def _shape(pod: Mapping[str, Any], req: Mapping[str, Fraction]) -> str:
 
 
 class Scheduler:
-    def __init__(self, core: ClusterCore):
+    def __init__(self, core: ClusterAPI):
         self.core = core
         self._requests: dict[str, tuple[str, dict[str, Fraction]]] = {}  # pod uid -> (resourceVersion, requests)
 
@@ -232,8 +231,6 @@ class Scheduler:
         job = self.core.job_by_uid(owner)
         size = len(members) + bound
         if job is not None:
-            from .jobcontroller import desired_active
-
             size = desired_active(job)
             if len(members) + bound < size:
                 return  # the Job controller has not created every member yet
