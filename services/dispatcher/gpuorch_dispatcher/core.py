@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -33,6 +34,7 @@ from gpuorch_proto.k8s import (
 from gpuorch_proto.placement import Placement, placement_for
 from gpuorch_proto.subjects import valid_token
 from gpuorch_proto.units import format_duration, parse_duration, parse_quantity
+from gpuorch_router.pipeline import job_env  # a pipeline child's parameters and inputs (docs/pipelines.md)
 
 #: Every container of an attempt: what the `restricted` Pod Security Standard asks of it.
 CONTAINER_SECURITY: Final = {
@@ -195,8 +197,12 @@ def build_job(
     resume_from: str | None,
     traceparent: str | None = None,
     placement: Placement | None = None,
+    pipeline_env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The batch/v1 Job for one attempt (DESIGN §6), as a plain JSON-able dict."""
+    """The batch/v1 Job for one attempt (DESIGN §6), as a plain JSON-able dict.
+
+    `pipeline_env`: a pipeline's child gets its parameters and its inputs by version
+    (`gpuorch_router.pipeline.job_env`, docs/pipelines.md)."""
     spec = wl.spec
     res = spec.resources
     entry = env.registry.get(cluster, ClusterRegistryEntry())
@@ -232,6 +238,7 @@ def build_job(
             "GPUORCH_WORKERS": str(res.workers),
         }
     )
+    envs.update(pipeline_env or {})
     if resume_from:
         envs["GPUORCH_RESUME_FROM"] = resume_from
     if traceparent:
@@ -359,7 +366,7 @@ def on_routed(view: WorkloadView, e: ev.Routed, now: float, env: Environment, tr
     manifest = build_job(
         wl, view.workload_id, att, view.epoch, cluster, e.decision.queue, env,
         output_path=out, checkpoint_path=ckpt, resume_from=resume_from, traceparent=traceparent,
-        placement=e.decision.placement,
+        placement=e.decision.placement, pipeline_env=job_env(view.parameters, view.stage_inputs),
     )
     created = ev.AttemptCreated(
         event_id=event_id(view.workload_id, "attempt-created", e.attempt_number),
