@@ -17,6 +17,7 @@ import msgspec
 from gpuorch.projection import AttemptView, WorkloadView
 from gpuorch_proto import ClusterRegistryEntry, Event, OwnerLease, Workload, event_id
 from gpuorch_proto import events as ev
+from gpuorch_proto.jobenv import job_env  # a pipeline child's parameters and inputs (docs/pipelines.md)
 from gpuorch_proto.k8s import (
     ANN_EXPECTED_DURATION,
     ANN_GANG,
@@ -34,7 +35,6 @@ from gpuorch_proto.k8s import (
 from gpuorch_proto.placement import Placement, placement_for
 from gpuorch_proto.subjects import valid_token
 from gpuorch_proto.units import format_duration, parse_duration, parse_quantity
-from gpuorch_router.pipeline import job_env  # a pipeline child's parameters and inputs (docs/pipelines.md)
 
 #: Every container of an attempt: what the `restricted` Pod Security Standard asks of it.
 CONTAINER_SECURITY: Final = {
@@ -202,7 +202,7 @@ def build_job(
     """The batch/v1 Job for one attempt (DESIGN §6), as a plain JSON-able dict.
 
     `pipeline_env`: a pipeline's child gets its parameters and its inputs by version
-    (`gpuorch_router.pipeline.job_env`, docs/pipelines.md)."""
+    (`gpuorch_proto.jobenv.job_env`, docs/pipelines.md)."""
     spec = wl.spec
     res = spec.resources
     entry = env.registry.get(cluster, ClusterRegistryEntry())

@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
-import re
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +37,7 @@ import msgspec
 
 from gpuorch_proto import Event, RoutingDecision, Workload, event_id
 from gpuorch_proto import events as ev
+from gpuorch_proto.jobenv import format_param
 from gpuorch_proto.policy import AdmissionPolicy, QueuePolicy
 from gpuorch_proto.subjects import valid_token
 from gpuorch_proto.units import format_duration, parse_duration
@@ -51,8 +50,6 @@ SEP = "--"  # between a pipeline's id and a child's stage: `<pipeline>--<stage>`
 LABEL_PIPELINE = "gpuorch.io/pipeline"
 LABEL_STAGE = "gpuorch.io/stage"
 LABEL_TRIAL = "gpuorch.io/trial"
-PARAM_ENV = "GPUORCH_PARAM_"
-INPUT_ENV = "GPUORCH_INPUT_"
 _EPS = 1e-9
 
 
@@ -88,14 +85,6 @@ def trials(sweep: Sweep) -> Iterator[dict[str, ParamValue]]:
     names = list(sweep.grid)
     for combo in itertools.product(*(sweep.grid[n] for n in names)):
         yield dict(zip(names, combo, strict=True))
-
-
-def format_param(v: ParamValue) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, float):
-        return repr(v)
-    return str(v)
 
 
 def _substitute(text: str, params: Mapping[str, ParamValue]) -> str:
@@ -501,28 +490,6 @@ def outcome(state: PipelineState, now: float) -> ev.PipelineFinished | None:
         reason=reason,
         stages={st.name: st.status for st in state.stages.values()},
     )
-
-
-def _env_token(stage: str) -> str:
-    return re.sub(r"[^A-Z0-9]", "_", stage.upper())
-
-
-def job_env(parameters: Mapping[str, ParamValue], inputs: Sequence[ev.StageInput]) -> dict[str, str]:
-    """What the Job of a child gets in its environment besides its document's `env` (GPUORCH_* is
-    gpuorch's own, so it is never in a workload document; the dispatcher adds these when it builds
-    the Job): a trial's parameters as `GPUORCH_PARAM_<NAME>`, and each dependency's promoted result
-    as `GPUORCH_INPUT_<STAGE>` (the path) and `GPUORCH_INPUT_<STAGE>_VERSION` (the promoted
-    attempt), plus `GPUORCH_INPUTS` (all of them, JSON)."""
-    env = {PARAM_ENV + _env_token(k): format_param(v) for k, v in parameters.items()}
-    for i in inputs:
-        env[INPUT_ENV + _env_token(i.stage)] = i.result_path
-        env[INPUT_ENV + _env_token(i.stage) + "_VERSION"] = i.attempt_id
-    if inputs:
-        env["GPUORCH_INPUTS"] = json.dumps(
-            {i.stage: {"path": i.result_path, "version": i.attempt_id, "store": i.store} for i in inputs},
-            sort_keys=True,
-        )
-    return env
 
 
 def input_stores(ready: ev.StageReady) -> list[str]:
