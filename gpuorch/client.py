@@ -73,6 +73,9 @@ class Client:
         tracer = telemetry.tracer()
         with tracer.start_as_current_span(f"{self.names.cmd_submit} publish", kind=telemetry.SpanKind.PRODUCER, attributes={"messaging.system": "nats", "gpuorch.workload": wid}):
             body = encode(cmd)
+            limit = self.nc.max_payload  # the server's; it would close the connection over a larger one
+            if len(body) > limit:
+                raise ValueError(f"submit body is {len(body):,} bytes: the server's max_payload is {limit:,} bytes")
             headers = {"Nats-Msg-Id": key, **self.signature_headers(self.names.cmd_submit, key, body), **telemetry.inject()}
             await self.js.publish(self.names.cmd_submit, body, headers=headers)
         return wid

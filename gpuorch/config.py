@@ -32,6 +32,7 @@ import msgspec
 import yaml
 
 from gpuorch_proto import ClusterRegistryEntry, Names
+from gpuorch_proto.credentials import registry_errors as credential_registry_errors
 
 DAY = 86400.0
 
@@ -235,4 +236,7 @@ def load_registry(path: Path) -> Registry:
             entries[name] = msgspec.convert(c.get("registry") or {}, ClusterRegistryEntry)
         except msgspec.ValidationError as exc:
             raise ValueError(f"{path}: clusters[{i}].registry: {exc}") from exc
+        bad = credential_registry_errors(entries[name], f"clusters[{i}].registry")
+        if bad:
+            raise ValueError(f"{path}: " + "; ".join(f"{e.path}: {e.message}" for e in bad))
     return Registry(clusters=entries, time_scale=float(doc.get("time_scale", 1.0)))

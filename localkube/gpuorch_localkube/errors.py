@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EVENTS", "JOBS", "NAMESPACES", "NODES", "PODS", "RESOURCES", "ApiError", "Resource"]
+__all__ = ["EVENTS", "JOBS", "NAMESPACES", "NODES", "PODS", "RESOURCES", "SECRETS", "ApiError", "Resource"]
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,8 @@ NODES = Resource("nodes", "Node", "", False)
 JOBS = Resource("jobs", "Job", "batch", True)
 NAMESPACES = Resource("namespaces", "Namespace", "", False)
 EVENTS = Resource("events", "Event", "", True)
-RESOURCES = {r.plural: r for r in (PODS, NODES, JOBS, NAMESPACES, EVENTS)}
+SECRETS = Resource("secrets", "Secret", "", True)
+RESOURCES = {r.plural: r for r in (PODS, NODES, JOBS, NAMESPACES, EVENTS, SECRETS)}
 
 
 class ApiError(Exception):

@@ -48,6 +48,15 @@ class QueueRegistry(msgspec.Struct, frozen=True, kw_only=True):
     owners: list[str] = msgspec.field(default_factory=lambda: ["*"])
 
 
+class SecretKeyRef(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a named credential lives on one cluster: a key of a Secret in the workload namespace
+    (`gpuorch_proto.credentials`). Names only: the value never leaves the cluster."""
+
+    secret: str  # the Secret's name
+    key: str  # the key in its data
+    env: str | None = None  # the variable the Job sees it as; None: GPUORCH_CREDENTIAL_<NAME>
+
+
 class ClusterRegistryEntry(msgspec.Struct, frozen=True, kw_only=True):
     """What Kubernetes does not hold about a cluster: one entry per kubeconfig context."""
 
@@ -64,6 +73,7 @@ class ClusterRegistryEntry(msgspec.Struct, frozen=True, kw_only=True):
     startup_seconds: float = 60.0
     checkpoint_stores: list[str] = []  # stores whose checkpoints this cluster can read
     cache_path: str | None = None  # where datasets staged by gpuorch live, as seen from pods
+    credential_refs: dict[str, SecretKeyRef] = {}  # credential name -> its Secret key here (issue 11)
 
 
 class ClusterSnapshot(msgspec.Struct, frozen=True, kw_only=True):

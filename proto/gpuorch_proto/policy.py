@@ -18,7 +18,7 @@ import msgspec.inspect
 import yaml
 
 from .events import FieldError
-from .workload import Limits
+from .workload import Limits, Requirements, Workload
 
 DEFAULT_QUEUE = "default"
 
@@ -53,6 +53,11 @@ class QueuePolicy(msgspec.Struct, frozen=True, kw_only=True):
     limits: Limits = Limits()
     budget: Budget | None = None
     fair_share: FairShare | None = None  # None: first come, first served within a priority
+    # node eligibility its workloads may ask for (issue 11; `node_constraint_errors`): the taint keys
+    # they may tolerate and the label keys their node_selector may name; "*" = any (the default,
+    # as for `owners`); [] = none
+    allowed_taints: list[str] = msgspec.field(default_factory=lambda: ["*"])
+    allowed_node_labels: list[str] = msgspec.field(default_factory=lambda: ["*"])
 
 
 class AdmissionPolicy(msgspec.Struct, frozen=True, kw_only=True):
@@ -104,3 +109,48 @@ def policy_from_obj(obj: Any) -> AdmissionPolicy:
 
 def load_policy_yaml(text: str) -> AdmissionPolicy:
     return policy_from_obj(yaml.safe_load(text) or {})
+
+
+def node_constraint_errors(policy: AdmissionPolicy, wl: Workload) -> list[FieldError]:
+    """Tolerations and node selectors the workload's queue does not allow, each with its path.
+
+    `spec.requirements` and every stage's own `requirements` are read against the queue named
+    by `spec.policy_queue` (its `allowed_taints`, `allowed_node_labels`). A toleration names the
+    taint key it tolerates; one without a key (``operator: Exists``) tolerates every taint, so only
+    a queue that allows "*" accepts it. An unknown queue gives no errors here (the submit is
+    refused for that, with the queue names). The router refuses such a submit (docs/security.md).
+    """
+    q = policy.queue(wl.spec.policy_queue)
+    if q is None:
+        return []
+    errors: list[FieldError] = []
+    _requirements(q, wl.spec.requirements, "spec.requirements", errors)
+    for i, st in enumerate(wl.spec.stages):
+        if st.requirements is not None:
+            _requirements(q, st.requirements, f"spec.stages[{i}].requirements", errors)
+    return errors
+
+
+def _requirements(q: QueuePolicy, r: Requirements, at: str, errors: list[FieldError]) -> None:
+    taints, labels = set(q.allowed_taints), set(q.allowed_node_labels)
+    if "*" not in taints:
+        allowed = ", ".join(f'"{k}"' for k in q.allowed_taints) or "none"
+        for i, t in enumerate(r.tolerations):
+            if t.key is None:
+                errors.append(FieldError(
+                    path=f"{at}.tolerations[{i}]",
+                    message=f"queue {q.name} does not allow a toleration of every taint (no key); it allows taint keys: {allowed}",
+                ))
+            elif t.key not in taints:
+                errors.append(FieldError(
+                    path=f"{at}.tolerations[{i}]",
+                    message=f'queue {q.name} does not allow toleration for taint key "{t.key}" (it allows: {allowed})',
+                ))
+    if "*" not in labels:
+        allowed = ", ".join(f'"{k}"' for k in q.allowed_node_labels) or "none"
+        for key in r.node_selector:
+            if key not in labels:
+                errors.append(FieldError(
+                    path=f"{at}.node_selector.{key}",
+                    message=f'queue {q.name} does not allow node selector key "{key}" (it allows: {allowed})',
+                ))

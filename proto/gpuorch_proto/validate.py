@@ -6,6 +6,7 @@ import math
 import re
 from typing import TYPE_CHECKING
 
+from .credentials import credential_errors, literal_secret_errors
 from .events import MESSAGE_REF_PREFIX, FieldError
 from .units import UnitError, parse_duration, parse_quantity
 from .workload import DatasetInput, Limits, ParamValue, Resources, Stage, Sweep, Workload, WorkloadSpecBody
@@ -17,6 +18,7 @@ _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
 _DIGEST = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
 _REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*@[A-Za-z0-9][A-Za-z0-9._-]*$")
 _QUEUE = re.compile(r"^[a-z0-9][a-z0-9-]*/[a-z0-9][a-z0-9-]*$")
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 
 
 def _resources(res: Resources, at: str, errors: list[FieldError]) -> None:
@@ -119,6 +121,18 @@ def _cycle(order: list[str], deps: dict[str, list[str]]) -> list[str] | None:
 MAX_ENV = 256
 MAX_ARGS = 1024
 MAX_STRING = 8192
+# An encoded submit: its `submitted` event carries the workload (and more) and must fit in one
+# message of the event stream (1 MiB, the server's max_payload), so the body gets half of that.
+MAX_SUBMIT_BYTES = 512 * 1024
+
+
+def body_size_error(size: int, limit: int = MAX_SUBMIT_BYTES) -> FieldError | None:
+    """A submit body over the limit, named with its size and the limit (None: within it)."""
+    if size <= limit:
+        return None
+    return FieldError(path="$", message=f"the submit body is {size:,} bytes: at most {limit:,} bytes ({limit // 1024} KiB)")
+
+
 # Environment variables gpuorch or the GPU runtime own: a workload may not set them.
 RESERVED_ENV_PREFIXES = ("GPUORCH_", "NVIDIA_", "CUDA_")
 RESERVED_ENV = frozenset({"TRACEPARENT", "TRACESTATE"})
@@ -142,6 +156,7 @@ def _env_and_args(
                     path=f"{at}.env.{key[:80]}", message=f"{len(value)} characters: at most {MAX_STRING}"
                 )
             )
+    errors.extend(literal_secret_errors(env, f"{at}.env"))  # named credentials only (gpuorch_proto.credentials)
     for name, items in (("args", args), ("command", command)):
         if len(items) > MAX_ARGS:
             errors.append(FieldError(path=f"{at}.{name}", message=f"{len(items)} items: at most {MAX_ARGS}"))
@@ -185,6 +200,8 @@ def _dag(wl: Workload, errors: list[FieldError]) -> None:
                 errors.append(FieldError(path=f"{at}.depends_on[{j}]", message=f"unknown stage {dep!r}"))
         _stage_fields(spec, s, at, errors)
         _env_and_args(s.env, s.args, s.command, at, errors)
+        if s.requirements is not None:
+            errors.extend(credential_errors(s.requirements.credentials, f"{at}.requirements.credentials"))
     order = list(dict.fromkeys(s.name for s in stages))
     deps: dict[str, list[str]] = {n: [] for n in order}
     for s in stages:
@@ -225,6 +242,7 @@ def validate_workload(wl: Workload) -> list[FieldError]:
         errors.append(FieldError(path="spec.command", message="is empty: nothing to run"))
     _resources(spec.resources, "spec.resources", errors)
     _env_and_args(spec.env, spec.args, spec.command, "spec", errors)
+    errors.extend(credential_errors(spec.requirements.credentials, "spec.requirements.credentials"))
     _inputs(spec.inputs, "spec.inputs", errors)
     if spec.queue is not None and not _QUEUE.match(spec.queue):
         errors.append(
@@ -408,6 +426,10 @@ def validate_policy(policy: AdmissionPolicy) -> list[FieldError]:
                 errors.append(FieldError(path=f"{at}.budget.window", message=str(exc)))
         if q.fair_share is not None:
             _fair_share(q.fair_share, f"{at}.fair_share", errors)
+        for name, keys in (("allowed_taints", q.allowed_taints), ("allowed_node_labels", q.allowed_node_labels)):
+            for j, k in enumerate(keys):
+                if k != "*" and not _LABEL_KEY.match(k):
+                    errors.append(FieldError(path=f"{at}.{name}[{j}]", message=f"{k[:80]!r} is neither '*' nor a label key"))
     if policy.default_queue not in names:
         errors.append(
             FieldError(
@@ -416,6 +438,7 @@ def validate_policy(policy: AdmissionPolicy) -> list[FieldError]:
             )
         )
     return errors
+
 
 def _fair_share(fs: FairShare, at: str, errors: list[FieldError]) -> None:
     for owner, w in fs.weights.items():
