@@ -82,6 +82,7 @@ class Tuning:
     metrics_port: str = _knob("GPUORCH_METRICS_PORT", "0", "every service: /metrics port (0: any free port; off: no endpoint)")
     metrics_addr: str = _knob("GPUORCH_METRICS_ADDR", "127.0.0.1", "every service: /metrics listen address")
     trace_file: str = _knob("GPUORCH_TRACE_FILE", "", "every service: also write spans to this JSONL file (tests, demo)")
+    profile_dir: str = _knob("GPUORCH_PROFILE", "", "every service: write a cProfile of its event loop to <dir>/<service>-<pid>.prof at a clean stop (benches)")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Tuning:

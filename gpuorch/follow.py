@@ -24,6 +24,7 @@ from gpuorch.observe import metrics
 from gpuorch.projection import Projection
 from gpuorch.runtime import telemetry
 from gpuorch.runtime.shell import replay
+from gpuorch.runtime.snapshot import no_gc, settle_heap
 
 
 @dataclass
@@ -56,12 +57,14 @@ class Follower:
     async def catch_up(self, js: Any, stream: str, subject: str, *, start_seq: int = 0) -> int:
         """Replay the log (from `start_seq`: what a restored snapshot does not cover) into the projection."""
         n = 0
-        async for evt, _subject, seq, headers in replay(js, stream, subject, start_seq=start_seq):
-            if evt is None:
-                continue
-            self.projection.apply(evt, seq)
-            self.remember(evt.workload_id, headers)
-            n += 1
+        with no_gc():  # nothing folded is garbage: see gpuorch.runtime.snapshot.no_gc
+            async for evt, _subject, seq, headers in replay(js, stream, subject, start_seq=start_seq):
+                if evt is None:
+                    continue
+                self.projection.apply(evt, seq)
+                self.remember(evt.workload_id, headers)
+                n += 1
+        settle_heap()
         return n
 
 

@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import cProfile
 import json
 import os
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 import msgspec
@@ -969,8 +971,10 @@ async def serve(
 
     A second signal cancels `main`. The tracer provider is flushed and shut down on the way out.
     """
-    logs.configure_logging(name, log_level or Tuning.from_env().log_level)
+    tuning = Tuning.from_env()
+    logs.configure_logging(name, log_level or tuning.log_level)
     provider = telemetry.setup_tracing(name)
+    profiler = _start_profile(tuning.profile_dir)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(main(stop))
@@ -1002,5 +1006,27 @@ async def serve(
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
+        _write_profile(profiler, tuning.profile_dir, name)
         telemetry.shutdown_tracing(provider)
         log.info("service.stopped")
+
+
+def _start_profile(directory: str) -> cProfile.Profile | None:
+    """`GPUORCH_PROFILE=<dir>`: profile this service's event-loop thread (cProfile) until it stops."""
+    if not directory:
+        return None
+    profiler = cProfile.Profile()
+    profiler.enable()
+    return profiler
+
+
+def _write_profile(profiler: cProfile.Profile | None, directory: str, name: str) -> None:
+    """`<dir>/<service>-<pid>.prof` (read with `python -m pstats`, or gpuorch.dev.bench.throughput)."""
+    if profiler is None:
+        return
+    profiler.disable()
+    path = Path(directory) / f"{name}-{os.getpid()}.prof"
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        profiler.dump_stats(str(path))
+        log.info("service.profile_written", path=str(path))

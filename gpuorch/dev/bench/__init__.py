@@ -10,4 +10,5 @@ BENCHES: list[str] = [
     "gpuorch.dev.bench.routing:run",
     "gpuorch.dev.bench.faults:run",
     "gpuorch.dev.bench.throughput:run",
+    "gpuorch.dev.bench.restart:run",
 ]

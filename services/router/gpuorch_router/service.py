@@ -22,7 +22,7 @@ from gpuorch.follow import Follower, run_until_stopped
 from gpuorch.projection import WorkloadView
 from gpuorch.runtime import bus
 from gpuorch.runtime.shell import Incoming, Publisher, Reject, Retry, consume, replay, run_service, submit_key
-from gpuorch.runtime.snapshot import Snapshots, follower_body, restore_follower
+from gpuorch.runtime.snapshot import Snapshots, follower_body, no_gc, restore_follower, settle_heap
 from gpuorch.security.bundle import load_identities
 from gpuorch.security.identity import Unauthenticated, Verifier
 from gpuorch.security.receive import trusted_snapshot
@@ -235,12 +235,14 @@ class Router:
         """Replay the log (from `start_seq`, after a restored snapshot) into the projection and
         the router's state (`Follower.catch_up` + fold)."""
         n = 0
-        async for evt, _subject, seq, headers in replay(js, self.names.stream_evt, self.names.evt_all, start_seq=start_seq):
-            if evt is None:
-                continue
-            self.fold(evt, seq)
-            self.follower.remember(evt.workload_id, headers)
-            n += 1
+        with no_gc():  # nothing folded is garbage: see gpuorch.runtime.snapshot.no_gc
+            async for evt, _subject, seq, headers in replay(js, self.names.stream_evt, self.names.evt_all, start_seq=start_seq):
+                if evt is None:
+                    continue
+                self.fold(evt, seq)
+                self.follower.remember(evt.workload_id, headers)
+                n += 1
+        settle_heap()
         return n
 
     async def run(self, stop: asyncio.Event) -> None:
