@@ -191,15 +191,48 @@ async def cmd_get(ns: argparse.Namespace, s: Settings) -> int:
     d = view_detail(v)
     tl = commands.timeline_of(v, events)
     d["timeline"] = timeline.as_dict(tl)
+    graph = await _pipeline_graph(s, v, events) if v.children else None
+    if graph is not None:
+        d["pipeline"] = {"stages": {st.name: {"workload": st.workload_id, "status": st.status, "depends_on": list(st.depends_on),
+                                              "reason": st.reason, "gpus": st.gpus, "result": st.result_path, "version": st.attempt_id}
+                                    for st in graph.stages.values()}}  # fmt: skip
+    if v.pipeline:
+        d["pipeline_of"], d["stage"], d["parameters"] = v.pipeline, v.stage, v.parameters
+        d["inputs"] = [msgspec.to_builtins(i) for i in v.stage_inputs]
     if ns.output == "json":
         print(json.dumps(_jsonable(d), indent=2))
         return 0
     for k in ("id", "status", "reason", "owner", "cluster", "epoch", "promoted", "result"):
         print(f"{k:>9}: {d[k] if d[k] is not None else '-'}")
+    if graph is not None:
+        from gpuorch_router.pipeline import render_graph
+
+        print(render_graph(graph))
+        return 0
+    if v.pipeline:
+        print(f"{'pipeline':>9}: {v.pipeline} (stage {v.stage})")
+        for i in v.stage_inputs:
+            print(f"{'input':>9}: {i.stage} = {i.result_path} (version {i.attempt_id})")
     print("attempts:")
     print_table(d["attempt_list"], ["id", "cluster", "epoch", "status", "mode", "fenced", "cancel_confirmed", "promoted"])
     print(timeline.render(tl, commands.time_scale(s)))
     return 0
+
+
+async def _pipeline_graph(s: Settings, v: WorkloadView, events: list[tuple[int, Any]]) -> Any:
+    """The pipeline's state (`gpuorch_router.pipeline.PipelineState`) from its own events and
+    its children's, folded in stream order."""
+    from gpuorch_router.pipeline import PipelineState
+
+    async with Client(s.nats_url, s.names, creds=s.nats_creds) as c:
+        if len(v.children) > 64:  # a large sweep: one pass over the stream beats a replay per child
+            ids = {ch.workload_id for ch in v.children} | {v.workload_id}
+            every = [(seq, e) for seq, e in await c.events() if e.workload_id in ids]
+        else:
+            every = list(events)
+            for got in await asyncio.gather(*(c.events(ch.workload_id) for ch in v.children)):
+                every += got
+    return PipelineState.of(v.workload_id, (e for _, e in sorted(every, key=lambda x: x[0])))
 
 
 async def cmd_list(ns: argparse.Namespace, s: Settings) -> int:
@@ -260,7 +293,14 @@ async def cmd_explain(ns: argparse.Namespace, s: Settings) -> int:
         print(f"no workload {ns.id!r}", file=sys.stderr)
         return 1
     if v.decision is None:
+        if ns.output == "json":
+            held = msgspec.to_builtins(v.held) if v.held is not None and v.status == "held" else None
+            print(json.dumps({"status": v.status, "reason": v.reason, "held": held, "decision": None}, indent=2))
+            return 0
         print(f"{ns.id}: {v.status} — {v.reason} (no routing decision yet)")
+        if v.held is not None and v.status == "held":  # concurrency limits, not capacity (docs/pipelines.md)
+            for h in v.held.holds:
+                print(f"  {h.scope} {h.name or ''}: {h.kind} {h.used:g} of {h.limit:g}" + (f", needs {h.needs:g}" if h.needs else ""))
         return 0
     if ns.output == "json":
         print(json.dumps({"status": v.status, "reason": v.reason, "decision": msgspec.to_builtins(v.decision)}, indent=2))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
@@ -78,6 +79,14 @@ class WorkloadView:
     cancel_requested: bool = False
     idempotency_key: str | None = None
     times: dict[str, float] = field(default_factory=dict)
+    # pipelines (docs/pipelines.md): a child knows its pipeline, stage, parameters and inputs;
+    # a pipeline its children (in declared order) and, once every child finished, its outcome
+    pipeline: str | None = None
+    stage: str | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    stage_inputs: list[ev.StageInput] = field(default_factory=list)
+    children: list[ev.PipelineChild] = field(default_factory=list)
+    held: ev.Held | None = None  # the latest `held` (explain shows its numbers)
     history: list[tuple[int, str, float]] = field(default_factory=list)  # (seq, type, at)
     last_seq: int = 0  # the stream sequence of the last event folded in
 
@@ -134,6 +143,14 @@ class Projection:
             return view
         if seq:
             view.last_seq = seq
+        if isinstance(evt, ev.PipelineExpanded):
+            for c in evt.children:  # each child knows where it came from (the router's own record)
+                child = self.workloads.get(c.workload_id)
+                if child is None:
+                    child = self.workloads[c.workload_id] = WorkloadView(c.workload_id)
+                child.pipeline, child.stage, child.parameters = evt.workload_id, c.stage, dict(c.parameters)
+                if child.status == "submitted":
+                    child.reason = "waiting for its dependencies" if c.depends_on else "waiting for the pipeline's admission"
         _fold(view, evt)
         view.history.append((seq, ev.type_tag(evt), evt.at))
         return view
@@ -196,7 +213,7 @@ def _fold(view: WorkloadView, e: Event) -> None:
                 view.times.pop("rejected", None)
             view.workload = e.workload
             view.idempotency_key = e.idempotency_key
-            if view.status == "submitted":
+            if view.status == "submitted" and view.pipeline is None:
                 view.reason = "submitted; waiting for a routing decision"
         case ev.Rejected():
             view.status = "rejected"
@@ -323,6 +340,30 @@ def _fold(view: WorkloadView, e: Event) -> None:
             view.reason = e.reason
         case ev.WorkloadFailed():
             view.status = "failed"
+            view.reason = e.reason
+        case ev.PipelineExpanded():
+            view.children = list(e.children)
+            if not view.terminal:
+                view.status = "running"
+                view.reason = f"pipeline of {len(e.children)} stages"
+        case ev.StageReady():
+            view.stage_inputs = list(e.inputs)
+            view.pipeline, view.stage = view.pipeline or e.pipeline, view.stage or e.stage
+            if view.status == "submitted":
+                view.status, view.reason = "ready", e.reason
+        case ev.Held():
+            view.held = e
+            if view.status in ("submitted", "ready", "held"):
+                view.status, view.reason = "held", e.reason
+        case ev.Released():
+            if view.status in ("submitted", "ready", "held"):
+                view.status, view.reason = "released", e.reason
+        case ev.StageBlocked():
+            if not view.terminal:
+                view.status, view.reason = "blocked", e.reason
+        case ev.PipelineFinished():
+            if not view.terminal:
+                view.status = e.outcome if e.outcome != "completed" else "completed"
             view.reason = e.reason
         case _:
             pass

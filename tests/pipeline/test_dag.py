@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuorch_proto import events as ev
+from gpuorch_proto.jobenv import job_env
 from gpuorch_router import pipeline as pl
 
 from .builders import NOW, cancelled, completed, failed, make_dag, promoted, released, started
@@ -51,7 +52,7 @@ def test_a_stage_is_ready_once_its_dependency_is_promoted_and_reads_that_result_
         )
     ]
     assert r.reason == "every dependency promoted: prep (p--prep-a1)"
-    env = pl.job_env({}, r.inputs)
+    env = job_env({}, r.inputs)
     assert (
         env["GPUORCH_INPUT_PREP"] == "prod/p--prep/result/"
         and env["GPUORCH_INPUT_PREP_VERSION"] == "p--prep-a1"

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from gpuorch_proto import decode_event, encode, validate
 from gpuorch_proto import events as ev
+from gpuorch_proto.jobenv import job_env
 from gpuorch_proto.subjects import valid_token
 from gpuorch_router import pipeline as pl
 
@@ -95,7 +96,7 @@ def test_a_trial_list_keeps_its_order_and_values() -> None:
     )
     x = pl.expand("s-1", wl, NOW)
     assert [c.workload.spec.env["OPT"] for c in x.children] == ["adam", "sgd"]
-    assert pl.job_env(x.children[0].parameters, []) == {
+    assert job_env(x.children[0].parameters, []) == {
         "GPUORCH_PARAM_OPT": "adam",
         "GPUORCH_PARAM_WARM": "true",
     }

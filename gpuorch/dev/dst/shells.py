@@ -25,8 +25,10 @@ from gpuorch_proto import ClusterSnapshot, Event, FenceRecord, OwnerLease, event
 from gpuorch_proto import events as ev
 from gpuorch_proto.events import message_ref
 from gpuorch_proto.k8s import NAMESPACE
+from gpuorch_proto.policy import AdmissionPolicy
 from gpuorch_proto.subjects import valid_token
 from gpuorch_router import core as rcore
+from gpuorch_router.pipeline import Gate
 from gpuorch_router.policy import SnapshotIndex, build_index
 
 from .bus import KVConflict, SimConsumer, SimKV, StoredMsg
@@ -159,6 +161,8 @@ class RouterSim(Service):
         super().__init__(w, name)
         self.projection = Projection()
         self.state = rcore.RouterState()
+        self.gate = Gate()  # the admission gate: every workload is released before it is routed
+        self.policy = AdmissionPolicy()
         self.snapshots: dict[str, ClusterSnapshot] = {}
         self.indexes: dict[str, SnapshotIndex] = {}
         self.changed = False
@@ -168,6 +172,10 @@ class RouterSim(Service):
     def fold(self, e: Event, seq: int) -> None:
         self.projection.apply(e, seq)
         self.state.apply(e, seq)
+        self.gate.apply(e, seq)
+
+    def gate_round(self, now: float) -> list[Any]:  # the router's own round, not a copy
+        return list(rcore.gate_round(self.gate, self.policy, self.state, lambda wl, wid: self.decide(wl, wid, 1, now), now).events)
 
     def start(self) -> Gen:
         yield from self.replay(self.fold)
@@ -192,17 +200,18 @@ class RouterSim(Service):
             return []
         now = self.w.now
         submitted = ev.Submitted(event_id=event_id(wid, "submitted"), workload_id=wid, at=now, workload=e.workload, idempotency_key=key, source_sequence=msg.stream_seq)
-        decision = self.decide(e.workload, wid, 1, now)
-        out = rcore.decision_events(wid, decision, 1, now)
-        self.state.note_published(out)
+        self.gate.note([submitted], now)
+        out = self.gate_round(now)
         yield None
         return [submitted, *out]
 
     def on_event(self, msg: Incoming) -> Gen:
         e = msg.event
         self.fold(e, msg.stream_seq)
+        released = self.gate_round(self.w.now)
         if not isinstance(e, ev.RouteRequested):
-            return []
+            yield None
+            return released
         view = self.projection.get(e.workload_id)
         if view is None or view.workload is None:
             raise Retry(0.5)
@@ -216,7 +225,7 @@ class RouterSim(Service):
         out = rcore.decision_events(e.workload_id, decision, e.attempt_number, now)
         self.state.note_published(out)
         yield None
-        return out
+        return [*released, *out]
 
     def follow_inventory(self) -> Gen:
         while True:
@@ -239,6 +248,10 @@ class RouterSim(Service):
         while True:
             yield Until(lambda: self.changed, self.w.now + 2.0)
             self.changed = False
+            now = self.w.now
+            for e in [*self.gate.overdue(now, 10.0), *self.gate_round(now)]:  # as the router's gate_once
+                yield None
+                self.w.publish(e, self.name)
             for wid, view in list(self.projection.workloads.items()):
                 n = self.pending_attempt(wid)
                 if n is None or view.workload is None:

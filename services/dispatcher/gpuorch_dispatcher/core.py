@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -16,6 +17,7 @@ import msgspec
 from gpuorch.projection import AttemptView, WorkloadView
 from gpuorch_proto import ClusterRegistryEntry, Event, OwnerLease, Workload, event_id
 from gpuorch_proto import events as ev
+from gpuorch_proto.jobenv import job_env  # a pipeline child's parameters and inputs (docs/pipelines.md)
 from gpuorch_proto.k8s import (
     ANN_EXPECTED_DURATION,
     ANN_GANG,
@@ -195,8 +197,12 @@ def build_job(
     resume_from: str | None,
     traceparent: str | None = None,
     placement: Placement | None = None,
+    pipeline_env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The batch/v1 Job for one attempt (DESIGN §6), as a plain JSON-able dict."""
+    """The batch/v1 Job for one attempt (DESIGN §6), as a plain JSON-able dict.
+
+    `pipeline_env`: a pipeline's child gets its parameters and its inputs by version
+    (`gpuorch_proto.jobenv.job_env`, docs/pipelines.md)."""
     spec = wl.spec
     res = spec.resources
     entry = env.registry.get(cluster, ClusterRegistryEntry())
@@ -232,6 +238,7 @@ def build_job(
             "GPUORCH_WORKERS": str(res.workers),
         }
     )
+    envs.update(pipeline_env or {})
     if resume_from:
         envs["GPUORCH_RESUME_FROM"] = resume_from
     if traceparent:
@@ -359,7 +366,7 @@ def on_routed(view: WorkloadView, e: ev.Routed, now: float, env: Environment, tr
     manifest = build_job(
         wl, view.workload_id, att, view.epoch, cluster, e.decision.queue, env,
         output_path=out, checkpoint_path=ckpt, resume_from=resume_from, traceparent=traceparent,
-        placement=e.decision.placement,
+        placement=e.decision.placement, pipeline_env=job_env(view.parameters, view.stage_inputs),
     )
     created = ev.AttemptCreated(
         event_id=event_id(view.workload_id, "attempt-created", e.attempt_number),

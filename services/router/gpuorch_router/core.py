@@ -23,7 +23,7 @@ replays the log rebuilds the same state), and asks:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -32,8 +32,10 @@ import msgspec
 from gpuorch.projection import WorkloadView
 from gpuorch_proto import Event, RoutingDecision, Workload, event_id
 from gpuorch_proto import events as ev
+from gpuorch_proto.policy import AdmissionPolicy
 
 from .history import RoutingHistory
+from .pipeline import Gate, GateRound
 from .policy import SnapshotIndex, route
 
 MAX_SNAPSHOT_AGE = 120.0  # seconds: the policy's default; an exclusion never outlives it
@@ -235,9 +237,10 @@ def reevaluation(
 def pending_attempt(view: WorkloadView | None) -> int | None:
     """The attempt number this workload waits a routing decision for (None: none).
 
-    The latest requested attempt without a `routed` decision; attempt 1 only while the workload
-    is waiting, or was accepted but never decided (the router died between `submitted` and its
-    decision: the redelivered submit is a re-send, and this is what routes it).
+    The latest requested attempt without a `routed` decision; attempt 1 only once the workload
+    is released (`released`: the gate, `gate_round`, let it through) and while it is waiting, or
+    released but never decided (the router died between `released` and its decision). Work that
+    was accepted but never released is the gate's: its next round releases (or holds) it.
     """
     if view is None or view.workload is None or view.terminal or view.cancel_requested:
         return None
@@ -245,5 +248,28 @@ def pending_attempt(view: WorkloadView | None) -> int | None:
     if wanted in view.routed_attempts:
         return None
     if wanted == 1:
-        return 1 if view.status in ("waiting", "submitted") else None
+        return 1 if view.status in ("waiting", "released") else None
     return wanted
+
+
+def gate_round(
+    gate: Gate,
+    policy: AdmissionPolicy,
+    state: RouterState,
+    decide: Callable[[Workload, str], RoutingDecision],
+    now: float,
+    *,
+    force: bool = False,
+) -> GateRound:
+    """One round of the gate (`pipeline.Gate.step`: stages ready or blocked, pipelines finished,
+    releases, holds, refusals), and the routing decision of every workload it released, in the
+    same batch (`released` first). The service and the deterministic simulation both call this."""
+    r = gate.step(policy, now, force=force)
+    for wid in r.released:
+        wl = gate.workloads.get(wid)
+        if wl is None:
+            continue
+        out = decision_events(wid, decide(wl, wid), 1, now)
+        state.note_published(out)
+        r.events += out  # type: ignore[arg-type]
+    return r

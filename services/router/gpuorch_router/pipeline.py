@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
-import re
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,8 +35,9 @@ from typing import Literal
 
 import msgspec
 
-from gpuorch_proto import Event, Workload, event_id
+from gpuorch_proto import Event, RoutingDecision, Workload, event_id
 from gpuorch_proto import events as ev
+from gpuorch_proto.jobenv import format_param
 from gpuorch_proto.policy import AdmissionPolicy, QueuePolicy
 from gpuorch_proto.subjects import valid_token
 from gpuorch_proto.units import format_duration, parse_duration
@@ -51,8 +50,6 @@ SEP = "--"  # between a pipeline's id and a child's stage: `<pipeline>--<stage>`
 LABEL_PIPELINE = "gpuorch.io/pipeline"
 LABEL_STAGE = "gpuorch.io/stage"
 LABEL_TRIAL = "gpuorch.io/trial"
-PARAM_ENV = "GPUORCH_PARAM_"
-INPUT_ENV = "GPUORCH_INPUT_"
 _EPS = 1e-9
 
 
@@ -88,14 +85,6 @@ def trials(sweep: Sweep) -> Iterator[dict[str, ParamValue]]:
     names = list(sweep.grid)
     for combo in itertools.product(*(sweep.grid[n] for n in names)):
         yield dict(zip(names, combo, strict=True))
-
-
-def format_param(v: ParamValue) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, float):
-        return repr(v)
-    return str(v)
 
 
 def _substitute(text: str, params: Mapping[str, ParamValue]) -> str:
@@ -503,28 +492,6 @@ def outcome(state: PipelineState, now: float) -> ev.PipelineFinished | None:
     )
 
 
-def _env_token(stage: str) -> str:
-    return re.sub(r"[^A-Z0-9]", "_", stage.upper())
-
-
-def job_env(parameters: Mapping[str, ParamValue], inputs: Sequence[ev.StageInput]) -> dict[str, str]:
-    """What the Job of a child gets in its environment besides its document's `env` (GPUORCH_* is
-    gpuorch's own, so it is never in a workload document; the dispatcher adds these when it builds
-    the Job): a trial's parameters as `GPUORCH_PARAM_<NAME>`, and each dependency's promoted result
-    as `GPUORCH_INPUT_<STAGE>` (the path) and `GPUORCH_INPUT_<STAGE>_VERSION` (the promoted
-    attempt), plus `GPUORCH_INPUTS` (all of them, JSON)."""
-    env = {PARAM_ENV + _env_token(k): format_param(v) for k, v in parameters.items()}
-    for i in inputs:
-        env[INPUT_ENV + _env_token(i.stage)] = i.result_path
-        env[INPUT_ENV + _env_token(i.stage) + "_VERSION"] = i.attempt_id
-    if inputs:
-        env["GPUORCH_INPUTS"] = json.dumps(
-            {i.stage: {"path": i.result_path, "version": i.attempt_id, "store": i.store} for i in inputs},
-            sort_keys=True,
-        )
-    return env
-
-
 def input_stores(ready: ev.StageReady) -> list[str]:
     """The artifact stores a cluster must reach to read this stage's inputs."""
     return sorted({i.store for i in ready.inputs if i.store})
@@ -928,3 +895,257 @@ def candidates_of(state: PipelineState, pipeline: Workload, submitted_at: float)
         for i, st in enumerate(state.stages.values())
         if st.status in ("ready", "held")
     ]
+
+
+# ---- the gate: the router's fold for what comes before routing ------------------------------
+
+
+def submit_refusal(policy: AdmissionPolicy, wl: Workload, identity: str | None = None) -> str | None:
+    """Why this submit may never be admitted as it is (None: it may): its queue does not exist,
+    or the submitter may not use it. `identity` is who signed the submit (DESIGN §11); it has
+    already been checked to be allowed to submit as `metadata.owner`, so the queue's `owners`
+    are matched against that owner or the identity's own name."""
+    q = policy.queue(wl.spec.policy_queue)
+    if q is None:
+        names = ", ".join(x.name for x in policy.queues)
+        return f"queue {wl.spec.policy_queue or policy.default_queue!r} does not exist (queues: {names})"
+    if may_submit(q, wl.metadata.owner) or (identity is not None and identity in q.owners):
+        return None
+    who = f"identity {identity!r} (owner {wl.metadata.owner})" if identity else wl.metadata.owner
+    return f"{who} may not submit to queue {q.name} (owners: {', '.join(q.owners)})"
+
+
+@dataclass
+class _Span:
+    queue: str
+    gpus: float
+    start: float
+    end: float | None = None
+
+
+@dataclass
+class GateRound:
+    """What one round decides: events to publish, cancel commands to send, workloads released
+    now (to be routed at once)."""
+
+    events: list[Event] = field(default_factory=list)
+    cancels: list[ev.Cancel] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Gate:
+    """The router's fold of everything that decides whether a workload may be routed yet.
+
+    Pipelines (their `PipelineState`s), the work waiting to be released (plain workloads from
+    their `submitted`, a pipeline's children from their `stage-ready`), what released work holds
+    (until it finishes) and the GPU time it used (for budgets), and the last `held` of each.
+
+    Idempotent per workload by stream sequence (the router folds different workloads' events
+    concurrently, each workload's in order), and what the router publishes itself is noted at
+    once (`note`, sequence 0): the log's echo then changes nothing. The expansion of a pipeline
+    is noted when the router decides it, so a child's events are never mistaken for a plain
+    workload's, whatever order they are folded in.
+    """
+
+    pipelines: dict[str, PipelineState] = field(default_factory=dict)
+    docs: dict[str, tuple[Workload, float]] = field(default_factory=dict)  # pipelines: document, submit time
+    parent_of: dict[str, str] = field(default_factory=dict)  # child -> pipeline
+    index_of: dict[str, int] = field(default_factory=dict)  # child -> its place in the pipeline
+    waiting: dict[str, Candidate] = field(default_factory=dict)  # not released, not finished
+    running: dict[str, Running] = field(default_factory=dict)  # released, not finished
+    finished: set[str] = field(default_factory=set)
+    workloads: dict[str, Workload] = field(default_factory=dict)  # every submitted document, by id
+    spans: dict[str, _Span] = field(default_factory=dict)  # attempt -> its GPU time
+    held: dict[str, tuple[tuple[tuple[str, str, str], ...], set[str]]] = field(default_factory=dict)
+    commands: set[str] = field(default_factory=set)  # cancel commands sent (event ids)
+    cancelling: set[str] = field(default_factory=set)  # cancel requested: never released
+    seqs: dict[str, int] = field(default_factory=dict)  # per workload: the last sequence folded
+    # noted but not yet seen in the log (events) or not yet acked (commands): re-sent if overdue
+    unconfirmed: dict[str, tuple[ev.Base, float]] = field(default_factory=dict)
+    dirty: bool = True  # something changed that may change a verdict
+    dirty_pipelines: set[str] = field(default_factory=set)
+
+    # -- fold --------------------------------------------------------------------------------
+    def note_expansion(self, x: Expansion, wl: Workload, now: float) -> None:
+        """The router expanded a pipeline (before it publishes it)."""
+        if x.pipeline_id in self.pipelines:
+            return
+        self.docs[x.pipeline_id] = (wl, now)
+        self.note(x.events, now)
+
+    def note(self, events: Iterable[ev.Base], now: float = 0.0) -> None:
+        """What the router is publishing, before the log echoes it back. Each stays
+        `unconfirmed` until the log has it (a command: until `confirm`)."""
+        for e in events:
+            if e.event_id:
+                self.unconfirmed[e.event_id] = (e, now)
+            if isinstance(e, ev.Cancel):
+                self.commands.add(e.event_id)
+            else:
+                self.apply(e)  # type: ignore[arg-type]
+
+    def confirm(self, events: Iterable[ev.Base]) -> None:
+        for e in events:
+            self.unconfirmed.pop(e.event_id, None)
+
+    def overdue(self, now: float, after: float) -> list[ev.Base]:
+        """What was noted `after` seconds ago or more and is still not in the log (its publish
+        failed, or the handler that decided it failed): to publish again, under the same ids."""
+        return [e for e, at in self.unconfirmed.values() if now - at >= after]
+
+    def apply(self, e: Event, seq: int = 0) -> None:
+        wid = e.workload_id
+        if seq:
+            if seq <= self.seqs.get(wid, 0):
+                return
+            self.seqs[wid] = seq
+            if e.event_id:
+                self.unconfirmed.pop(e.event_id, None)
+        pid = self.parent_of.get(wid)
+        match e:
+            case ev.PipelineExpanded():
+                if wid not in self.pipelines:
+                    ps = self.pipelines[wid] = PipelineState(wid)
+                    ps.apply(e)
+                    for i, c in enumerate(e.children):
+                        self.parent_of[c.workload_id] = wid
+                        self.index_of[c.workload_id] = i
+                    self.dirty_pipelines.add(wid)
+                return
+            case ev.Submitted():
+                self.workloads.setdefault(wid, e.workload)
+                if pid is None and is_pipeline(e.workload):
+                    self.docs.setdefault(wid, (e.workload, e.at))
+                elif pid is None and wid not in self.finished and wid not in self.running:
+                    self.waiting.setdefault(wid, candidate(wid, e.workload, e.at))
+                    self.dirty = True
+            case ev.StageReady() if pid is not None:
+                self._ready(wid, pid, e)
+            case ev.Held():
+                sig = tuple((h.scope, h.name, h.kind) for h in e.holds)
+                ids = self.held.get(wid, ((), set()))[1]
+                self.held[wid] = (sig, ids | {e.event_id})
+            case ev.Released():
+                self.waiting.pop(wid, None)
+                if wid not in self.finished:
+                    self.running[wid] = Running(wid, e.queue, e.gpus, e.pipeline)
+                self.dirty = True
+            case ev.Completed() | ev.WorkloadFailed() | ev.Cancelled():
+                self._finish(wid)
+            case ev.Rejected() if e.decision is not None:
+                self._finish(wid)
+            case ev.CancelRequested() | ev.Cancel():
+                self.cancelling.add(wid)
+                if self.waiting.pop(wid, None) is not None:
+                    self.dirty = True
+            case ev.Running():
+                r = self.running.get(wid)
+                if r is not None and r.gpus > 0 and e.attempt_id not in self.spans:
+                    self.spans[e.attempt_id] = _Span(r.queue, r.gpus, e.at)
+                    self.dirty = True
+            case ev.Succeeded() | ev.Failed() | ev.CancelConfirmed():
+                s = self.spans.get(e.attempt_id)
+                if s is not None and s.end is None:
+                    s.end = e.at
+            case _:
+                pass
+        if pid is not None:
+            self.pipelines[pid].apply(e)
+            self.dirty_pipelines.add(pid)
+        elif wid in self.pipelines:
+            self.pipelines[wid].apply(e)
+            self.dirty_pipelines.add(wid)
+
+    def _ready(self, wid: str, pid: str, e: ev.StageReady) -> None:
+        ps, doc = self.pipelines.get(pid), self.docs.get(pid)
+        if ps is None or doc is None or wid in self.finished or wid in self.running or wid in self.cancelling:
+            return
+        st = ps.stage_of(wid)
+        if st is None:
+            return
+        wl, at = doc
+        self.waiting.setdefault(wid, Candidate(
+            workload_id=wid, owner=wl.metadata.owner, queue=wl.spec.policy_queue, gpus=st.gpus,
+            priority=wl.spec.priority, submitted_at=at, pipeline=pid, pipeline_limits=wl.spec.limits,
+            gpu_hours=st.gpu_hours, index=self.index_of.get(wid, 0),
+        ))  # fmt: skip
+        self.dirty = True
+
+    def _finish(self, wid: str) -> None:
+        self.finished.add(wid)
+        self.waiting.pop(wid, None)
+        self.running.pop(wid, None)
+        self.dirty = True
+
+    # -- decide ------------------------------------------------------------------------------
+    def is_child(self, wid: str) -> bool:
+        return wid in self.parent_of
+
+    def gpu_spans(self) -> list[GpuSpan]:
+        return [GpuSpan(s.queue, s.gpus, s.start, s.end) for s in self.spans.values()]
+
+    def step(self, policy: AdmissionPolicy, now: float, *, force: bool = False) -> GateRound:
+        """One round, level-triggered: pipelines' progress (stages ready, blocked, the pipeline's
+        end; a cancelled pipeline's cancels), then admission of everything waiting. Everything it
+        decides is noted at once. `force`: decide even if nothing changed (the budget window
+        moves with time)."""
+        out = GateRound()
+        for pid in sorted(self.dirty_pipelines):
+            ps = self.pipelines[pid]
+            if ps.finished:
+                continue
+            if ps.cancel_requested:
+                out.cancels += [c for c in cancel_all(ps, ps.cancel_reason, now) if c.event_id not in self.commands]
+            else:
+                ready = ready_stages(ps, now)
+                self.note(ready, now)
+                out.events += ready
+                blocked = blocked_by_failure(ps, now)
+                self.note(blocked, now)
+                out.events += blocked
+                out.cancels += [
+                    ev.Cancel(event_id=event_id(b.workload_id, "cancel", "blocked"), workload_id=b.workload_id, at=now, reason=b.reason)
+                    for b in blocked
+                ]  # fmt: skip
+            end = outcome(ps, now)
+            if end is not None:
+                self.note([end], now)
+                out.events.append(end)
+        self.dirty_pipelines.clear()
+        self.note(out.cancels, now)
+        if not (self.dirty or force) or not self.waiting:
+            self.dirty = False
+            return out
+        verdicts = admit(policy, self.running.values(), self.gpu_spans() if has_budget(policy) else [], list(self.waiting.values()), now)
+        decided: list[Event] = []
+        for v in verdicts:
+            if isinstance(v, Released):
+                decided.append(v.event(now))
+                out.released.append(v.workload_id)
+            elif isinstance(v, Held):
+                sig, ids = self.held.get(v.workload_id, ((), set()))
+                if v.signature != sig:
+                    decided.append(v.event(now, len(ids) + 1))
+            else:
+                decided.append(refusal_event(v, now))
+        self.note(decided, now)
+        out.events += decided
+        self.dirty = False
+        return out
+
+
+def has_budget(policy: AdmissionPolicy) -> bool:
+    return any(q.budget is not None for q in policy.queues)
+
+
+def refusal_event(v: Refused, now: float) -> ev.Rejected:
+    """A refusal is the router's verdict on the workload's own submit: `rejected`, terminal,
+    with a decision that says so (as for work no cluster could ever run)."""
+    return ev.Rejected(
+        event_id=event_id(v.workload_id, "rejected", "admission"),
+        workload_id=v.workload_id,
+        at=now,
+        reason=f"not admitted: {v.reason}",
+        decision=RoutingDecision(workload_id=v.workload_id, decided_at=now, outcome="rejected", summary=f"not admitted: {v.reason}"),
+    )

@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import structlog
+import yaml
 from nats.js.api import DeliverPolicy
 
 from gpuorch.config import Settings, load_registry
@@ -24,7 +26,7 @@ from gpuorch.runtime import bus
 from gpuorch.runtime.shell import Incoming, Publisher, Reject, Retry, consume, replay, run_service, submit_key
 from gpuorch.runtime.snapshot import Snapshots, follower_body, no_gc, restore_follower, settle_heap
 from gpuorch.security.bundle import load_identities
-from gpuorch.security.identity import Unauthenticated, Verifier
+from gpuorch.security.identity import Unauthenticated, Verifier, sign_headers
 from gpuorch.security.receive import trusted_snapshot
 from gpuorch_proto import (
     ClusterSnapshot,
@@ -32,17 +34,37 @@ from gpuorch_proto import (
     RoutingDecision,
     Workload,
     decode_snapshot,
+    encode,
     event_id,
     workload_id_for,
 )
 from gpuorch_proto import events as ev
+from gpuorch_proto.policy import AdmissionPolicy, PolicyError, load_policy_yaml
 
 from . import core
+from . import pipeline as pl
 from .core import decision_events
 from .history import MeasuredTimeline, RoutingHistory, update_history
 from .policy import SnapshotIndex, build_index
 
 log = structlog.get_logger("gpuorch.router")
+
+GATE_RESEND_AFTER = 10.0  # seconds: a gate decision not seen in the log by then is published again
+
+
+def load_admission_policy(registry: Path) -> AdmissionPolicy:
+    """The admission policy (docs/pipelines.md) named next to the cluster registry: the clusters
+    file's `admission_policy: <file>` (relative to it). None named: one `default` queue open to
+    everyone, no limits. A bad policy stops the router with what is wrong and where."""
+    doc = yaml.safe_load(registry.read_text()) or {}
+    name = doc.get("admission_policy") if isinstance(doc, dict) else None
+    if not name:
+        return AdmissionPolicy()
+    path = (registry.parent / str(name)).resolve()
+    try:
+        return load_policy_yaml(path.read_text())
+    except (OSError, PolicyError, yaml.YAMLError) as exc:
+        raise SystemExit(f"router: admission policy {path}: {exc}") from None
 
 
 class Router:
@@ -64,6 +86,10 @@ class Router:
         self.concurrency = settings.tuning.router_concurrency
         self.publisher: Publisher | None = None
         self.verifier = Verifier(load_identities(settings.identities)) if settings.identities else None
+        # pipelines and admission (docs/pipelines.md): the policy next to the cluster registry
+        self.policy = load_admission_policy(settings.registry) if settings.registry else AdmissionPolicy()
+        self.gate = pl.Gate()  # what may be routed yet: pipelines, held and released work, folded from the log
+        self.seed = settings.nats_creds.read_text() if settings.nats_creds and settings.nats_creds.suffix != ".creds" else None
 
     # --- pure-ish helpers -------------------------------------------------------------
     def decide(self, wl: Workload, wid: str, attempt_number: int, now: float) -> RoutingDecision:
@@ -72,6 +98,28 @@ class Router:
     def fold(self, e: Event, seq: int) -> None:
         self.follower.projection.apply(e, seq)
         self.state.apply(e, seq)
+        self.gate.apply(e, seq)
+
+    def gate_round(self, now: float, *, force: bool = False) -> pl.GateRound:
+        """The gate's round (`core.gate_round`), released work routed at once."""
+        r = core.gate_round(self.gate, self.policy, self.state, lambda wl, wid: self.decide(wl, wid, 1, now), now, force=force)
+        for e in r.events:
+            if isinstance(e, ev.Released | ev.Held | ev.StageBlocked | ev.PipelineFinished | ev.Rejected):
+                log.info("workload.gate", workload=e.workload_id, type=ev.type_tag(e), reason=getattr(e, "reason", ""))
+        return r
+
+    async def send_cancels(self, cancels: Sequence[ev.Cancel]) -> None:
+        """The cancels of a pipeline's stages, signed as the router (the dispatcher checks who
+        may cancel: docs/security.md); the dispatcher then cancels each like any workload."""
+        if not cancels:
+            return
+        assert self.publisher is not None
+        for c in cancels:
+            body, msg_id = encode(c), c.event_id
+            headers = sign_headers(self.seed, self.names.cmd_cancel, msg_id, body) if self.seed else {}
+            await self.publisher.publish_raw(self.names.cmd_cancel, body, msg_id, headers, context=self.follower.context(c.workload_id))
+            self.gate.confirm([c])
+            log.info("workload.cancel_sent", workload=c.workload_id, reason=c.reason)
 
     def learn(self, view: WorkloadView) -> None:
         """Fold a completed workload's promoted attempt into the routing history."""
@@ -110,12 +158,12 @@ class Router:
         """The attempt number this workload waits a decision for (None = none): `core.pending_attempt`."""
         return core.pending_attempt(self.follower.projection.get(wid))
 
-    def authorize_submit(self, msg: Incoming, e: ev.Submit) -> None:
+    def authorize_submit(self, msg: Incoming, e: ev.Submit) -> str | None:
         """Who signed this submit decides which owners it may submit as (docs/security.md);
         a submit nobody known signed is refused. Without an identities file (unit tests) every
-        submit is taken as it is."""
+        submit is taken as it is. Returns the identity that signed it (None: no identities)."""
         if self.verifier is None:
-            return
+            return None
         try:
             caller = self.verifier.caller(msg.subject, msg.msg_id, msg.headers, msg.data)
         except Unauthenticated as exc:
@@ -126,19 +174,23 @@ class Router:
                 f"identity {caller.identity!r} may not submit as owner {owner[:80]!r}",
                 [ev.FieldError(path="workload.metadata.owner", message=f"{caller.identity!r} may submit as {', '.join(caller.owners) or 'no owner'}")],
             )
+        return caller.identity
 
     # --- handlers -----------------------------------------------------------------------
     async def on_command(self, msg: Incoming) -> Sequence[ev.Base]:
         e = msg.event
         if not isinstance(e, ev.Submit):
             return []
-        self.authorize_submit(msg, e)
+        identity = self.authorize_submit(msg, e)
         key = msg.msg_id or e.idempotency_key
         if not key:  # a retried submit without one would be a second workload
             raise Reject("a submit needs an idempotency key: a Nats-Msg-Id header or idempotency_key in the body",
                          [ev.FieldError(path="idempotency_key", message="missing (and no Nats-Msg-Id header)")])  # fmt: skip
         # the id is the router's, from the key and the name: a client-chosen workload_id is ignored
         wid = workload_id_for(key, e.workload.metadata.name)
+        if pl.SEP in wid:  # `<pipeline>--<stage>` names a pipeline's child: never a submit's
+            raise Reject(f"workload id {wid} contains {pl.SEP!r}, which marks a pipeline's stage",
+                         [ev.FieldError(path="workload.metadata.name", message=f"must not contain {pl.SEP!r} (reserved for a pipeline's stages)")])  # fmt: skip
         view = self.follower.projection.get(wid)
         if view is not None and view.workload is not None:
             if view.workload != e.workload:  # not a re-send: a message never changes an existing workload
@@ -148,11 +200,22 @@ class Router:
         now = time.time()
         self.follower.remember(wid, msg.headers)
         submitted = ev.Submitted(event_id=event_id(wid, "submitted"), workload_id=wid, at=now, workload=e.workload, idempotency_key=key, source_sequence=msg.stream_seq)
-        decision = self.decide(e.workload, wid, 1, now)
-        log.info("workload.decided", workload=wid, outcome=decision.outcome, cluster=decision.cluster)
-        out = decision_events(wid, decision, 1, now)
-        self.state.note_published(out)
-        return [submitted, *out]
+        refused = pl.submit_refusal(self.policy, e.workload, identity)
+        if refused is not None:  # accepted as a record, and refused: the workload's own verdict
+            out: list[ev.Base] = [submitted, pl.refusal_event(pl.Refused(wid, refused), now)]
+            self.gate.note(out, now)
+            log.info("workload.refused", workload=wid, reason=refused)
+            return out
+        self.gate.note([submitted], now)
+        expanded: list[ev.Base] = []
+        if pl.is_pipeline(e.workload):  # its stages (or trials) become workloads; it is never routed itself
+            x = pl.expand(wid, e.workload, now)
+            self.gate.note_expansion(x, e.workload, now)
+            expanded = list(x.events)
+            log.info("pipeline.expanded", workload=wid, children=len(x.children))
+        r = self.gate_round(now)
+        await self.send_cancels(r.cancels)
+        return [submitted, *expanded, *r.events]
 
     async def on_event(self, msg: Incoming) -> Sequence[ev.Base]:
         e = msg.event
@@ -161,8 +224,16 @@ class Router:
         view = self.follower.projection.apply(e, msg.stream_seq)
         self.state.apply(e, msg.stream_seq)
         self.follower.remember(e.workload_id, msg.headers)
+        self.gate.apply(e, msg.stream_seq)
         if isinstance(e, ev.Completed) and fresh and view is not None:
             self.learn(view)
+        r = self.gate_round(time.time())  # level-triggered: a slot freed, a stage promoted, ...
+        await self.send_cancels(r.cancels)
+        # what the round decided goes out with this event's outputs; if this handler fails, the
+        # gate still has it as unconfirmed and the re-evaluation loop publishes it (same ids)
+        return [*r.events, *self.on_route_requested(e)]
+
+    def on_route_requested(self, e: Event) -> list[ev.Base]:
         if not isinstance(e, ev.RouteRequested):
             return []
         view = self.follower.projection.get(e.workload_id)
@@ -188,6 +259,22 @@ class Router:
                 pass
             self.inventory_changed.clear()
             await self.reevaluate_once()
+            await self.gate_once()
+
+    async def gate_once(self) -> None:
+        """The gate's periodic round: budget windows move with time (a forced round when a queue
+        has a budget), and what a failed handler decided but never published is published again."""
+        assert self.publisher is not None
+        now = time.time()
+        r = self.gate_round(now, force=pl.has_budget(self.policy))
+        late = [e for e in self.gate.overdue(now, GATE_RESEND_AFTER) if e.event_id not in {x.event_id for x in (*r.events, *r.cancels)}]
+        cancels = [*r.cancels, *(e for e in late if isinstance(e, ev.Cancel))]
+        events = [*(e for e in late if not isinstance(e, ev.Cancel)), *r.events]
+        if late:
+            log.warning("gate.resend", events=len(late))
+        await self.send_cancels(cancels)
+        for e in events:  # one at a time, each in its workload's trace
+            await self.publisher.publish([e], context=self.follower.context(e.workload_id))
 
     async def reevaluate_once(self) -> int:
         """One round over the work awaiting a decision: publish what `core.reevaluation` says
