@@ -22,6 +22,7 @@ from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
 
 from gpuorch.config import Settings, load_registry
 from gpuorch.follow import Follower, every, run_until_stopped
+from gpuorch.informer import ClusterInformers
 from gpuorch.kube import TIMEOUT, ClusterClient, make_clients, unreachable
 from gpuorch.observe import progress, spans
 from gpuorch.projection import AttemptView, WorkloadView
@@ -85,6 +86,21 @@ def observe(job: dict[str, Any], pods: list[dict[str, Any]]) -> core.JobObservat
     )
 
 
+def informers_for(cc: ClusterClient) -> ClusterInformers:
+    """gpuorch's Jobs and pods of one cluster (its label, its namespace), list-then-watch."""
+    group = ClusterInformers(cc.name)
+    group.add("jobs", cc.batch.list_namespaced_job, namespace=k8s.NAMESPACE, label_selector=k8s.MANAGED_SELECTOR)
+    group.add("pods", cc.core.list_namespaced_pod, namespace=k8s.NAMESPACE, label_selector=k8s.MANAGED_SELECTOR)
+    return group
+
+
+def resource_version(obj: Any) -> int | None:
+    try:
+        return int(obj.metadata.resource_version)
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
 class Dispatcher:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -112,6 +128,9 @@ class Dispatcher:
         # workloads handled at once (each workload's events still in order): Job creates in flight
         self.concurrency = settings.tuning.dispatch_concurrency
         self.kube_pool = ThreadPoolExecutor(max_workers=settings.tuning.kube_threads, thread_name_prefix="kube")
+        # each cluster's gpuorch Jobs and pods, followed by list-then-watch (gpuorch.informer)
+        self.informers: dict[str, ClusterInformers] = {name: informers_for(cc) for name, cc in self.clients.items()}
+        self.created_rv: dict[str, int] = {}  # attempt id -> resourceVersion of the Job we created
 
     def environment(self, attempts: Sequence[AttemptView] = ()) -> core.Environment:
         reg = self.registry.clusters if self.registry else {}
@@ -150,15 +169,23 @@ class Dispatcher:
         cc = self.clients.get(act.cluster)
         if cc is None:
             raise RuntimeError(f"routed to unknown cluster {act.cluster!r} (not in the kubeconfig)")
+        loop, name = asyncio.get_running_loop(), act.manifest["metadata"]["name"]
         try:
-            await asyncio.get_running_loop().run_in_executor(
+            job = await loop.run_in_executor(
                 self.kube_pool, lambda: cc.batch.create_namespaced_job(act.namespace, act.manifest, _request_timeout=TIMEOUT)  # type: ignore[arg-type]
             )
-            log.info("job.created", cluster=act.cluster, job=act.manifest["metadata"]["name"])
+            log.info("job.created", cluster=act.cluster, job=name)
         except ApiException as exc:
             if exc.status != 409:
                 raise
-            log.info("job.exists", cluster=act.cluster, job=act.manifest["metadata"]["name"])
+            log.info("job.exists", cluster=act.cluster, job=name)
+            try:  # rare: its resourceVersion, so the watch cache is not read before it holds the Job
+                job = await loop.run_in_executor(self.kube_pool, lambda: cc.batch.read_namespaced_job(name, act.namespace, _request_timeout=TIMEOUT))
+            except Exception:
+                return
+        rv = resource_version(job)
+        if rv is not None:
+            self.created_rv[act.created.attempt_id] = rv
 
     async def delete_job(self, act: core.DeleteJob) -> None:
         cc = self.clients.get(act.cluster)
@@ -350,22 +377,30 @@ class Dispatcher:
             await self.kv_staged.put(staged_key(e.cluster, inp.ref), value)
 
     # --- watching the clusters ---------------------------------------------------------------
-    def _list(self, cc: ClusterClient) -> tuple[dict[str, dict[str, Any]], dict[str, list[dict[str, Any]]]]:
-        sel = k8s.MANAGED_SELECTOR
-        jobs = cc.sanitize(cc.batch.list_namespaced_job(k8s.NAMESPACE, label_selector=sel, _request_timeout=TIMEOUT))
-        pods = cc.sanitize(cc.core.list_namespaced_pod(k8s.NAMESPACE, label_selector=sel, _request_timeout=TIMEOUT))
-        by_job = {j["metadata"]["name"]: j for j in jobs.get("items") or []}
+    def cached(self, cluster: str) -> tuple[dict[str, dict[str, Any]], dict[str, list[dict[str, Any]]]]:
+        """The cluster's gpuorch Jobs by name and pods by attempt, from the informers' caches (no API call)."""
+        inf = self.informers[cluster]
+        by_job = {j["metadata"]["name"]: j for j in inf["jobs"].items()}
         pods_by: dict[str, list[dict[str, Any]]] = {}
-        for p in pods.get("items") or []:
+        for p in inf["pods"].items():
             att = (p["metadata"].get("labels") or {}).get(k8s.LABEL_ATTEMPT)
             if att:
                 pods_by.setdefault(att, []).append(p)
         return by_job, pods_by
 
+    def fold_contacts(self) -> None:
+        """The informers' facts (each call answered or not, with its time) through `core.contact`."""
+        for cluster, inf in self.informers.items():
+            for answered, at, _ in inf.contacts():
+                self.contacts[cluster] = core.contact(self.contacts.get(cluster), answered, at)
+
     async def watch(self, stop: asyncio.Event) -> None:
+        """Each tick, what the informers' caches say about our live attempts (no list calls:
+        the API cost does not grow with the attempts), and `lost` for clusters that went silent."""
         assert self.publisher is not None
         async def tick() -> None:
             assert self.publisher is not None
+            self.fold_contacts()
             live: dict[str, list[tuple[WorkloadView, AttemptView]]] = {}
             for view in self.follower.projection.workloads.values():
                 if view.workload_id not in self.owned:
@@ -374,35 +409,37 @@ class Dispatcher:
                     if a.live or (a.status == "lost" and not a.gone):
                         live.setdefault(a.cluster, []).append((view, a))
             for cluster, items in live.items():
-                cc = self.clients.get(cluster)
-                if cc is None:
+                inf = self.informers.get(cluster)
+                if inf is None:
                     continue
                 now = time.time()
-                try:
-                    jobs, pods = await asyncio.to_thread(self._list, cc)
-                    self.contacts[cluster] = core.contact(self.contacts.get(cluster), True, now)
-                except Exception as exc:
-                    if not unreachable(exc) and not isinstance(exc, ApiException):
-                        log.exception("watch.error", cluster=cluster)
-                    c = self.contacts[cluster] = core.contact(self.contacts.get(cluster), False, now)
-                    why = core.silence(c, now, self.lost_after)
+                if inf.failing or not inf.synced:
+                    why = core.silence(self.contacts.get(cluster) or core.contact(None, False, now), now, self.lost_after)
                     if why is not None:
                         for view, a in items:
-                            acts = core.lost(view, a, now, f"{cluster} {why} ({type(exc).__name__})")
+                            acts = core.lost(view, a, now, f"{cluster} {why} ({inf.error or 'not synced'})")
                             await self.publisher.publish(await self.execute(acts, view.workload_id), context=self.follower.context(view.workload_id))
                     continue
+                jobs, pods = self.cached(cluster)
+                job_cache = inf["jobs"]
                 for view, a in items:
                     job = jobs.get(a.job_name)
+                    if job is None and not job_cache.covers(self.created_rv.get(a.attempt_id, 0)):
+                        continue  # we created it a moment ago: the watch has not brought it yet
                     obs = observe(job, pods.get(a.attempt_id, [])) if job else core.JobObservation(exists=False)
                     acts = core.on_observation(view, a, obs, now, unschedulable_grace=self.unschedulable_grace)
                     seen = progress.compute_started(view.workload_id, a, now)  # the program's first step, if reported
                     if acts or seen:
                         wid = view.workload_id
                         await self.publisher.publish([*seen, *await self.execute(acts, wid)], context=self.follower.context(wid))
+                    if a.status in ("succeeded", "failed") or a.gone:
+                        self.created_rv.pop(a.attempt_id, None)
         await every(stop, self.interval, tick, name="watch")
 
     async def run(self, stop: asyncio.Event) -> None:
         nc = await self.settings.connect("gpuorch-dispatcher")  # its own identity (GPUORCH_NATS_CREDS)
+        for inf in self.informers.values():
+            inf.start()
         try:
             js = self.js = nc.jetstream()
             await bus.await_topology(js, self.names)  # created by the admin identity
@@ -432,6 +469,8 @@ class Dispatcher:
             ], clusters=sorted(self.clients), instance=self.me)
             await snapshots.final()
         finally:
+            for inf in self.informers.values():
+                await asyncio.to_thread(inf.stop)
             await nc.close()
 
 

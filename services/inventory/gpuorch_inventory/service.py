@@ -1,14 +1,15 @@
-"""Inventory's shell: list every cluster, build its snapshot (pure core), publish it.
+"""Inventory's shell: follow every cluster, build its snapshot (pure core), publish it.
 
-Per kubeconfig context (one per cluster), a poll loop: list nodes and pods with the official
-client in a worker thread (``asyncio.to_thread``, ``_request_timeout=TIMEOUT``), call
-``core.build_snapshot`` and publish the result as JSON to ``names.inventory(cluster)`` when it
+Per kubeconfig context (one per cluster), informers (``gpuorch.informer``: list once, then
+watch from the list's resourceVersion, re-list on 410 Gone) keep the cluster's nodes and pods
+in a local cache; every interval a round reads the caches (no API call), calls
+``core.build_snapshot`` and publishes the result as JSON to ``names.inventory(cluster)`` when it
 changed (``core.snapshot_changed``) and at least every heartbeat. The stream keeps the last
 message per subject, so a consumer that starts later reads every cluster's latest snapshot.
 
-A cluster that does not answer (``gpuorch.kube.unreachable``) or answers with an API error is
-published as unreachable: ``observed_at`` stays at the last successful observation, so the
-snapshot's age says how stale it is. Datasets gpuorch staged come from the ``kv_staged`` bucket
+A cluster whose latest list or watch call failed (no answer, or an API error) is published as
+unreachable: ``observed_at`` stays at the last successful observation, so the snapshot's age
+says how stale it is. A quiet cluster (an open watch with nothing to say) is reachable. Datasets gpuorch staged come from the ``kv_staged`` bucket
 (a KV watcher keeps them current). Queue delays of pods that started are measured on the way
 and kept as an EWMA per (cluster, queue) (``core.QueueHistory``).
 
@@ -31,13 +32,13 @@ import msgspec
 import nats.errors
 import nats.js.errors
 import structlog
-from kubernetes.client.exceptions import ApiException
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 from opentelemetry.trace import SpanKind
 
 from gpuorch.config import Registry, Settings, load_registry
-from gpuorch.kube import TIMEOUT, ClusterClient, make_clients, unreachable
+from gpuorch.informer import ClusterInformers, describe
+from gpuorch.kube import TIMEOUT, ClusterClient, make_clients
 from gpuorch.observe import metrics
 from gpuorch.runtime import bus, logs, telemetry
 from gpuorch.runtime.shell import run_service
@@ -63,12 +64,15 @@ def list_cluster(cc: ClusterClient) -> tuple[list[dict[str, Any]], list[dict[str
 
 def describe_failure(exc: BaseException) -> str:
     """The `error` of an unreachable snapshot: short, without object addresses."""
-    if isinstance(exc, ApiException):
-        return f"api error: {exc.status} {exc.reason}".strip()
-    reason = getattr(exc, "reason", None)  # urllib3 MaxRetryError wraps the cause
-    cause = reason if isinstance(reason, BaseException) else exc
-    text = str(cause).split(": ", 1)[-1] if ">: " in str(cause) else str(cause)
-    return f"unreachable: {type(cause).__name__}: {text}"[:300]
+    return describe(exc)
+
+
+def informers_for(cc: ClusterClient) -> ClusterInformers:
+    """Every node and every pod of one cluster (background load counts too), list-then-watch."""
+    group = ClusterInformers(cc.name)
+    group.add("nodes", cc.core.list_node)
+    group.add("pods", cc.core.list_pod_for_all_namespaces)
+    return group
 
 
 def trace_cluster_queue(cluster: str, start: core.PodStart) -> None:
@@ -155,6 +159,7 @@ class Inventory:
         self.staged: dict[str, bytes] = {}  # kv_staged key -> value
         self.staged_ready = asyncio.Event()
         self.states = {name: ClusterState(name) for name in self.clients}
+        self.informers = {name: informers_for(cc) for name, cc in self.clients.items()}
 
     def entry(self, cluster: str) -> ClusterRegistryEntry:
         return self.registry.clusters.get(cluster, ClusterRegistryEntry())
@@ -185,19 +190,19 @@ class Inventory:
         )
 
     async def poll_once(self, state: ClusterState, cc: ClusterClient) -> ClusterSnapshot | None:
-        try:
-            nodes, pods = await asyncio.to_thread(list_cluster, cc)
-        except Exception as exc:
-            if not (unreachable(exc) or isinstance(exc, ApiException)):
-                log.exception("cluster.observe_failed", cluster=state.name)
-                return None  # our bug, not the cluster's: keep the last snapshot (its age grows)
-            error = describe_failure(exc)
+        """One round from the informers' caches (`cc` is not called: the informers are)."""
+        inf = self.informers[state.name]
+        if inf.failing or not inf.synced:
+            if not inf.failing:
+                return None  # the first list has not answered yet, nor failed
+            error = inf.error
             if state.last_published is None or state.last_published.reachable:
                 log.warning("cluster.unreachable", cluster=state.name, error=error)
             return core.unreachable_snapshot(
                 state.last_ok, state.name, self.entry(state.name), self.clock(), error,
                 time_scale=self.registry.time_scale,
             )
+        nodes, pods = inf["nodes"].items(), inf["pods"].items()
         snap = self.snapshot_from(state, nodes, pods, self.clock())
         if state.last_published is not None and not state.last_published.reachable:
             log.info("cluster.reachable", cluster=state.name)
@@ -285,6 +290,8 @@ class Inventory:
             tasks.append(asyncio.create_task(self.watch_staged(kv, stop)))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.staged_ready.wait(), timeout=STAGED_INITIAL_WAIT)
+            for inf in self.informers.values():
+                inf.start()
             tasks += [asyncio.create_task(self.poll_loop(js, name, stop)) for name in sorted(self.clients)]
             first_round: asyncio.Future[Any] = asyncio.ensure_future(
                 asyncio.gather(*(s.published_once.wait() for s in self.states.values()))
@@ -306,6 +313,8 @@ class Inventory:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            for inf in self.informers.values():
+                await asyncio.to_thread(inf.stop)
             await nc.close()
 
 
