@@ -34,6 +34,7 @@ from gpuorch_proto import Event, RoutingDecision, Workload, event_id
 from gpuorch_proto import events as ev
 from gpuorch_proto.policy import AdmissionPolicy
 
+from .fairshare import Usage
 from .history import RoutingHistory
 from .pipeline import Gate, GateRound
 from .policy import SnapshotIndex, route
@@ -260,11 +261,12 @@ def gate_round(
     now: float,
     *,
     force: bool = False,
+    usage: Usage | None = None,
 ) -> GateRound:
     """One round of the gate (`pipeline.Gate.step`: stages ready or blocked, pipelines finished,
     releases, holds, refusals), and the routing decision of every workload it released, in the
     same batch (`released` first). The service and the deterministic simulation both call this."""
-    r = gate.step(policy, now, force=force)
+    r = gate.step(policy, now, force=force, usage=usage)
     for wid in r.released:
         wl = gate.workloads.get(wid)
         if wl is None:

@@ -1085,11 +1085,13 @@ class Gate:
     def gpu_spans(self) -> list[GpuSpan]:
         return [GpuSpan(s.queue, s.gpus, s.start, s.end) for s in self.spans.values()]
 
-    def step(self, policy: AdmissionPolicy, now: float, *, force: bool = False) -> GateRound:
+    def step(
+        self, policy: AdmissionPolicy, now: float, *, force: bool = False, usage: fairshare.Usage | None = None
+    ) -> GateRound:
         """One round, level-triggered: pipelines' progress (stages ready, blocked, the pipeline's
-        end; a cancelled pipeline's cancels), then admission of everything waiting. Everything it
-        decides is noted at once. `force`: decide even if nothing changed (the budget window
-        moves with time)."""
+        end; a cancelled pipeline's cancels), then admission of everything waiting (`admit`, the
+        one ordering; `usage`: fair share's, passed through). Everything it decides is noted at
+        once. `force`: decide even if nothing changed (the budget window moves with time)."""
         out = GateRound()
         for pid in sorted(self.dirty_pipelines):
             ps = self.pipelines[pid]
@@ -1117,7 +1119,8 @@ class Gate:
         if not (self.dirty or force) or not self.waiting:
             self.dirty = False
             return out
-        verdicts = admit(policy, self.running.values(), self.gpu_spans() if has_budget(policy) else [], list(self.waiting.values()), now)
+        spans = self.gpu_spans() if has_budget(policy) else []
+        verdicts = admit(policy, self.running.values(), spans, list(self.waiting.values()), now, usage)
         decided: list[Event] = []
         for v in verdicts:
             if isinstance(v, Released):
