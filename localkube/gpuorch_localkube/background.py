@@ -14,6 +14,7 @@ from .objects import GPU
 
 if TYPE_CHECKING:
     from .api import ClusterAPI
+    from .store import Event
 
 __all__ = ["BACKGROUND_LABEL", "EXPECTED_DURATION_ANNOTATION", "BackgroundLoadManager"]
 
@@ -26,10 +27,22 @@ class BackgroundLoadManager:
     def __init__(self, core: ClusterAPI):
         self.core = core
         self.loads: list[BackgroundLoad] = list(core.config.background)
+        self.dirty = True
+
+    def observe(self, event: Event) -> None:
+        """Only background Jobs and their pods change what this controller does."""
+        if event.resource in ("jobs", "pods") and any(
+            BACKGROUND_LABEL in (o["metadata"].get("labels") or {}) for o in (event.obj, event.prev) if o is not None
+        ):
+            self.dirty = True
+
+    def resync(self) -> None:
+        self.dirty = True
 
     def set_loads(self, loads: Sequence[BackgroundLoad]) -> None:
         with self.core.store.lock:
             self.loads = list(loads)
+            self.dirty = True
         self.core.wake()
 
     def job_body(self, load: BackgroundLoad) -> dict[str, Any]:
@@ -66,13 +79,13 @@ class BackgroundLoadManager:
         }
 
     def sync(self) -> None:
+        if not self.dirty:
+            return
+        self.dirty = False
         store = self.core.store
         jobs = [j for j in store.values("jobs") if BACKGROUND_LABEL in (j["metadata"].get("labels") or {})]
         running_owners = {
-            r.get("uid")
-            for p in store.values("pods")
-            if p["spec"].get("nodeName")
-            for r in p["metadata"].get("ownerReferences") or []
+            j["metadata"]["uid"] for j in jobs if any(p["spec"].get("nodeName") for p in store.pods_of_owner(j["metadata"]["uid"]))
         }
         wanted = {(b.namespace, b.name): b for b in self.loads}
         groups: dict[tuple[str, str], list[dict[str, Any]]] = {}

@@ -9,6 +9,7 @@ import logging
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -34,10 +35,12 @@ from .jobcontroller import JobController, PodGC, mark_node_lost
 from .kubelet import Kubelet
 from .objects import GPU
 from .scheduler import Scheduler
+from .store import Event
 
 __all__ = ["LocalCluster", "LocalClusters", "kubeconfig_dict", "write_kubeconfig"]
 
 log = logging.getLogger("gpuorch_localkube")
+RESYNC_SECONDS = 30.0
 
 
 def kubeconfig_dict(servers: Mapping[str, str], current: str | None = None) -> dict[str, Any]:
@@ -102,6 +105,8 @@ class LocalCluster:
         self.jobs = JobController(self.core)
         self.podgc = PodGC(self.core)
         self.background = BackgroundLoadManager(self.core)
+        self.core.store.add_listener(self._observe)
+        self._last_resync = 0.0
         self.api = APIServer(self.core, host, cfg.port if port is None else port)
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -137,6 +142,8 @@ class LocalCluster:
         (self.state_dir / "pods").mkdir(parents=True, exist_ok=True)
         self.core.cluster_dir.mkdir(parents=True, exist_ok=True)
         self.core.add_configured_nodes()
+        with self.core.store.lock:
+            self.scheduler.resync()
         self.api.start()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name=f"localkube-{self.name}", daemon=True)
@@ -177,26 +184,60 @@ class LocalCluster:
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
 
+    def _observe(self, event: Event) -> None:
+        """Every store commit (lock held): queue the work it means for each controller."""
+        self.jobs.observe(event)
+        self.podgc.observe(event)
+        self.scheduler.observe(event)
+        self.kubelet.observe(event)
+        self.background.observe(event)
+
     def _loop(self) -> None:
+        more = False
         while not self._stopping:
-            self._wake.wait(timeout=0.1)
+            if not more:
+                self._wake.wait(timeout=0.1)
             self._wake.clear()
             if self._stopping:
                 break
             try:
-                self.reconcile()
+                now = time.monotonic()
+                if now - self._last_resync >= RESYNC_SECONDS:
+                    self._last_resync = now
+                    self.resync()
+                more = self.reconcile()
             except Exception:  # pragma: no cover - keep the cluster alive, but say it loudly
                 log.exception("cluster %s: reconcile failed", self.name)
+                more = False
 
-    def reconcile(self) -> None:
-        """One pass of every controller (normally called by the cluster's own loop)."""
+    def resync(self) -> None:
+        """Queue every object for the controllers that follow objects (informers' periodic resync)."""
         with self.core.store.lock:
+            self.jobs.resync()
+            self.podgc.resync()
+            self.kubelet.resync()
+            self.background.resync()
+
+    def reconcile(self) -> bool:
+        """One pass of every controller over its queued work; True when work is left for another.
+
+        The store lock is taken per controller, not for the whole pass, so API requests are
+        served between the steps.
+        """
+        lock = self.core.store.lock
+        with lock:
             self.kubelet.sync()
-            self.jobs.sync()
+        with lock:
+            more = self.jobs.sync()
+        with lock:
             self.podgc.sync()
+        with lock:
             self.scheduler.sync()
+        with lock:
             self.kubelet.sync()
+        with lock:
             self.background.sync()
+        return more
 
     # -- faults ----------------------------------------------------------------------------------
 

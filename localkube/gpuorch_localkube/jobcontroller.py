@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import functools
+import heapq
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -15,6 +17,7 @@ from .util import random_suffix, rfc3339
 
 if TYPE_CHECKING:
     from .api import ClusterAPI
+    from .store import Event
 
 __all__ = ["JobController", "PodGC", "mark_node_lost"]
 
@@ -55,24 +58,60 @@ class JobTrack:
 
 
 class JobController:
+    """Reconciles the Jobs that store events marked dirty (a Job or one of its pods changed), and
+    those whose deadline (activeDeadlineSeconds, ttlSecondsAfterFinished) is due: a work queue,
+    as kube-controller-manager's Job controller keeps, so a pass costs what changed."""
+
+    BATCH = 256  # Jobs per pass: the store lock is released between passes
+
     def __init__(self, core: ClusterAPI):
         self.core = core
         self.track: dict[str, JobTrack] = {}
+        self.dirty: dict[str, None] = {}  # ordered set of Job uids
+        self._timers: list[tuple[float, str]] = []  # (monotonic due time, Job uid)
+        self._due: dict[str, float] = {}
 
-    def sync(self) -> None:
+    def observe(self, event: Event) -> None:
+        if event.resource == "jobs":
+            self.dirty[event.obj["metadata"]["uid"]] = None
+        elif event.resource == "pods":
+            for o in (event.obj, event.prev):
+                owner = _controller_uid(o) if o is not None else None
+                if owner:
+                    self.dirty[owner] = None
+
+    def resync(self) -> None:
+        for j in self.core.store.values("jobs"):
+            self.dirty[j["metadata"]["uid"]] = None
+
+    def _after(self, uid: str, seconds: float) -> None:
+        """Look at the Job again in `seconds` (its deadline or TTL)."""
+        due = time.monotonic() + max(0.0, seconds)
+        known = self._due.get(uid)
+        if known is not None and known <= due + 0.01:
+            return
+        self._due[uid] = due
+        heapq.heappush(self._timers, (due, uid))
+
+    def sync(self) -> bool:
+        """One batch; True when more work is queued."""
         store = self.core.store
-        pods_by_owner: dict[str, list[dict[str, Any]]] = {}
-        for p in store.values("pods"):
-            owner = _controller_uid(p)
-            if owner:
-                pods_by_owner.setdefault(owner, []).append(p)
-        jobs = store.values("jobs")
-        for job in jobs:
-            self._sync_job(job, pods_by_owner.get(job["metadata"]["uid"], []))
-        live = {j["metadata"]["uid"] for j in jobs}
-        for uid in list(self.track):
-            if uid not in live:
-                del self.track[uid]
+        now = time.monotonic()
+        while self._timers and self._timers[0][0] <= now:
+            _, due_uid = heapq.heappop(self._timers)
+            if self._due.get(due_uid, now + 1) <= now:
+                del self._due[due_uid]
+            self.dirty[due_uid] = None
+        batch = list(itertools.islice(self.dirty, self.BATCH))
+        for uid in batch:
+            del self.dirty[uid]
+        for uid in batch:
+            job = store.by_uid("jobs", uid)
+            if job is None:
+                self.track.pop(uid, None)
+                continue
+            self._sync_job(job, store.pods_of_owner(uid))
+        return bool(self.dirty)
 
     def _delete_pod(self, tr: JobTrack, pod: dict[str, Any]) -> None:
         tr.expected_deletions.add(pod["metadata"]["uid"])
@@ -132,9 +171,12 @@ class JobController:
             if tr.finish_mono is None:
                 tr.finish_mono = now
             ttl = spec.get("ttlSecondsAfterFinished")
-            if ttl is not None and now - tr.finish_mono >= core.config.job_clock_seconds(int(ttl)):
-                core.delete_job_internal(ns, name, "Background")
-                return
+            if ttl is not None:
+                left = tr.finish_mono + core.config.job_clock_seconds(int(ttl)) - now
+                if left <= 0:
+                    core.delete_job_internal(ns, name, "Background")
+                    return
+                self._after(uid, left)
         elif spec.get("suspend"):
             for p in active:
                 self._delete_pod(tr, p)
@@ -164,6 +206,8 @@ class JobController:
                         restarts += int(cs.get("restartCount") or 0)
             if ads is not None and tr.start_mono is not None and now - tr.start_mono >= core.config.job_clock_seconds(int(ads)):
                 fail = ("DeadlineExceeded", "Job was active longer than specified deadline")
+            elif ads is not None and tr.start_mono is not None:
+                self._after(uid, tr.start_mono + core.config.job_clock_seconds(int(ads)) - now)
             elif failed > backoff or (restarts > 0 and restarts >= max(backoff, 1)):
                 fail = ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
             if fail:
@@ -249,6 +293,7 @@ class JobController:
         if probe["status"] != (job.get("status") or {}):
             core.store.update("jobs", ns, name, mutate)
 
+
     def _scale_down(self, tr: JobTrack, active: list[dict[str, Any]], n: int) -> int:
         victims = sorted(active, key=lambda p: (bool(p["spec"].get("nodeName")), -self.core.store.creation_seq(p)))[:n]
         for p in victims:
@@ -307,28 +352,46 @@ class JobController:
 
 
 class PodGC:
-    """Garbage collector for pods: owner Job gone (Background deletion) or node gone (NodeLost)."""
+    """Garbage collector for pods: owner Job gone (Background deletion) or node gone (NodeLost).
+
+    Looks at the pods that store events point at: a pod that changed, the pods of a deleted Job,
+    the pods of a deleted node."""
 
     def __init__(self, core: ClusterAPI):
         self.core = core
+        self.dirty: set[tuple[str, str]] = set()
+
+    def observe(self, event: Event) -> None:
+        meta = event.obj["metadata"]
+        if event.resource == "pods" and event.type != "DELETED":
+            if _controller_uid(event.obj) or event.obj["spec"].get("nodeName"):
+                self.dirty.add((meta["namespace"], meta["name"]))
+        elif event.type == "DELETED" and event.resource == "jobs":
+            self.dirty.update((p["metadata"]["namespace"], p["metadata"]["name"]) for p in self.core.store.pods_of_owner(meta["uid"]))
+        elif event.type == "DELETED" and event.resource == "nodes":
+            self.dirty.update((p["metadata"]["namespace"], p["metadata"]["name"]) for p in self.core.store.pods_on_node(meta["name"]))
+
+    def resync(self) -> None:
+        self.dirty.update((p["metadata"]["namespace"], p["metadata"]["name"]) for p in self.core.store.values("pods"))
 
     def sync(self) -> None:
         store = self.core.store
-        jobs = {j["metadata"]["uid"] for j in store.values("jobs")}
-        nodes = {n["metadata"]["name"] for n in store.values("nodes")}
-        for p in store.values("pods"):
+        todo, self.dirty = self.dirty, set()
+        for ns, name in sorted(todo):
+            p = store.get("pods", ns, name)
+            if p is None:
+                continue
             meta = p["metadata"]
-            ns, name = meta["namespace"], meta["name"]
             owner = _controller_uid(p)
             node = p["spec"].get("nodeName")
-            if node and node not in nodes:
+            if node and store.get("nodes", "", node) is None:
                 if (p.get("status") or {}).get("phase") in TERMINAL_POD_PHASES:
                     store.delete("pods", ns, name)
                 else:
                     self.core.kubelet.kill_node(node)
                     store.update("pods", ns, name, functools.partial(mark_node_lost, node=node))
                 continue
-            if owner and owner not in jobs and not meta.get("deletionTimestamp"):
+            if owner and store.by_uid("jobs", owner) is None and not meta.get("deletionTimestamp"):
                 self.core.delete_pod_internal(ns, name)
 
 

@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 from .objects import GPU, pod_requests, set_condition
 from .quantity import parse_quantity
-from .secrets import SecretNotFound, secret_key_value
 from .util import rfc3339
 
 if TYPE_CHECKING:
     from .api import ClusterAPI, ObjectStore
+    from .store import Event
 
 __all__ = ["Kubelet", "PodRun"]
 
@@ -131,6 +131,7 @@ class Kubelet:
     def __init__(self, core: ClusterAPI):
         self.core = core
         self.runs: dict[str, PodRun] = {}
+        self.dirty: set[str] = set()  # pod uids
         self._sleep = shutil.which("sleep")
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -171,23 +172,37 @@ class Kubelet:
 
     # -- the sync loop ---------------------------------------------------------------------------
 
+    def observe(self, event: Event) -> None:
+        """Pods bound to a node (or that had a run here) are this kubelet's business."""
+        if event.resource == "pods":
+            obj = event.obj
+            if obj["spec"].get("nodeName") or obj["metadata"]["uid"] in self.runs:
+                self.dirty.add(obj["metadata"]["uid"])
+
+    def resync(self) -> None:
+        self.dirty.update(p["metadata"]["uid"] for p in self._store.values("pods"))
+
     def sync(self) -> None:
+        """Admit the bound pods that events pointed at, advance every run, finish deletions."""
         store = self._store
         now = time.monotonic()
-        pods = {p["metadata"]["uid"]: p for p in store.values("pods")}
-        nodes = {n["metadata"]["name"]: n for n in store.values("nodes")}
-        for uid, pod in pods.items():
+        todo, self.dirty = self.dirty, set()
+        for uid in sorted(todo):
+            pod = store.by_uid("pods", uid)
+            if pod is None:
+                continue
             spec, meta = pod["spec"], pod["metadata"]
             node = spec.get("nodeName")
+            node_obj = store.get("nodes", "", node) if node else None
             if (
-                node in nodes
+                node_obj is not None
                 and uid not in self.runs
                 and (pod.get("status") or {}).get("phase", "Pending") == "Pending"
                 and not meta.get("deletionTimestamp")
             ):
-                self._admit(pod, nodes[node])
+                self._admit(pod, node_obj)
         for uid, run in list(self.runs.items()):
-            found = pods.get(uid)
+            found = store.by_uid("pods", uid)
             if found is None:
                 # the object is gone (force delete, node controller): make sure the processes are too
                 for c in run.live():
@@ -203,8 +218,10 @@ class Kubelet:
             self._write_status(run)
             if run.stage == "done" and not run.live():
                 del self.runs[uid]
-        for uid, pod in pods.items():
-            if pod["metadata"].get("deletionTimestamp") and uid not in self.runs:
+                todo.add(uid)
+        for uid in sorted(todo):
+            pod = store.by_uid("pods", uid)
+            if pod is not None and pod["metadata"].get("deletionTimestamp") and uid not in self.runs:
                 self.core.store.delete("pods", pod["metadata"]["namespace"], pod["metadata"]["name"])
 
     def next_deadline(self) -> float | None:
@@ -333,16 +350,7 @@ class Kubelet:
             divisor = parse_quantity(ref.get("divisor") or "1")
             q = parse_quantity(value) / divisor
             return str(-(-q.numerator // q.denominator))
-        if src.get("secretKeyRef"):  # read from the Secret now, into this process's env only
-            ref = src["secretKeyRef"]
-            ns, name = meta["namespace"], str(ref.get("name", ""))
-            try:
-                return secret_key_value(self._store.get("secrets", ns, name), ns, name, str(ref.get("key", "")))
-            except SecretNotFound as exc:
-                if ref.get("optional"):
-                    return None
-                raise EnvError(str(exc)) from None
-        for ref_key, what in (("configMapKeyRef", "configmap"),):
+        for ref_key, what in (("secretKeyRef", "secret"), ("configMapKeyRef", "configmap")):
             if src.get(ref_key):
                 ref = src[ref_key]
                 if ref.get("optional"):

@@ -10,6 +10,8 @@ pods (fewest free GPUs left) and keeps CPU-only pods off GPU nodes when it can.
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import json
 from collections import Counter
 from collections.abc import Mapping
@@ -33,6 +35,7 @@ from .util import rfc3339
 
 if TYPE_CHECKING:
     from .api import ClusterAPI
+    from .store import Event
 
 __all__ = ["GANG_ANNOTATION", "TERMINAL", "Scheduler"]
 
@@ -117,88 +120,251 @@ def _shape(pod: Mapping[str, Any], req: Mapping[str, Fraction]) -> str:
     )
 
 
+@dataclass
+class _Pending:
+    """A pod waiting for a node, as the scheduling queue holds it."""
+
+    uid: str
+    namespace: str
+    name: str
+    order: tuple[int, int]  # (-priority, creation sequence): the queue's order
+    unit: str  # "pod:<uid>" or "gang:<owner uid>"
+    shape: str
+
+
 class Scheduler:
+    """Binds pending pods; fed by store events, so the cost of a pass does not grow with the backlog.
+
+    State kept from the events (like kube-scheduler's cache and scheduling queue):
+
+    * per node, the requests of the pods bound to it (`NodeInfo.used`), updated when a pod is
+      bound, finishes, or goes;
+    * the pending pods, by shape (a sorted list per shape) and by gang;
+    * which units are new since the last pass, and whether capacity grew (a pod finished or left
+      a node, a node was added or changed).
+
+    A pass tries the new units; only when capacity grew does it try every shape again, and then
+    only each shape's head until one is refused: the rest of that shape cannot fit either
+    (kube-scheduler's queueing hints). A pod is marked unschedulable (condition and one
+    FailedScheduling event) when its message changes, not again on every pass.
+    """
+
     def __init__(self, core: ClusterAPI):
         self.core = core
-        self._requests: dict[str, tuple[str, dict[str, Fraction]]] = {}  # pod uid -> (resourceVersion, requests)
+        self._requests: dict[str, dict[str, Fraction]] = {}  # pod uid -> requests
+        self.nodes: dict[str, NodeInfo] = {}
+        self._bound: dict[str, tuple[str, dict[str, Fraction], str | None]] = {}  # uid -> (node, requests, owner counted)
+        self._on_node: dict[str, set[str]] = {}
+        self._bound_active: Counter[str] = Counter()
+        self._pending: dict[str, _Pending] = {}
+        self._shapes: dict[str, list[tuple[tuple[int, int], str]]] = {}
+        self._gangs: dict[str, set[str]] = {}
+        self._new: set[str] = set()  # units
+        self._refused: dict[str, str] = {}  # shape -> message its members carry (since the last capacity change)
+        self._marked: dict[str, str] = {}  # pod uid -> unschedulable message it carries
+        self._grew = True
+
+    # -- the cache, from store events -----------------------------------------------------------
 
     def requests(self, pod: Mapping[str, Any]) -> dict[str, Fraction]:
-        """`pod_requests`, parsed once per pod version (a pod's resources do not change)."""
-        meta = pod.get("metadata") or {}
-        uid, rv = str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
+        """`pod_requests`, parsed once per pod (a pod's resources cannot be updated)."""
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
         hit = self._requests.get(uid)
-        if hit is not None and hit[0] == rv:
-            return hit[1]
+        if hit is not None:
+            return hit
         req = pod_requests(pod)
         if uid:
-            if len(self._requests) > 200_000:
-                self._requests.clear()
-            self._requests[uid] = (rv, req)
+            self._requests[uid] = req
         return req
 
-    def _nodes(self) -> dict[str, NodeInfo]:
-        out = {}
+    def resync(self) -> None:
+        """Rebuild the cache and queue from the store (at start, and as a periodic safety net)."""
+        self.nodes, self._bound, self._on_node, self._bound_active = {}, {}, {}, Counter()
+        self._pending, self._shapes, self._gangs, self._new, self._refused = {}, {}, {}, set(), {}
         for n in self.core.store.values("nodes"):
-            st = n.get("status") or {}
-            alloc = {k: parse_quantity(v) for k, v in (st.get("allocatable") or {}).items()}
-            out[n["metadata"]["name"]] = NodeInfo(
-                name=n["metadata"]["name"],
-                labels=dict(n["metadata"].get("labels") or {}),
-                taints=list((n.get("spec") or {}).get("taints") or []),
-                unschedulable=bool((n.get("spec") or {}).get("unschedulable")),
-                allocatable=alloc,
-            )
-        return out
+            self._set_node(n)
+        for p in self.core.store.values("pods"):
+            self._pod_changed(p["metadata"]["uid"], p)
+        self._grew = True
+
+    def observe(self, event: Event) -> None:
+        if event.resource == "nodes":
+            name = event.obj["metadata"]["name"]
+            if event.type == "DELETED":
+                self.nodes.pop(name, None)
+            else:
+                self._set_node(event.obj)
+            self._grew = True
+        elif event.resource == "pods":
+            uid = event.obj["metadata"]["uid"]
+            if event.type == "DELETED":
+                self._pod_changed(uid, None)
+                self._requests.pop(uid, None)
+                self._marked.pop(uid, None)
+            else:
+                self._pod_changed(uid, event.obj, event.prev)
+        elif event.resource == "jobs" and event.type != "DELETED":
+            uid = event.obj["metadata"]["uid"]
+            if uid in self._gangs:  # a gang's size follows its Job's parallelism
+                self._new.add(f"gang:{uid}")
+
+    def _set_node(self, n: dict[str, Any]) -> None:
+        st = n.get("status") or {}
+        name = n["metadata"]["name"]
+        info = NodeInfo(
+            name=name,
+            labels=dict(n["metadata"].get("labels") or {}),
+            taints=list((n.get("spec") or {}).get("taints") or []),
+            unschedulable=bool((n.get("spec") or {}).get("unschedulable")),
+            allocatable={k: parse_quantity(v) for k, v in (st.get("allocatable") or {}).items()},
+        )
+        for uid in self._on_node.get(name, ()):
+            info.add(self._bound[uid][1])
+        self.nodes[name] = info
+
+    def _pod_changed(self, uid: str, pod: dict[str, Any] | None, prev: dict[str, Any] | None = None) -> None:
+        # capacity: what the pod holds on its node
+        holds = None
+        if pod is not None:
+            node = pod["spec"].get("nodeName")
+            if node and (pod.get("status") or {}).get("phase", "Pending") not in TERMINAL:
+                owner = _owner_uid(pod)
+                holds = (node, self.requests(pod), owner if owner and not pod["metadata"].get("deletionTimestamp") else None)
+        old = self._bound.get(uid)
+        if old != holds:
+            if old is not None:
+                self._release(uid, old)
+            if holds is not None:
+                self._bound[uid] = holds
+                self._on_node.setdefault(holds[0], set()).add(uid)
+                if holds[0] in self.nodes:
+                    self.nodes[holds[0]].add(holds[1])
+                if holds[2]:
+                    self._bound_active[holds[2]] += 1
+        # the queue
+        waiting = pod is not None and self._waiting(pod)
+        queued = self._pending.get(uid)
+        if queued is not None and (not waiting or (prev is not None and pod is not None and pod["spec"] != prev["spec"])):
+            self._dequeue(queued)
+            queued = None
+        if waiting and queued is None and pod is not None:
+            self._enqueue(uid, pod)
+
+    def _release(self, uid: str, held: tuple[str, dict[str, Fraction], str | None]) -> None:
+        node, req, owner = held
+        del self._bound[uid]
+        self._on_node.get(node, set()).discard(uid)
+        info = self.nodes.get(node)
+        if info is not None:
+            for k, v in req.items():
+                info.used[k] = info.used.get(k, Fraction(0)) - v
+            info.pods -= 1
+        if owner:
+            self._bound_active[owner] -= 1
+            if self._bound_active[owner] <= 0:
+                del self._bound_active[owner]
+        self._grew = True
+
+    def _waiting(self, pod: dict[str, Any]) -> bool:
+        return (
+            not pod["spec"].get("nodeName")
+            and (pod.get("status") or {}).get("phase", "Pending") == "Pending"
+            and not pod["metadata"].get("deletionTimestamp")
+            and (pod["spec"].get("schedulerName") or "default-scheduler") in self.core.config.scheduler_names
+        )
+
+    def _enqueue(self, uid: str, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        owner = _owner_uid(pod)
+        gang = owner if owner and (meta.get("annotations") or {}).get(GANG_ANNOTATION) == "true" else None
+        unit = f"gang:{gang}" if gang else f"pod:{uid}"
+        shape = unit if gang else _shape(pod, self.requests(pod))
+        entry = _Pending(uid, meta["namespace"], meta["name"], (-pod_priority(pod), self.core.store.creation_seq(pod)), unit, shape)
+        self._pending[uid] = entry
+        if gang:
+            self._gangs.setdefault(gang, set()).add(uid)
+        else:
+            bisect.insort(self._shapes.setdefault(shape, []), (entry.order, uid))
+        self._new.add(unit)
+
+    def _dequeue(self, entry: _Pending) -> None:
+        del self._pending[entry.uid]
+        self._marked.pop(entry.uid, None)
+        if entry.unit.startswith("gang:"):
+            members = self._gangs.get(entry.unit[5:])
+            if members is not None:
+                members.discard(entry.uid)
+                if not members:
+                    del self._gangs[entry.unit[5:]]
+            return
+        members_list = self._shapes.get(entry.shape)
+        if members_list is not None:
+            i = bisect.bisect_left(members_list, (entry.order, entry.uid))
+            if i < len(members_list) and members_list[i][1] == entry.uid:
+                del members_list[i]
+            if not members_list:
+                del self._shapes[entry.shape]
+                self._refused.pop(entry.shape, None)
+
+    # -- a pass ------------------------------------------------------------------------------------
 
     def sync(self) -> None:
-        store = self.core.store
-        nodes = self._nodes()
-        pods = store.values("pods")
-        pending: list[dict[str, Any]] = []
-        bound_active: Counter[str] = Counter()
-        names = self.core.config.scheduler_names
-        for p in pods:
-            phase = (p.get("status") or {}).get("phase", "Pending")
-            node = p["spec"].get("nodeName")
-            if node:
-                if phase not in TERMINAL and node in nodes:
-                    nodes[node].add(self.requests(p))
-                    owner = _owner_uid(p)
-                    if owner and not p["metadata"].get("deletionTimestamp"):
-                        bound_active[owner] += 1
-            elif (
-                phase == "Pending"
-                and not p["metadata"].get("deletionTimestamp")
-                and (p["spec"].get("schedulerName") or "default-scheduler") in names
-            ):
-                pending.append(p)
-        if not pending:
+        if not self._pending:
+            self._new.clear()
+            self._grew = False
             return
-        units: dict[str, list[dict[str, Any]]] = {}
-        for p in pending:
-            owner = _owner_uid(p)
-            gang = (p["metadata"].get("annotations") or {}).get(GANG_ANNOTATION) == "true" and owner
-            key = f"gang:{owner}" if gang else f"pod:{p['metadata']['uid']}"
-            units.setdefault(key, []).append(p)
-
-        def order(item: tuple[str, list[dict[str, Any]]]) -> tuple[int, int]:
-            members = item[1]
-            return (-max(pod_priority(p) for p in members), min(store.creation_seq(p) for p in members))
-
-        refused: dict[str, str] = {}  # shape -> the message its first pod got in this pass
-        for key, members in sorted(units.items(), key=order):
-            members.sort(key=_index_key)
+        grew, new = self._grew, self._new
+        self._grew, self._new = False, set()
+        if grew:
+            self._refused.clear()
+        heap: list[tuple[tuple[int, int], str, int]] = []  # (order, shape or gang unit, index in the shape)
+        new_shapes = {self._pending[u[4:]].shape for u in new if u.startswith("pod:") and u[4:] in self._pending}
+        for shape, members in self._shapes.items():
+            if not grew and shape not in new_shapes:
+                continue
+            known = self._refused.get(shape)
+            if known is not None:  # refused since the last capacity change: so are its new members
+                for _, uid in members:
+                    self._mark(uid, known)
+                continue
+            heapq.heappush(heap, (members[0][0], shape, 0))
+        for owner, uids in self._gangs.items():
+            if grew or f"gang:{owner}" in new:
+                orders = [self._pending[u].order for u in uids]
+                order = (min(o[0] for o in orders), min(o[1] for o in orders))
+                heapq.heappush(heap, (order, f"gang:{owner}", 0))
+        while heap:
+            _, key, i = heapq.heappop(heap)
             if key.startswith("gang:"):
-                self._place_gang(key[5:], members, nodes, bound_active[key[5:]])
-            else:
-                pod = members[0]
-                shape = _shape(pod, self.requests(pod))
-                if shape in refused:
-                    self._unschedulable(pod, refused[shape])
-                    continue
-                why = self._place_one(pod, nodes)
-                if why is not None:
-                    refused[shape] = why
+                if key[5:] in self._gangs:
+                    self._place_gang(key[5:])
+                continue
+            queue = self._shapes.get(key)
+            if not queue or i >= len(queue):
+                continue
+            uid = queue[i][1]
+            pod = self._pod(uid)
+            if pod is None:
+                continue
+            why = self._place_one(pod, self.nodes)
+            if why is None:  # bound: it left the shape's list (the bind's event dequeued it)
+                if queue and i < len(queue):
+                    heapq.heappush(heap, (queue[i][0], key, i))
+                continue
+            self._refused[key] = why
+            for _, other in queue[i + 1:]:
+                self._mark(other, why)
+
+    def _pod(self, uid: str) -> dict[str, Any] | None:
+        entry = self._pending.get(uid)
+        return None if entry is None else self.core.store.get("pods", entry.namespace, entry.name)
+
+    def _mark(self, uid: str, message: str) -> None:
+        if self._marked.get(uid) == message:
+            return
+        pod = self._pod(uid)
+        if pod is not None:
+            self._unschedulable(pod, message)
 
     def _place(self, pod: dict[str, Any], nodes: Mapping[str, NodeInfo]) -> tuple[NodeInfo | None, Counter[str]]:
         req = self.requests(pod)
@@ -222,35 +388,38 @@ class Scheduler:
             message = unschedulable_message(len(nodes), reasons)
             self._unschedulable(pod, message)
             return message
-        node.add(self.requests(pod))
         self._bind(pod, node.name)
         self._scheduled(pod, node.name)
         return None
 
-    def _place_gang(self, owner: str, members: list[dict[str, Any]], nodes: dict[str, NodeInfo], bound: int) -> None:
+    def _place_gang(self, owner: str) -> None:
+        members = [p for p in (self._pod(u) for u in self._gangs.get(owner, ())) if p is not None]
+        if not members:
+            return
+        members.sort(key=_index_key)
+        bound = self._bound_active.get(owner, 0)
         job = self.core.job_by_uid(owner)
         size = len(members) + bound
         if job is not None:
             size = desired_active(job)
             if len(members) + bound < size:
                 return  # the Job controller has not created every member yet
-        trial = {k: v.copy() for k, v in nodes.items()}
+        trial = {k: v.copy() for k, v in self.nodes.items()}
         placement: list[tuple[dict[str, Any], str]] = []
         for p in members:
             node, reasons = self._place(p, trial)
             if node is None:
                 jname = (job or {}).get("metadata", {}).get("name") or p["metadata"].get("generateName", "")
                 msg = (
-                    f"{unschedulable_message(len(nodes), reasons)} gang {p['metadata']['namespace']}/{jname}: "
+                    f"{unschedulable_message(len(self.nodes), reasons)} gang {p['metadata']['namespace']}/{jname}: "
                     f"{len(placement) + bound}/{len(members) + bound} pods fit, the gang is bound all together or not at all."
                 )
                 for m in members:
-                    self._unschedulable(m, msg)
+                    self._mark(m["metadata"]["uid"], msg)
                 return
-            node.add(pod_requests(p))
+            node.add(self.requests(p))
             placement.append((p, node.name))
         for p, node_name in placement:
-            nodes[node_name].add(pod_requests(p))
             self._bind(p, node_name)
         for p, node_name in placement:  # after the binds: the gang is bound in consecutive versions
             self._scheduled(p, node_name)
@@ -272,6 +441,10 @@ class Scheduler:
                                 "default-scheduler")
 
     def _unschedulable(self, pod: dict[str, Any], message: str) -> None:
+        uid = pod["metadata"]["uid"]
+        if self._marked.get(uid) == message:
+            return
+        self._marked[uid] = message
         self.core.events.record(pod, "Warning", "FailedScheduling", message, "default-scheduler")
         for c in (pod.get("status") or {}).get("conditions") or []:
             if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("message") == message:

@@ -3,6 +3,11 @@
 Stored objects are JSON-shaped dicts and are never mutated after they are committed: every change
 replaces the object with a modified deep copy. History entries and list snapshots can therefore
 share them without copying.
+
+Every commit is handed to the listeners as an `Event` (the controllers' work queues are fed from
+them, as client-go's informers feed a workqueue), and two pod indexes are kept up to date with it:
+pods by controlling owner uid and pods by node, so no controller scans every pod to find a Job's
+pods or a node's pods.
 """
 
 from __future__ import annotations
@@ -37,12 +42,15 @@ class Store:
         self.lock = threading.RLock()
         self.cond = threading.Condition(self.lock)
         self._rv = 0
-        self._objs: dict[str, dict[Key, Obj]] = {"pods": {}, "jobs": {}, "nodes": {}, "events": {}, "secrets": {}}
+        self._objs: dict[str, dict[Key, Obj]] = {"pods": {}, "jobs": {}, "nodes": {}, "events": {}}
         self._history: deque[Event] = deque()
         self._history_size = max(1, history_size)
         self._compacted = 0  # events with rv <= this are no longer in the history
         self._created_seq: dict[str, int] = {}
-        self._listeners: list[Callable[[], None]] = []
+        self._listeners: list[Callable[[Event], None]] = []
+        self._by_owner: dict[str, set[Key]] = {}
+        self._by_node: dict[str, set[Key]] = {}
+        self._uids: dict[str, dict[str, Key]] = {}  # resource -> uid -> key
         self.closed = False
 
     # -- reading ---------------------------------------------------------------------------------
@@ -72,24 +80,57 @@ class Store:
         """Order of creation (finer than the one-second creationTimestamp)."""
         return self._created_seq.get(obj["metadata"].get("uid", ""), 0)
 
+    def by_uid(self, resource: str, uid: str) -> Obj | None:
+        key = self._uids.get(resource, {}).get(uid)
+        return None if key is None else self._objs[resource].get(key)
+
+    def pods_of_owner(self, uid: str) -> builtins.list[Obj]:
+        """Pods whose controller ownerReference is `uid` (call with the lock held)."""
+        pods = self._objs["pods"]
+        return [pods[k] for k in sorted(self._by_owner.get(uid, ()))]
+
+    def pods_on_node(self, node: str) -> builtins.list[Obj]:
+        """Pods bound to `node` (call with the lock held)."""
+        pods = self._objs["pods"]
+        return [pods[k] for k in sorted(self._by_node.get(node, ()))]
+
     def namespaces(self) -> set[str]:
         with self.lock:
             return {k[0] for r in ("pods", "jobs") for k in self._objs[r]}
 
     # -- writing ---------------------------------------------------------------------------------
 
-    def add_listener(self, fn: Callable[[], None]) -> None:
+    def add_listener(self, fn: Callable[[Event], None]) -> None:
+        """`fn(event)` after every commit but those of core/v1 Events, with the lock held."""
         self._listeners.append(fn)
 
+    def _index(self, key: Key, old: Obj | None, new: Obj | None) -> None:
+        for index, field in ((self._by_owner, _owner_uid), (self._by_node, _node_name)):
+            before, after = field(old), field(new)
+            if before == after:
+                continue
+            if before is not None:
+                keys = index.get(before)
+                if keys is not None:
+                    keys.discard(key)
+                    if not keys:
+                        del index[before]
+            if after is not None:
+                index.setdefault(after, set()).add(key)
+
     def _commit(self, resource: str, etype: str, obj: Obj, prev: Obj | None) -> None:
-        self._history.append(Event(self._rv, resource, etype, obj, prev))
+        event = Event(self._rv, resource, etype, obj, prev)
+        self._history.append(event)
         while len(self._history) > self._history_size:
             self._compacted = self._history.popleft().rv
+        if resource == "pods":
+            meta = obj["metadata"]
+            self._index((meta.get("namespace", ""), meta["name"]), prev, None if etype == "DELETED" else obj)
         self.cond.notify_all()
         if resource == "events":
             return  # Events are records for people: no controller reacts to them
         for fn in self._listeners:
-            fn()
+            fn(event)
 
     def create(self, resource: str, obj: Obj) -> Obj:
         with self.lock:
@@ -100,6 +141,7 @@ class Store:
             self._rv += 1
             meta["resourceVersion"] = str(self._rv)
             self._created_seq[meta["uid"]] = self._rv
+            self._uids.setdefault(resource, {})[meta["uid"]] = key
             self._objs[resource][key] = obj
             self._commit(resource, "ADDED", obj, None)
             return obj
@@ -150,6 +192,7 @@ class Store:
             final = dict(cur)
             final["metadata"] = dict(cur["metadata"], resourceVersion=str(self._rv))
             self._created_seq.pop(cur["metadata"].get("uid", ""), None)
+            self._uids.get(resource, {}).pop(cur["metadata"].get("uid", ""), None)
             self._commit(resource, "DELETED", final, cur)
             return final
 
@@ -173,3 +216,19 @@ class Store:
     def notify(self) -> None:
         with self.cond:
             self.cond.notify_all()
+
+
+def _owner_uid(obj: Obj | None) -> str | None:
+    if obj is None:
+        return None
+    for ref in obj["metadata"].get("ownerReferences") or ():
+        if ref.get("controller"):
+            return str(ref.get("uid"))
+    return None
+
+
+def _node_name(obj: Obj | None) -> str | None:
+    if obj is None:
+        return None
+    node = (obj.get("spec") or {}).get("nodeName")
+    return str(node) if node else None

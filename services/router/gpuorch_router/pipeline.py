@@ -962,7 +962,7 @@ class Gate:
     cancelling: set[str] = field(default_factory=set)  # cancel requested: never released
     seqs: dict[str, int] = field(default_factory=dict)  # per workload: the last sequence folded
     # noted but not yet seen in the log (events) or not yet acked (commands): re-sent if overdue
-    unconfirmed: dict[str, tuple[ev.Base, float]] = field(default_factory=dict)
+    unconfirmed: dict[str, tuple[Event, float]] = field(default_factory=dict)
     dirty: bool = True  # something changed that may change a verdict
     dirty_pipelines: set[str] = field(default_factory=set)
 
@@ -979,7 +979,7 @@ class Gate:
         `unconfirmed` until the log has it (a command: until `confirm`)."""
         for e in events:
             if e.event_id:
-                self.unconfirmed[e.event_id] = (e, now)
+                self.unconfirmed[e.event_id] = (e, now)  # type: ignore[assignment]
             if isinstance(e, ev.Cancel):
                 self.commands.add(e.event_id)
             else:
@@ -1050,7 +1050,7 @@ class Gate:
                     s.end = e.at
             case _:
                 pass
-        if pid is not None:
+        if pid is not None and pid in self.pipelines:
             self.pipelines[pid].apply(e)
             self.dirty_pipelines.add(pid)
         elif wid in self.pipelines:
@@ -1076,13 +1076,19 @@ class Gate:
         self.finished.add(wid)
         self.waiting.pop(wid, None)
         self.running.pop(wid, None)
+        self.workloads.pop(wid, None)  # a finished workload is never released again: keep its id only
+        self.held.pop(wid, None)
         self.dirty = True
 
     # -- decide ------------------------------------------------------------------------------
     def is_child(self, wid: str) -> bool:
         return wid in self.parent_of
 
-    def gpu_spans(self) -> list[GpuSpan]:
+    def gpu_spans(self, policy: AdmissionPolicy, now: float) -> list[GpuSpan]:
+        """GPU time inside the longest budget window (older spans are dropped: they count nowhere)."""
+        horizon = now - max((parse_duration(q.budget.window) for q in policy.queues if q.budget is not None), default=0.0)
+        for k in [k for k, s in self.spans.items() if s.end is not None and s.end <= horizon]:
+            del self.spans[k]
         return [GpuSpan(s.queue, s.gpus, s.start, s.end) for s in self.spans.values()]
 
     def step(
@@ -1119,7 +1125,7 @@ class Gate:
         if not (self.dirty or force) or not self.waiting:
             self.dirty = False
             return out
-        spans = self.gpu_spans() if has_budget(policy) else []
+        spans = self.gpu_spans(policy, now) if has_budget(policy) else []
         verdicts = admit(policy, self.running.values(), spans, list(self.waiting.values()), now, usage)
         decided: list[Event] = []
         for v in verdicts:
