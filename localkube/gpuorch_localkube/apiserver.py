@@ -21,7 +21,7 @@ import msgspec
 import yaml
 
 from . import openapi, protobuf
-from .errors import EVENTS, JOBS, NAMESPACES, NODES, PODS, ApiError, Resource
+from .errors import EVENTS, JOBS, NAMESPACES, NODES, PODS, SECRETS, ApiError, Resource
 from .kubelet import log_path
 from .selectors import parse_field_selector, parse_label_selector
 from .tables import table, wants_table
@@ -115,6 +115,8 @@ def _discovery(group: str, port: int) -> dict[str, Any] | None:
                  "verbs": ["create", "get", "list"], "shortNames": ["ns"]},
                 {"name": "events", "singularName": "event", "namespaced": True, "kind": "Event",
                  "verbs": ["get", "list", "watch"], "shortNames": ["ev"]},
+                {"name": "secrets", "singularName": "secret", "namespaced": True, "kind": "Secret",
+                 "verbs": ["create", "delete", "get", "list", "watch"]},
             ],
         }
     if group == "apis/batch/v1":
@@ -325,13 +327,13 @@ class _Handler(BaseHTTPRequestHandler):
         if not rest or len(rest) > 3:
             raise ApiError.path_not_found()
         plural, name, sub = rest[0], rest[1] if len(rest) > 1 else None, rest[2] if len(rest) > 2 else None
-        res = {"pods": PODS, "nodes": NODES, "namespaces": NAMESPACES, "jobs": JOBS, "events": EVENTS}.get(plural)
+        res = {"pods": PODS, "nodes": NODES, "namespaces": NAMESPACES, "jobs": JOBS, "events": EVENTS, "secrets": SECRETS}.get(plural)
         if res is None or res.group != group or (ns is not None and not res.namespaced):
             raise ApiError.path_not_found()
         dry = parse_dry_run(q.get("dryRun"))
         if res is NAMESPACES:
             return self._namespaces(method, name, sub, body, q)
-        if res is EVENTS and method != "GET":
+        if (res is EVENTS and method != "GET") or (res is SECRETS and method in ("PATCH", "PUT")):
             raise ApiError.method_not_allowed()
         watch = watch or parse_bool(q.get("watch"), "watch")
         if name is None:
@@ -340,6 +342,8 @@ class _Handler(BaseHTTPRequestHandler):
                     return self._watch(res, ns, q)
                 return self._send_obj(200, res, core.list(res, ns, q.get("labelSelector"), q.get("fieldSelector"),
                                                           parse_int(q.get("limit"), "limit"), q.get("continue")), q)
+            if method == "POST" and ns is not None and res is SECRETS:
+                return self._send(201, core.create_secret(ns, body, dry))
             if method == "POST" and ns is not None and res in (PODS, JOBS):
                 obj = core.create_job(ns, body, dry) if res is JOBS else core.create_pod(ns, body, dry)
                 return self._send(201, obj)
@@ -400,6 +404,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, core.get(res, ns, name))
         if res is PODS:
             return self._send(200, core.delete_pod(ns, name, opts.get("gracePeriodSeconds"), opts.get("preconditions")))
+        if res is SECRETS:
+            return self._send(200, core.delete_secret(ns, name, opts.get("preconditions")))
         if res is JOBS:
             out, warnings = core.delete_job(ns, name, opts.get("propagationPolicy"), opts.get("preconditions"), opts.get("orphanDependents"))
             return self._send(200, out, {"Warning": warnings[0]} if warnings else None)

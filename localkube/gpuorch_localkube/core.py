@@ -17,7 +17,7 @@ from gpuorch_proto.kubesem import TERMINAL_POD_PHASES
 
 from .api import ProcessTable
 from .config import ClusterConfig, NodeGroup
-from .errors import JOBS, NODES, PODS, ApiError, Resource
+from .errors import JOBS, NODES, PODS, SECRETS, ApiError, Resource
 from .events import EventRecorder
 from .objects import (
     GPU,
@@ -29,6 +29,7 @@ from .objects import (
     prepare_pod,
 )
 from .patch import apply_patch
+from .secrets import prepare_secret
 from .selectors import parse_field_selector, parse_label_selector
 from .store import Store
 from .util import new_uid, rfc3339
@@ -251,6 +252,20 @@ class ClusterCore:
 
     def create_pod_internal(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         return self.create_pod(namespace, body)
+
+    def create_secret(self, namespace: str, body: Any, dry_run: bool = False) -> dict[str, Any]:
+        secret = prepare_secret(body, namespace)
+        if dry_run:
+            return secret
+        with self.store.lock:
+            return self.store.create("secrets", secret)
+
+    def delete_secret(self, namespace: str, name: str, preconditions: dict[str, Any] | None = None) -> dict[str, Any]:
+        with self.store.lock:
+            secret = self.get(SECRETS, namespace, name)
+            _check_preconditions(SECRETS, secret, preconditions)
+            self.store.delete("secrets", namespace, name)
+            return secret
 
     # -- delete ----------------------------------------------------------------------------------
 

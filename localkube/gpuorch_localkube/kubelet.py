@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from .objects import GPU, pod_requests, set_condition
 from .quantity import parse_quantity
+from .secrets import SecretNotFound, secret_key_value
 from .util import rfc3339
 
 if TYPE_CHECKING:
@@ -350,7 +351,16 @@ class Kubelet:
             divisor = parse_quantity(ref.get("divisor") or "1")
             q = parse_quantity(value) / divisor
             return str(-(-q.numerator // q.denominator))
-        for ref_key, what in (("secretKeyRef", "secret"), ("configMapKeyRef", "configmap")):
+        if src.get("secretKeyRef"):  # read from the Secret now, into this process's env only
+            ref = src["secretKeyRef"]
+            ns, name = meta["namespace"], str(ref.get("name", ""))
+            try:
+                return secret_key_value(self._store.get("secrets", ns, name), ns, name, str(ref.get("key", "")))
+            except SecretNotFound as exc:
+                if ref.get("optional"):
+                    return None
+                raise EnvError(str(exc)) from None
+        for ref_key, what in (("configMapKeyRef", "configmap"),):
             if src.get(ref_key):
                 ref = src[ref_key]
                 if ref.get("optional"):

@@ -42,7 +42,7 @@ class Store:
         self.lock = threading.RLock()
         self.cond = threading.Condition(self.lock)
         self._rv = 0
-        self._objs: dict[str, dict[Key, Obj]] = {"pods": {}, "jobs": {}, "nodes": {}, "events": {}}
+        self._objs: dict[str, dict[Key, Obj]] = {"pods": {}, "jobs": {}, "nodes": {}, "events": {}, "secrets": {}}
         self._history: deque[Event] = deque()
         self._history_size = max(1, history_size)
         self._compacted = 0  # events with rv <= this are no longer in the history
