@@ -285,7 +285,7 @@ async def cmd_clusters(ns: argparse.Namespace, s: Settings) -> int:
 
 
 async def cmd_explain(ns: argparse.Namespace, s: Settings) -> int:
-    from gpuorch_router.explain import render_explain
+    from gpuorch_router.explain import render_explain, render_waits
 
     async with Client(s.nats_url, s.names, creds=s.nats_creds) as c:
         v = await c.view(ns.id)
@@ -307,6 +307,8 @@ async def cmd_explain(ns: argparse.Namespace, s: Settings) -> int:
         return 0
     print(f"{ns.id}: {v.status} — {v.reason}\n")
     print(render_explain(v.decision))
+    if v.preemption is not None and not v.terminal:  # who it waits for (gpuorch_router.preempt)
+        print("\n" + "\n".join(render_waits(v.preemption)))
     return 0
 
 

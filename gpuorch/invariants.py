@@ -4,6 +4,10 @@
 2. No promotion by a stale epoch: an attempt promoted after its epoch was fenced is a violation.
 3. Every submitted workload ends in a terminal state, or shows why it is waiting.
 4. No orphaned Jobs after cancellation (or completion): no Job of a finished workload remains.
+7. Preemption only of checkpoint-safe work ("preempted-only-interruptible"): every
+   `preemption-requested` names an attempt whose workload declares `spec.preemptible` with a
+   checkpoint (`spec.checkpoint.path`), for a workload of strictly higher priority; and every
+   attempt fenced as preempted had such a request.
 6. Never two current attempts, and `strict` means confirmed ("replacement-after-fence"): an
    attempt is created only once the attempt before it is fenced, and, when that one was
    fenced under `strict` while its pods might still run (not `stopped`), only after its
@@ -91,6 +95,7 @@ def check(
             if e.attempt_id in fenced.get(wid, set()) or e.epoch < epoch.get(wid, 1):
                 out.append(Violation("no-stale-promotion", wid, f"{e.attempt_id} promoted at epoch {e.epoch} after the epoch moved to {epoch.get(wid, 1)}"))
     out += _replacements(events)
+    out += _preemptions(events)
     for wid, v in p.workloads.items():
         if v.workload is None and v.status != "rejected":
             continue  # events of a workload whose submit we did not see (another prefix)
@@ -107,6 +112,28 @@ def check(
                 out.append(Violation("no-orphans", wid, f"job {job} still on {cluster} after the workload {owner.status}"))
     if snapshots is not None and now is not None:
         out += check_waits(events, snapshots, now, tolerance=wait_tolerance)
+    return out
+
+
+def _preemptions(events: Sequence[tuple[int, Event]]) -> list[Violation]:
+    """Invariant 7: only interruptible work (declared preemptible, with a checkpoint) of lower
+    priority is ever preempted, and nothing is fenced as preempted without the router's request."""
+    out: list[Violation] = []
+    p = Projection()
+    requested: set[str] = set()
+    for seq, e in events:
+        p.apply(e, seq)
+        if isinstance(e, ev.PreemptionRequested):
+            requested.add(e.attempt_id)
+            victim, by = p.get(e.workload_id), p.get(e.preemptor)
+            wl = victim.workload if victim is not None else None
+            if wl is None or not (wl.spec.preemptible and wl.spec.checkpoint.path):
+                out.append(Violation("preempted-only-interruptible", e.workload_id, f"{e.attempt_id} preempted for {e.preemptor}, but its workload is not interruptible"))
+            elif by is None or by.workload is None or by.workload.spec.priority <= wl.spec.priority:
+                theirs = by.workload.spec.priority if by is not None and by.workload is not None else "unknown"
+                out.append(Violation("preempted-only-interruptible", e.workload_id, f"{e.attempt_id} (priority {wl.spec.priority}) preempted for {e.preemptor} of priority {theirs}"))
+        elif isinstance(e, ev.FenceRequested) and e.reason.startswith("preempted by ") and e.attempt_id not in requested:
+            out.append(Violation("preempted-only-interruptible", e.workload_id, f"{e.attempt_id} fenced as preempted without a preemption-requested"))
     return out
 
 

@@ -79,6 +79,7 @@ class WorkloadView:
     cancel_requested: bool = False
     idempotency_key: str | None = None
     times: dict[str, float] = field(default_factory=dict)
+    preemption: ev.PreemptionPlanned | None = None  # the latest: whose GPUs it waits for (explain)
     # pipelines (docs/pipelines.md): a child knows its pipeline, stage, parameters and inputs;
     # a pipeline its children (in declared order) and, once every child finished, its outcome
     pipeline: str | None = None
@@ -365,5 +366,7 @@ def _fold(view: WorkloadView, e: Event) -> None:
             if not view.terminal:
                 view.status = e.outcome if e.outcome != "completed" else "completed"
             view.reason = e.reason
+        case ev.PreemptionPlanned():
+            view.preemption = e
         case _:
             pass

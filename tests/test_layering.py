@@ -16,6 +16,7 @@ PURE = [
     "gpuorch_router.history",
     "gpuorch_router.core",
     "gpuorch_router.fairshare",
+    "gpuorch_router.preempt",
     "gpuorch_dispatcher.core",
     "gpuorch_fencer.core",
     "gpuorch_inventory.core",

@@ -76,6 +76,9 @@ EVENT_PUBLISHERS: dict[str, Role] = {
     "promotion-rejected": "fencer",
     "orphan-deleted": "fencer",
     "compute-started": "dispatcher",  # the program's first step, seen by the dispatcher (issue 14)
+    # preemption of checkpoint-safe work (issue 13, docs/pipelines.md): the router decides it
+    "preemption-planned": "router",
+    "preemption-requested": "router",
 }
 # `rejected`: see the module doc.
 REJECTION_PUBLISHERS: tuple[Role, ...] = ("router", "dispatcher", "fencer")

@@ -331,6 +331,42 @@ class PipelineFinished(Base, frozen=True, kw_only=True, tag="pipeline-finished")
     stages: dict[str, str] = {}  # stage -> completed / failed / cancelled / blocked
 
 
+# ---- preemption of checkpoint-safe work (issue 13; docs/pipelines.md) -----------------
+# Decided by the router's preemption core (`gpuorch_router.preempt.plan`).
+
+
+class PreemptionWait(msgspec.Struct, frozen=True, kw_only=True):
+    """One attempt whose GPUs a waiting workload waits for, and whether it is preempted for it."""
+
+    workload_id: str
+    attempt_id: str
+    cluster: str
+    priority: int
+    gpus: float
+    interruptible: bool  # declared preemptible, with a checkpoint
+    preempt: bool = False  # preempted (or being preempted) for the waiting workload
+    message: str = ""  # "waiting for GPUs held by X (priority 10, not interruptible: never preempted)"
+
+
+class PreemptionPlanned(Base, frozen=True, kw_only=True, tag="preemption-planned"):
+    """On the waiting workload's subject: whose GPUs it waits for, and which are preempted for it."""
+
+    reason: str
+    cluster: str | None = None  # where its victims run (None: nothing preempted)
+    waits: list[PreemptionWait] = []
+    victims: list[str] = []  # attempt ids
+
+
+class PreemptionRequested(AttemptEvent, frozen=True, kw_only=True, tag="preemption-requested"):
+    """On the victim's subject: its attempt gives its GPUs to `preemptor`. The dispatcher fences it;
+    it resumes later from its checkpoint. Only ever for interruptible work of lower priority."""
+
+    preemptor: str
+    preemptor_priority: int
+    priority: int  # the victim's
+    reason: str
+
+
 Command = Submit | Cancel
 
 Event = (
@@ -367,6 +403,8 @@ Event = (
     | Released
     | StageBlocked
     | PipelineFinished
+    | PreemptionPlanned
+    | PreemptionRequested
 )
 
 EVENT_TYPES: tuple[type[Base], ...] = Event.__args__  # type: ignore[attr-defined, unused-ignore]

@@ -12,7 +12,8 @@ NEW = ["pipeline-expanded", "stage-ready", "held", "released", "stage-blocked", 
 
 
 def test_the_new_event_types_come_last_in_the_union() -> None:
-    assert [type_tag(t) for t in EVENT_TYPES[-len(NEW) :]] == NEW
+    # then the preemption events (issue 13, item 6), appended after these
+    assert [type_tag(t) for t in EVENT_TYPES[-len(NEW) - 2 :]] == [*NEW, "preemption-planned", "preemption-requested"]
     assert [type_tag(t) for t in EVENT_TYPES[:3]] == ["submit", "cancel", "rejected"]  # the old order stands
 
 

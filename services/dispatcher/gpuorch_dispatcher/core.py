@@ -662,6 +662,16 @@ def on_event(view: WorkloadView, e: Event, now: float, env: Environment) -> list
             if a is None:
                 return []
             return [_fence(view, a, now, f"lost: {e.reason}", env.time_scale)]
+        case ev.PreemptionRequested():
+            # the router's plan (gpuorch_router.preempt): give the GPUs up through the fencer, as
+            # any stop; the replacement resumes from the checkpoint (choose_mode). Refused here too
+            # for work that is not interruptible (declared preemptible, with a checkpoint).
+            a = view.attempts.get(e.attempt_id)
+            if a is None or not a.live or a.fenced or "fence-requested" in a.times or view.terminal or view.cancel_requested:
+                return []
+            if not (wl.spec.preemptible and wl.spec.checkpoint.path):
+                return []
+            return [_fence(view, a, now, e.reason, env.time_scale)]
         case ev.AttemptCreated():
             a = view.attempts.get(e.attempt_id)
             if a is None or not (view.cancel_requested or view.terminal) or not a.live or "fence-requested" in a.times:

@@ -23,17 +23,18 @@ replays the log rebuilds the same state), and asks:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import msgspec
 
 from gpuorch.projection import WorkloadView
-from gpuorch_proto import Event, RoutingDecision, Workload, event_id
+from gpuorch_proto import ClusterSnapshot, Event, RoutingDecision, Workload, event_id
 from gpuorch_proto import events as ev
 from gpuorch_proto.policy import AdmissionPolicy
 
+from . import preempt
 from .fairshare import Usage
 from .history import RoutingHistory
 from .pipeline import Gate, GateRound
@@ -78,6 +79,14 @@ class RouterState:
     unroutable_sent: dict[str, int] = field(default_factory=dict)  # ... counting those sent, not yet echoed
     last_seq: int = 0  # the highest sequence folded in
     seqs: dict[str, int] = field(default_factory=dict)  # the last sequence folded in, per workload
+    # preemption (gpuorch_router.preempt): victim workload -> (preemptor, when); attempt -> preemptor;
+    # `preemption-planned` per workload (their ids count); workloads that finished
+    preempted: dict[str, tuple[str, float]] = field(default_factory=dict)
+    preempting: dict[str, str] = field(default_factory=dict)
+    planned: dict[str, int] = field(default_factory=dict)
+    done: set[str] = field(default_factory=set)
+    placed: set[str] = field(default_factory=set)  # workloads with an attempt admitted or running
+    plans: dict[str, tuple[object, ...]] = field(default_factory=dict)  # the last plan published, per workload
 
     def apply(self, e: Event, seq: int) -> None:
         """Fold one event of the log (a sequence already applied changes nothing).
@@ -100,6 +109,15 @@ class RouterState:
             self.published[wid] = Published(e.attempt_number, signature(e.decision), e.at)
             if isinstance(e, ev.Unroutable):
                 self.unroutable[wid] = self.unroutable.get(wid, 0) + 1
+        elif isinstance(e, ev.PreemptionRequested):
+            self.preempted[wid] = (e.preemptor, e.at)
+            self.preempting[e.attempt_id] = e.preemptor
+        elif isinstance(e, ev.PreemptionPlanned):
+            self.planned[wid] = self.planned.get(wid, 0) + 1
+        elif isinstance(e, ev.Completed | ev.Cancelled | ev.WorkloadFailed) or (isinstance(e, ev.Rejected) and e.decision is not None):
+            self.done.add(wid)
+        elif isinstance(e, ev.Admitted | ev.Running):
+            self.placed.add(wid)
 
     def note_published(self, events: list[ev.Base]) -> None:
         """Remember decisions this router is publishing before the log echoes them back."""
@@ -183,7 +201,21 @@ def decide(
     max_snapshot_age: float = MAX_SNAPSHOT_AGE,
 ) -> RoutingDecision:
     ex = exclusions(state.requests.get(wid), attempt_number, snapshots, now, max_snapshot_age)
-    return route(workload, wid, snapshots, now, history=history, exclude=ex, max_snapshot_age=max_snapshot_age)
+    d = route(workload, wid, snapshots, now, history=history, exclude=ex, max_snapshot_age=max_snapshot_age)
+    return yielding(state, wid, attempt_number, d, now)
+
+
+def yielding(state: RouterState, wid: str, attempt_number: int, decision: RoutingDecision, now: float) -> RoutingDecision:
+    """A preempted workload's replacement waits while its preemptor is not placed yet
+    (`preempt.yields_to`): the GPUs it gave up go to the preemptor first."""
+    got = state.preempted.get(wid)
+    if got is None or attempt_number <= 1 or decision.outcome != "routed":
+        return decision
+    preemptor, at = got
+    why = preempt.yields_to(preemptor, at, preemptor in state.placed, preemptor in state.done, now)
+    if why is None:
+        return decision
+    return msgspec.structs.replace(decision, outcome="waiting", cluster=None, queue=None, placement=None, summary=why)
 
 
 def _reason(code: str, message: str) -> str:
@@ -275,3 +307,36 @@ def gate_round(
         state.note_published(out)
         r.events += out  # type: ignore[arg-type]
     return r
+
+
+def preemptions(
+    state: RouterState,
+    views: Iterable[WorkloadView],
+    snapshots: Iterable[ClusterSnapshot],
+    now: float,
+) -> list[ev.Base]:
+    """Level-triggered, every round: `preempt.plan` for each workload with a priority that waits
+    for capacity (in the router: its waiting decision's capacity-only clusters; or queued at its
+    destination: that cluster). `preemption-planned` (whose GPUs it waits for, who is preempted)
+    and a `preemption-requested` per victim, each only when its plan changed."""
+    views = list(views)
+    holders = preempt.holders_of(views, state.preempting)
+    free = preempt.free_gpus(snapshots)
+    out: list[ev.Base] = []
+    for v in views:
+        wl = v.workload
+        if wl is None or wl.spec.priority <= 0 or v.terminal or v.cancel_requested:
+            continue
+        queued = preempt.queued_on(v)
+        where = [queued] if queued else preempt.capacity_clusters(v.decision) if v.status == "waiting" and v.decision else []
+        if not where:
+            continue
+        wid = v.workload_id
+        in_flight = [x for x, (p, at) in state.preempted.items() if p == wid and now - at < preempt.YIELD_FOR and x not in state.done]
+        p = preempt.plan(wid, wl, where, holders, free, in_flight)
+        if not p.waits or state.plans.get(wid) == p.signature:
+            continue
+        state.plans[wid] = p.signature
+        k = state.planned[wid] = state.planned.get(wid, 0) + 1
+        out += p.events(now, k)
+    return out

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gpuorch_proto.events import PreemptionPlanned
 from gpuorch_proto.routing import Check, ClusterVerdict, Estimate, ReasonCode, RoutingDecision
 from gpuorch_proto.units import format_duration
 
@@ -212,3 +213,11 @@ def render_explain(decision: RoutingDecision) -> str:
             lines.append(f"  {v.cluster}:")
             lines.extend(_checks_lines(v))
     return "\n".join(lines) + "\n"
+
+
+def render_waits(planned: PreemptionPlanned | None) -> list[str]:
+    """Who a waiting workload waits for (its latest `preemption-planned`): one line per attempt
+    holding the GPUs it could use, saying whether it is preempted for it and why (not)."""
+    if planned is None or not planned.waits:
+        return []
+    return ["Who it waits for:", *(f"  {w.message}" for w in planned.waits), f"  {planned.reason}"]

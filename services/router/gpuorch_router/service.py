@@ -295,6 +295,11 @@ class Router:
             await self.publisher.publish(out, context=self.follower.context(wid))
             self.state.note_published(out)
             published += 1
+        # preemption of checkpoint-safe work for waiting or queued work with a priority (gpuorch_router.preempt)
+        pre = core.preemptions(self.state, self.follower.projection.workloads.values(), self.snapshots.values(), time.time())
+        if pre:
+            log.info("workload.preemption", events=[e.event_id for e in pre])
+            await self.publisher.publish(pre)
         return published
 
     def dump_snapshot(self) -> bytes:
