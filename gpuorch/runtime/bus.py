@@ -212,6 +212,14 @@ def stream_limits(spec: StreamSpec) -> dict[str, Any]:
     return limits
 
 
+def discard_policy(spec: StreamSpec) -> DiscardPolicy:
+    """What a full stream does. The event log refuses new events (`NEW`: the publisher gets an
+    error, retries, and the operator is told) rather than dropping old ones, which state that no
+    snapshot covers may still need (docs/operations.md, "Retention"); commands and inventory
+    snapshots are only wanted while fresh, so they drop the oldest."""
+    return DiscardPolicy.NEW if spec.name.endswith("_EVT") else DiscardPolicy.OLD
+
+
 def _stream_config(spec: StreamSpec) -> StreamConfig:
     return StreamConfig(
         **stream_limits(spec),
@@ -220,7 +228,7 @@ def _stream_config(spec: StreamSpec) -> StreamConfig:
         subjects=list(spec.subjects),
         retention=RetentionPolicy.LIMITS,
         storage=StorageType.FILE,
-        discard=DiscardPolicy.OLD,
+        discard=discard_policy(spec),
         max_msgs_per_subject=spec.max_msgs_per_subject,
         duplicate_window=spec.duplicate_window_s,
         allow_direct=True,

@@ -32,7 +32,7 @@ import gc
 import hashlib
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import msgspec
@@ -314,3 +314,20 @@ async def restore_follower(
         return 0, None
     follower.restore(projection, body.traceparents)
     return head.seq + 1, core
+
+
+async def retention_floor(js: JetStreamContext, names: Names, owners: Sequence[str]) -> int:
+    """The highest event-stream sequence below which every `owner`'s snapshot covers the log:
+    events at or below it may be dropped without any service losing state (0: some owner has no
+    snapshot yet, so nothing may go). Retention (docs/operations.md) never purges above it."""
+    kv = await js.key_value(names.kv_snapshots)
+    floor: int | None = None
+    for owner in owners:
+        try:
+            head = await SnapshotStore(kv, owner).head()
+        except Unusable:
+            return 0
+        if head is None:
+            return 0
+        floor = head.seq if floor is None else min(floor, head.seq)
+    return floor or 0

@@ -3,10 +3,12 @@
 The snapshot is taken as the services take it (gpuorch.runtime.snapshot): at an ack floor F,
 from a live state that has folded every event at or below F and, for each workload, perhaps a few
 of its next events too (a concurrent consumer is ahead on some workloads); the restart replays
-from F + 1. Checked for the projection (every service's) and the router's `RouterState`.
+from F + 1. Checked for the projection (every service's), the router's `RouterState` and its pipeline `Gate`.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -14,22 +16,35 @@ from hypothesis import strategies as st
 from gpuorch.projection import Projection, dump_projection, load_projection
 from gpuorch.runtime.snapshot import decode_body, follower_body
 from gpuorch_proto import Event
-from gpuorch_router.core import RouterState, dump_state, load_state
+from gpuorch_router.core import RouterState, dump_router, load_router
+from gpuorch_router.pipeline import Gate
 from tests.snapshot.histories import histories
 
+Folded = tuple[Projection, RouterState, Gate]
 
-def full(history: list[tuple[int, Event]]) -> tuple[Projection, RouterState]:
-    p, s = Projection(), RouterState()
+
+def fold(state: Folded, e: Event, seq: int) -> None:
+    """As the router folds an event (`Router.fold`); dispatcher and fencer fold the projection alone."""
+    for part in state:
+        part.apply(e, seq)
+
+
+def same_gate(a: Gate, b: Gate) -> bool:
+    """Equal but for the dirty marks (which only say "look again"; a restored gate looks at everything)."""
+    return replace(a, dirty=True, dirty_pipelines=set()) == replace(b, dirty=True, dirty_pipelines=set())
+
+
+def full(history: list[tuple[int, Event]]) -> Folded:
+    state: Folded = (Projection(), RouterState(), Gate())
     for seq, e in history:
-        p.apply(e, seq)
-        s.apply(e, seq)
-    return p, s
+        fold(state, e, seq)
+    return state
 
 
-def live_at(history: list[tuple[int, Event]], floor: int, ahead: dict[str, int]) -> tuple[Projection, RouterState]:
+def live_at(history: list[tuple[int, Event]], floor: int, ahead: dict[str, int]) -> Folded:
     """The state of a concurrent consumer whose ack floor is `floor`: everything up to it, and for
     some workloads their next `ahead[w]` events beyond it (each workload's in its order)."""
-    p, s = Projection(), RouterState()
+    state: Folded = (Projection(), RouterState(), Gate())
     taken: dict[str, int] = {}
     for seq, e in history:
         if seq > floor:
@@ -38,9 +53,8 @@ def live_at(history: list[tuple[int, Event]], floor: int, ahead: dict[str, int])
                 ahead[w] = 0  # a workload is folded in order: once one is skipped, the rest wait
                 continue
             taken[w] = taken.get(w, 0) + 1
-        p.apply(e, seq)
-        s.apply(e, seq)
-    return p, s
+        fold(state, e, seq)
+    return state
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -49,25 +63,26 @@ def test_snapshot_then_the_rest_equals_a_full_replay(data: st.DataObject, histor
     floor = data.draw(st.integers(0, len(history)), label="ack floor")
     wids = sorted({e.workload_id for _, e in history})
     ahead = {w: data.draw(st.integers(0, 3), label=f"ahead {w}") for w in wids}
-    p_live, s_live = live_at(history, floor, dict(ahead))
+    p_live, s_live, g_live = live_at(history, floor, dict(ahead))
 
-    body = decode_body(follower_body(p_live, {}, dump_state(s_live)))  # through the bytes, as stored
-    p, s = load_projection(body.projection), load_state(body.core)
-    assert p == p_live and s == s_live, "a snapshot restores exactly what was dumped"
+    body = decode_body(follower_body(p_live, {}, dump_router(s_live, g_live)))  # through the bytes, as stored
+    s, g = load_router(body.core)
+    restored: Folded = (load_projection(body.projection), s, g)
+    assert restored[0] == p_live and s == s_live and same_gate(g, g_live), "a snapshot restores exactly what was dumped"
     for seq, e in history:
         if seq > floor:  # what the restart replays: `replay(start_seq=floor + 1)`
-            p.apply(e, seq)
-            s.apply(e, seq)
+            fold(restored, e, seq)
 
-    p_full, s_full = full(history)
-    assert p == p_full
-    assert s == s_full
+    p_full, s_full, g_full = full(history)
+    assert restored[0] == p_full
+    assert restored[1] == s_full
+    assert same_gate(restored[2], g_full)
 
 
 @given(history=histories())
 @settings(max_examples=100, deadline=None)
 def test_a_projection_round_trips_through_its_bytes(history: list[tuple[int, Event]]) -> None:
-    p, _ = full(history)
+    p = full(history)[0]
     assert load_projection(dump_projection(p)) == p
 
 
@@ -76,7 +91,7 @@ def test_the_property_can_fail_a_snapshot_that_claims_more_than_it_folded() -> N
     from tests.snapshot.histories import MAKERS
 
     history = [(1, MAKERS["submitted"]("w0-a", 0, 1, 1.0)), (2, MAKERS["route-requested"]("w0-a", 0, 2, 2.0))]
-    p_live, _ = live_at(history, 1, {})
+    p_live = live_at(history, 1, {})[0]
     p = load_projection(dump_projection(p_live))
     # replaying from 3 (a wrong floor of 2) would miss seq 2
     assert p != full(history)[0]

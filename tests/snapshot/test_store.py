@@ -23,6 +23,7 @@ from gpuorch.runtime.snapshot import (
     decode_body,
     follower_body,
     restore_follower,
+    retention_floor,
 )
 from gpuorch.security import Bundle
 from gpuorch_proto import Names
@@ -159,3 +160,12 @@ def test_the_body_format_is_checked() -> None:
     with pytest.raises(Unusable):
         decode_body(b"\x00not msgpack")
     assert load_projection(decode_body(follower_body(Follower().projection, {})).projection).workloads == {}
+
+
+async def test_the_retention_floor_is_what_every_owner_s_snapshot_covers(js: JetStreamContext, names: Names) -> None:
+    owners = ["router", "dispatcher.0", "fencer"]
+    assert await retention_floor(js, names, owners) == 0, "no snapshot: nothing may be dropped"
+    for owner, seq in zip(owners, (30, 10, 20), strict=True):
+        await (await store(js, names, owner=owner)).save(b"x", seq)
+    assert await retention_floor(js, names, owners) == 10
+    assert await retention_floor(js, names, [*owners, "dispatcher.1"]) == 0, "an owner without one holds it at 0"

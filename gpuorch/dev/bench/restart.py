@@ -197,9 +197,9 @@ async def _run(n: int, tail: int) -> list[Row]:
                 snaps = Snapshots(js, NAMES, owner, NAMES.durable(service, "events"), lambda: b"")
                 if service == "router":
                     r = _router(NAMES)
-                    start, state = await restore_follower(snaps, r.follower, router_core.load_state)
-                    assert state is not None, "the router's snapshot did not restore"
-                    r.state = state
+                    start, folded = await restore_follower(snaps, r.follower, router_core.load_router)
+                    assert folded is not None, "the router's snapshot did not restore"
+                    r.state, r.gate = folded
                     replayed = await r.catch_up(js, start)
                     _learn_all(r)
                     held = len(r.follower.projection.workloads)

@@ -24,7 +24,7 @@ replays the log rebuilds the same state), and asks:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Protocol
 
 import msgspec
@@ -139,23 +139,14 @@ class RouterState:
         return p
 
 
-class _FoldedState(msgspec.Struct, frozen=True):
-    """What `RouterState` folds from the log (what this router sent but the log has not echoed
-    is not state to restore: a full replay does not have it either)."""
-
-    requests: dict[str, RouteRequest]
-    published: dict[str, Published]
-    unroutable: dict[str, int]
-    seqs: dict[str, int]
-    last_seq: int
+_NOT_FOLDED = ("sent", "unroutable_sent")  # what this router sent, not yet echoed: a full replay has none
 
 
 def dump_state(state: RouterState) -> bytes:
-    """The log-folded part of `state`, for a state snapshot: `load_state(dump_state(s))` equals
-    the state a full replay of the same events builds."""
-    return msgspec.msgpack.encode(
-        _FoldedState(state.requests, state.published, state.unroutable, state.seqs, state.last_seq)
-    )
+    """Every field `RouterState` folds from the log, for a state snapshot (a field added later is
+    included by itself): `load_state(dump_state(s))` equals the state a full replay of the same
+    events builds (tests/snapshot)."""
+    return msgspec.msgpack.encode(replace(state, **{name: {} for name in _NOT_FOLDED}))
 
 
 def _tupled(x: object) -> object:
@@ -163,9 +154,45 @@ def _tupled(x: object) -> object:
 
 
 def load_state(data: bytes) -> RouterState:
-    f = msgspec.msgpack.decode(data, type=_FoldedState)
-    published = {w: Published(p.attempt_number, tuple(_tupled(v) for v in p.signature), p.at) for w, p in f.published.items()}
-    return RouterState(requests=dict(f.requests), published=published, unroutable=dict(f.unroutable), seqs=dict(f.seqs), last_seq=f.last_seq)
+    """`RouterState` back from `dump_state`. msgpack has no tuples: values typed `tuple[object, ...]`
+    (signatures, plans) come back as lists and are made tuples again, as the fold makes them."""
+    s = msgspec.msgpack.decode(data, type=RouterState)
+    s.published = {w: Published(p.attempt_number, tuple(_tupled(v) for v in p.signature), p.at) for w, p in s.published.items()}
+    for f in fields(RouterState):
+        value = getattr(s, f.name)
+        if "tuple[object" in str(f.type) and isinstance(value, dict):
+            setattr(s, f.name, {k: _tupled(v) for k, v in value.items()})
+    return s
+
+
+_GATE_NOT_FOLDED = ("unconfirmed",)  # noted by this router, not yet echoed: a full replay has none
+
+
+def dump_gate(gate: Gate) -> bytes:
+    """Every field the gate folds from the log (`Gate`), for a state snapshot."""
+    return msgspec.msgpack.encode(replace(gate, **{name: {} for name in _GATE_NOT_FOLDED}))
+
+
+def load_gate(data: bytes) -> Gate:
+    """`Gate` back from `dump_gate`, marked dirty: the next round looks at everything again."""
+    g = msgspec.msgpack.decode(data, type=Gate)
+    g.dirty, g.dirty_pipelines = True, set(g.pipelines)
+    return g
+
+
+class _RouterParts(msgspec.Struct, frozen=True):
+    state: bytes
+    gate: bytes = b""
+
+
+def dump_router(state: RouterState, gate: Gate) -> bytes:
+    """The router core's folded state (`RouterState` and the pipeline `Gate`) for its snapshot."""
+    return msgspec.msgpack.encode(_RouterParts(dump_state(state), dump_gate(gate)))
+
+
+def load_router(data: bytes) -> tuple[RouterState, Gate]:
+    parts = msgspec.msgpack.decode(data, type=_RouterParts)
+    return load_state(parts.state), load_gate(parts.gate) if parts.gate else Gate()
 
 
 def exclusions(

@@ -303,8 +303,9 @@ class Router:
         return published
 
     def dump_snapshot(self) -> bytes:
-        """The router's state snapshot: projection, trace contexts, `RouterState` (gpuorch.runtime.snapshot)."""
-        return follower_body(self.follower.projection, self.follower.traceparents, core.dump_state(self.state))
+        """The router's state snapshot: projection, trace contexts, `RouterState` and the pipeline
+        gate (gpuorch.runtime.snapshot)."""
+        return follower_body(self.follower.projection, self.follower.traceparents, core.dump_router(self.state, self.gate))
 
     async def on_snapshot(self, msg: Any) -> None:
         try:
@@ -344,9 +345,9 @@ class Router:
             await bus.await_topology(js, self.names)  # created by the admin identity
             self.publisher = Publisher(js, self.names)
             snapshots = Snapshots(js, self.names, "router", self.names.durable("router", "events"), self.dump_snapshot, interval=self.settings.tuning.snapshot_interval)
-            start, state = await restore_follower(snapshots, self.follower, core.load_state)
-            if state is not None:
-                self.state = state
+            start, folded = await restore_follower(snapshots, self.follower, core.load_router)
+            if folded is not None:
+                self.state, self.gate = folded
             n = await self.catch_up(js, start)
             for view in self.follower.projection.workloads.values():
                 if view.status == "completed":
