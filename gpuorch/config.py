@@ -59,6 +59,7 @@ class Tuning:
     requeue_after: float = _knob("GPUORCH_REQUEUE_AFTER", 300.0, "dispatcher: seconds an attempt may always wait unplaced before it is requeued (the floor)")
     requeue_max: float = _knob("GPUORCH_REQUEUE_MAX", 3600.0, "dispatcher: seconds after which an attempt still unplaced is requeued whatever the estimate said")
     dispatcher_id: str = _knob("GPUORCH_DISPATCHER_ID", "0", "dispatcher: this instance's id in ownership leases")
+    instance: str = _knob("GPUORCH_INSTANCE", "0", "router, fencer: this replica's id (its own events consumer and state snapshot; 0 keeps the plain names)")
     owner_ttl: float = _knob("GPUORCH_OWNER_TTL", 6.0, "dispatcher: seconds an ownership lease lives without renewal")
     reconcile_interval: float = _knob("GPUORCH_RECONCILE_INTERVAL", 1.0, "dispatcher: seconds between reconciles of owned workloads")
     dispatch_concurrency: int = _knob("GPUORCH_DISPATCH_CONCURRENCY", 64, "dispatcher: workloads handled at once (Job creates in flight)")

@@ -97,6 +97,7 @@ class Informer:
         label_selector: str | None = None,
         watch_seconds: int = WATCH_SECONDS,
         on_contact: ContactFn | None = None,
+        on_event: Callable[[str, dict[str, Any]], None] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.cluster = cluster
@@ -105,6 +106,7 @@ class Informer:
         self.label_selector = label_selector
         self.watch_seconds = watch_seconds
         self.on_contact = on_contact
+        self.on_event = on_event  # each ADDED/MODIFIED/DELETED as it is applied (its own thread)
         self.clock = clock
         self.synced = threading.Event()  # set after the first successful list
         self.lists = 0  # lists made (1 at start, +1 per 410 Gone)
@@ -238,6 +240,8 @@ class Informer:
                 else:
                     self._cache[_key(obj)] = obj
                 self.generation += 1
+            if self.on_event is not None:
+                self.on_event(str(kind), obj)
         if rv is not None:  # BOOKMARK too: only the resourceVersion moves
             self._rv = rv
         self._contact(True)

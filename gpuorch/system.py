@@ -39,6 +39,20 @@ from gpuorch_proto import Names
 
 SERVICES = ("inventory", "router", "dispatcher", "fencer")
 MODULE = {s: f"gpuorch_{s}" for s in SERVICES}
+#: The services `replicas` starts several of (inventory only publishes snapshots: one is enough,
+#: two would publish the same facts twice). docs/operations.md, "Scaling", says how each scales.
+REPLICATED = ("router", "dispatcher", "fencer")
+
+
+def process_names(replicas: int) -> list[str]:
+    """The service processes of a system with `replicas` of each replicated service:
+    `router`, `router-1`, ... (the first replica keeps the plain name)."""
+    out = []
+    for s in SERVICES:
+        out.append(s)
+        if s in REPLICATED:
+            out += [f"{s}-{i}" for i in range(1, replicas)]
+    return out
 
 
 class StartError(RuntimeError):
@@ -98,6 +112,11 @@ class System:
     supervisor_pid: int | None = None  # the process supervising this system, if any
     clients: dict[str, list[str]] = field(default_factory=dict)  # more client identities -> owners
     generated_auth: bool = True  # False: <state>/auth already holds a bundle (`python -m gpuorch.security`)
+    replicas: int = 1  # processes of each of REPLICATED (router, dispatcher, fencer)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.replicas, int) or not 1 <= self.replicas <= 8:
+            raise ValueError(f"replicas={self.replicas!r}: a whole number from 1 to 8")
 
     @property
     def auth_dir(self) -> Path:
@@ -118,6 +137,7 @@ class System:
         generate(
             self.auth_dir, Names(self.prefix), clients={"client": ["*"], **self.clients},
             clusters=sorted(load_registry(self.clusters_file).clusters),
+            dispatcher_ids=[str(i) for i in range(max(3, self.replicas))],  # each dispatcher its own durable
         )  # fmt: skip
 
     def settings_as(self, identity: str) -> Settings:
@@ -217,10 +237,12 @@ class System:
 
     def start_services(self, services: tuple[str, ...] = SERVICES) -> None:
         env = {**self.settings.to_env(), **self.env_extra}
-        for s in services:
-            self.start_service(s, env)
-        for s in services:
-            self.wait_service_ready(s)
+        names = [n for n in process_names(self.replicas) if n.split("-")[0] in services]
+        for n in names:
+            base, _, instance = n.partition("-")
+            self.start_service(base, env, instance=instance or None)
+        for n in names:
+            self.wait_service_ready(n)
 
     def start_service(self, name: str, env: dict[str, str] | None = None, instance: str | None = None) -> Proc:
         """Start one service process; `instance` starts another replica (e.g. a second dispatcher)."""
@@ -228,7 +250,9 @@ class System:
         env["GPUORCH_NATS_CREDS"] = str(self.creds(name).resolve())  # each service is its own identity
         key = name
         if instance is not None:
-            env["GPUORCH_DISPATCHER_ID"] = instance
+            if name == "dispatcher":  # its ownership leases and its own durable carry the id
+                env["GPUORCH_DISPATCHER_ID"] = instance
+            env["GPUORCH_INSTANCE"] = instance  # router, fencer: their own events durable
             key = f"{name}-{instance}"
         return self._spawn(key, [sys.executable, "-m", MODULE[name]], env)
 
@@ -360,6 +384,7 @@ class System:
             "clusters_file": str(self.clusters_file.resolve()), "state_dir": str(self.state_dir.resolve()),
             "procs": {n: {"pid": p.pid, "log": str(p.log)} for n, p in self.procs.items()},
             "supervisor": {"pid": self.supervisor_pid} if self.supervisor_pid is not None else None,
+            "replicas": self.replicas,
         }
         tmp = self.state_dir / "system.json.tmp"  # readers never see half a file
         tmp.write_text(json.dumps(doc, indent=2))
@@ -368,7 +393,8 @@ class System:
     @classmethod
     def load(cls, state_dir: Path) -> System:
         doc = json.loads((state_dir / "system.json").read_text())
-        s = cls(state_dir=Path(doc["state_dir"]), clusters_file=Path(doc["clusters_file"]), prefix=doc["prefix"])
+        s = cls(state_dir=Path(doc["state_dir"]), clusters_file=Path(doc["clusters_file"]), prefix=doc["prefix"],
+                replicas=int(doc.get("replicas", 1)))
         s.nats_url = doc["nats_url"]
         s.procs = {n: Proc(n, None, int(p["pid"]), Path(p["log"])) for n, p in doc["procs"].items()}
         s.supervisor_pid = (doc.get("supervisor") or {}).get("pid")

@@ -99,8 +99,21 @@ class Durable:
     name: str
 
 
+def events_durable(names: Names, role: Role, instance: str) -> str:
+    """The events consumer of one router or fencer replica: every replica folds every event
+    (its own durable; effects are deduplicated by event id and compare-and-set, docs/operations.md),
+    replica "0" keeps the plain name."""
+    return names.durable(role, "events" if instance == "0" else f"events-{instance}")
+
+
+def snapshot_owner(role: Role, instance: str) -> str:
+    """The state-snapshot owner key of one router or fencer replica (inside the role's keys)."""
+    return role if instance == "0" else f"{role}.{instance}"
+
+
 def durables(names: Names, dispatcher_ids: Sequence[str] = DEFAULT_DISPATCHER_IDS) -> list[Durable]:
-    """Every durable consumer of the services (the names the services use)."""
+    """Every durable consumer of the services (the names the services use). `dispatcher_ids`
+    are the replica ids of the router and fencer too."""
     out = [
         Durable("router", names.stream_cmd, names.durable("router", "submit")),
         Durable("router", names.stream_evt, names.durable("router", "events")),
@@ -109,6 +122,7 @@ def durables(names: Names, dispatcher_ids: Sequence[str] = DEFAULT_DISPATCHER_ID
         Durable("dispatcher", names.stream_cmd, names.durable("guard", "commands")),
     ]
     out += [Durable("dispatcher", names.stream_evt, names.durable("dispatcher", f"events-{i}")) for i in dispatcher_ids]
+    out += [Durable(r, names.stream_evt, events_durable(names, r, i)) for r in ("router", "fencer") for i in dispatcher_ids if i != "0"]
     return out
 
 

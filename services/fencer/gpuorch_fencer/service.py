@@ -22,6 +22,7 @@ from gpuorch.kube import TIMEOUT, ClusterClient, make_clients, unreachable
 from gpuorch.runtime import bus, kv
 from gpuorch.runtime.shell import Incoming, Publisher, Reject, consume, run_service
 from gpuorch.runtime.snapshot import Snapshots, follower_body, restore_follower
+from gpuorch.security.model import events_durable, snapshot_owner
 from gpuorch_proto import FenceRecord, decode_fence, encode
 from gpuorch_proto import events as ev
 from gpuorch_proto.k8s import LABEL_MANAGED, NAMESPACE
@@ -50,7 +51,12 @@ def publish_dir(src: str, dst: str) -> None:
         shutil.copytree(s, tmp, symlinks=True, ignore=_symlinks)
     else:
         tmp.mkdir(parents=True)
-    os.replace(tmp, d)
+    try:
+        os.replace(tmp, d)
+    except OSError:
+        if not d.exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # another fencer replica published it first: same outputs
 
 
 def _symlinks(directory: str, entries: list[str]) -> list[str]:
@@ -330,13 +336,14 @@ class Fencer:
             await bus.await_topology(js, self.names)  # created by the admin identity
             self.kv = await js.key_value(self.names.kv_fence)
             self.publisher = Publisher(js, self.names)
-            snapshots = Snapshots(js, self.names, "fencer", self.names.durable("fencer", "events"), lambda: follower_body(self.follower.projection, self.follower.traceparents), interval=self.settings.tuning.snapshot_interval)
+            me = self.settings.tuning.instance  # a replica folds every event through its own durable
+            snapshots = Snapshots(js, self.names, snapshot_owner("fencer", me), events_durable(self.names, "fencer", me), lambda: follower_body(self.follower.projection, self.follower.traceparents), interval=self.settings.tuning.snapshot_interval)
             start, _ = await restore_follower(snapshots, self.follower)
             n = await self.follower.catch_up(js, self.names.stream_evt, self.names.evt_all, start_seq=start)
             self.resume_pursuits()
             log.info("fencer.caught_up", events=n, pursuits=len(self.pursuits))
             await run_until_stopped("fencer", stop, [
-                consume(js, stream=self.names.stream_evt, durable=self.names.durable("fencer", "events"), filter_subject=self.names.evt_all, handler=self.on_event, publisher=self.publisher, names=self.names, stop=stop),
+                consume(js, stream=self.names.stream_evt, durable=events_durable(self.names, "fencer", me), filter_subject=self.names.evt_all, handler=self.on_event, publisher=self.publisher, names=self.names, stop=stop),
                 self.pursue_loop(stop),
                 self.collect_orphans(stop),
                 snapshots.run(stop),

@@ -27,6 +27,7 @@ from gpuorch.runtime.shell import Incoming, Publisher, Reject, Retry, consume, r
 from gpuorch.runtime.snapshot import Snapshots, follower_body, no_gc, restore_follower, settle_heap
 from gpuorch.security.bundle import load_identities
 from gpuorch.security.identity import Unauthenticated, Verifier, sign_headers
+from gpuorch.security.model import events_durable, snapshot_owner
 from gpuorch.security.receive import trusted_snapshot
 from gpuorch_proto import (
     ClusterSnapshot,
@@ -344,7 +345,8 @@ class Router:
             js = nc.jetstream()
             await bus.await_topology(js, self.names)  # created by the admin identity
             self.publisher = Publisher(js, self.names)
-            snapshots = Snapshots(js, self.names, "router", self.names.durable("router", "events"), self.dump_snapshot, interval=self.settings.tuning.snapshot_interval)
+            me = self.settings.tuning.instance  # a replica folds every event through its own durable
+            snapshots = Snapshots(js, self.names, snapshot_owner("router", me), events_durable(self.names, "router", me), self.dump_snapshot, interval=self.settings.tuning.snapshot_interval)
             start, folded = await restore_follower(snapshots, self.follower, core.load_router)
             if folded is not None:
                 self.state, self.gate = folded
@@ -359,7 +361,7 @@ class Router:
             )
             await run_until_stopped("router", stop, [
                 consume(js, stream=self.names.stream_cmd, durable=self.names.durable("router", "submit"), filter_subject=self.names.cmd_submit, handler=self.on_command, publisher=self.publisher, names=self.names, stop=stop, concurrency=self.concurrency, key=submit_key),
-                consume(js, stream=self.names.stream_evt, durable=self.names.durable("router", "events"), filter_subject=self.names.evt_all, handler=self.on_event, publisher=self.publisher, names=self.names, stop=stop, concurrency=self.concurrency),
+                consume(js, stream=self.names.stream_evt, durable=events_durable(self.names, "router", me), filter_subject=self.names.evt_all, handler=self.on_event, publisher=self.publisher, names=self.names, stop=stop, concurrency=self.concurrency),
                 self.reevaluate(stop),
                 snapshots.run(stop),
             ])
