@@ -48,6 +48,8 @@ class Log:
         self.published += r.events
         self.cancels += r.cancels
         self.echo(r.events)
+        # the tally the gate keeps as work is released and finishes is the one its running holds
+        assert self.gate.tally() == pl.Tally.of(self.gate.running.values())
         return r
 
     def submit(self, wid: str, wl: Workload) -> pl.GateRound:
@@ -240,3 +242,4 @@ def test_what_was_noted_but_never_seen_in_the_log_is_overdue_and_published_again
     gate.apply(sub, 1)
     gate.apply(r.events[0], 2)  # type: ignore[arg-type]
     assert gate.overdue(NOW + 10, 10) == []
+

@@ -620,6 +620,20 @@ class Tally:
         if hours:
             self.committed_hours[queue] = self.committed_hours.get(queue, 0.0) + hours
 
+    def remove(self, r: Running) -> None:
+        """Released work that finished: its slot and GPUs are free again."""
+        for key in _scopes(r.queue, r.pipeline):
+            n = self.running.get(key, 0) - 1
+            g = self.gpus.get(key, 0.0) - r.gpus
+            if n <= 0:
+                self.running.pop(key, None)
+                self.gpus.pop(key, None)
+            else:
+                self.running[key], self.gpus[key] = n, max(g, 0.0)
+
+    def copy(self) -> Tally:
+        return Tally(dict(self.running), dict(self.gpus), dict(self.committed_hours))
+
 
 def _scopes(queue: str, pipeline: str | None) -> list[tuple[str, str]]:
     keys = [("organisation", ""), ("queue", queue)]
@@ -834,7 +848,7 @@ def order_key(policy: AdmissionPolicy, c: Candidate) -> tuple[int, int, float, s
 
 def admit(
     policy: AdmissionPolicy,
-    running: Iterable[Running],
+    running: Iterable[Running] | Tally,
     spans: Sequence[GpuSpan],
     candidates: Iterable[Candidate],
     now: float,
@@ -850,8 +864,11 @@ def admit(
     Fair share (`usage` given, queues with `fair_share`): the order is `fairshare.FairOrder`'s,
     the owner with the lowest weighted dominant share across all clusters next, each release
     charged to its owner before the next choice.
+
+    `running` may be given as its `Tally` (the gate keeps one up to date: a round then costs the
+    candidates, not every released workload); it is copied, never changed.
     """
-    tally = Tally.of(running)
+    tally = running.copy() if isinstance(running, Tally) else Tally.of(running)
     out: list[Verdict] = []
     order = fairshare.FairOrder(policy, candidates, usage, now, key=lambda c: order_key(policy, c))
     for c in order:
@@ -1028,8 +1045,10 @@ class Gate:
                 self.held[wid] = (sig, ids | {e.event_id})
             case ev.Released():
                 self.waiting.pop(wid, None)
-                if wid not in self.finished:
+                if wid not in self.finished and wid not in self.running:
                     self.running[wid] = Running(wid, e.queue, e.gpus, e.pipeline)
+                    if (t := self.__dict__.get("_tally")) is not None:
+                        t.add(e.queue, e.pipeline, e.gpus)
                 self.dirty = True
             case ev.Completed() | ev.WorkloadFailed() | ev.Cancelled():
                 self._finish(wid)
@@ -1075,12 +1094,22 @@ class Gate:
     def _finish(self, wid: str) -> None:
         self.finished.add(wid)
         self.waiting.pop(wid, None)
-        self.running.pop(wid, None)
+        r = self.running.pop(wid, None)
+        if r is not None and (t := self.__dict__.get("_tally")) is not None:
+            t.remove(r)
         self.workloads.pop(wid, None)  # a finished workload is never released again: keep its id only
         self.held.pop(wid, None)
         self.dirty = True
 
     # -- decide ------------------------------------------------------------------------------
+    def tally(self) -> Tally:
+        """What released, unfinished work holds (`Tally.of(running)`), kept up to date as work is
+        released and finishes. Not a field: derived, so a snapshot never carries it."""
+        t: Tally | None = self.__dict__.get("_tally")
+        if t is None:
+            t = self.__dict__["_tally"] = Tally.of(self.running.values())
+        return t
+
     def is_child(self, wid: str) -> bool:
         return wid in self.parent_of
 
@@ -1126,7 +1155,7 @@ class Gate:
             self.dirty = False
             return out
         spans = self.gpu_spans(policy, now) if has_budget(policy) else []
-        verdicts = admit(policy, self.running.values(), spans, list(self.waiting.values()), now, usage)
+        verdicts = admit(policy, self.tally(), spans, list(self.waiting.values()), now, usage)
         decided: list[Event] = []
         for v in verdicts:
             if isinstance(v, Released):
