@@ -258,7 +258,8 @@ async def test_cancelling_a_pipeline_cancels_every_stage(client: Client) -> None
 
 def sweep(n_lr: int = 20, n_seed: int = 10) -> Workload:
     """The example sweep (examples/pipelines/sweep-200.yaml), made small: 200 one-CPU trials whose
-    command is trivial (it writes its parameters), at most K running at once."""
+    command is trivial (it writes its parameters), at most K running at once. The router is
+    killed and restarted half-way."""
     doc = workload_to_builtins(load_workload_yaml((EXAMPLES / "sweep-200.yaml").read_text()))
     write = ("import os, pathlib; d = pathlib.Path(os.environ['GPUORCH_OUTPUT_DIR']); d.mkdir(parents=True, exist_ok=True); "
              "(d / 'params').write_text(os.environ['GPUORCH_PARAM_LR'] + ' ' + os.environ['GPUORCH_PARAM_SEED'])")  # fmt: skip
@@ -285,6 +286,17 @@ async def test_a_200_trial_sweep_never_runs_more_than_k_and_finishes_all(system:
     out = gpuorch(system, "explain", held)
     assert out.returncode == 0, out.stderr
     assert f"held: pipeline {pid} at {K} of {K} running workloads" in out.stdout, out.stdout
+
+    async def some_finished(n: int) -> int:
+        p, _ = await family(client, pid)
+        done = sum(1 for v in p.workloads.values() if v.pipeline == pid and v.status == "completed")
+        assert done >= n, done
+        return done
+
+    # the router dies mid-sweep and comes back: its gate is rebuilt (snapshot and/or log), the limit holds
+    await assert_eventually(lambda: some_finished(20), timeout=120, interval=0.5)
+    system.kill("router")
+    system.restart("router")
     final = await client.wait(pid, timeout=600)
     p, events = await family(client, pid)
     trials = stage_ids(p, pid)
