@@ -247,3 +247,60 @@ def test_releases_track_the_weights_at_every_step(n: int, wa: int, wb: int) -> N
         order.charge(c)
         total = counts["a"] + counts["b"]
         assert abs(counts["a"] - total * wa / (wa + wb)) <= 1.0 + 1e-9
+
+
+def test_the_router_builds_usage_from_the_projection_across_clusters() -> None:
+    from gpuorch.projection import Projection
+    from gpuorch_proto import RoutingDecision, workload_from_obj
+    from gpuorch_proto import events as ev
+    from gpuorch_proto.inventory import ClusterSnapshot, NodeInfo
+
+    digest = "example.org/train@sha256:" + "ab" * 32
+    p = Projection()
+    seq = 0
+    for wid, owner, cluster in (("a1", "a", "primary"), ("a2", "a", "burst"), ("b1", "b", "primary")):
+        wl = workload_from_obj(
+            {
+                "metadata": {"name": wid, "owner": owner},
+                "spec": {
+                    "image": digest,
+                    "command": ["python", "run.py"],
+                    "resources": {"gpus": 2, "cpu": "8", "memory": "32Gi"},
+                },
+            }
+        )
+        d = RoutingDecision(workload_id=wid, decided_at=NOW, outcome="routed", cluster=cluster, summary="ok")
+        for e in (
+            ev.Submitted(workload_id=wid, at=NOW, workload=wl),
+            ev.Routed(workload_id=wid, at=NOW, decision=d),
+            ev.AttemptCreated(
+                workload_id=wid,
+                at=NOW,
+                attempt_id=f"{wid}-a1",
+                epoch=1,
+                cluster=cluster,
+                attempt_number=1,
+                job_name=f"{wid}-a1",
+                output_path="/o",
+                checkpoint_path="/c",
+            ),
+            ev.Running(workload_id=wid, at=NOW - HOUR, attempt_id=f"{wid}-a1", epoch=1, cluster=cluster),
+        ):
+            seq += 1
+            p.apply(e, seq)  # type: ignore[arg-type]
+    snaps = [
+        ClusterSnapshot(
+            cluster=c,
+            reachable=True,
+            observed_at=NOW,
+            published_at=NOW,
+            nodes=[NodeInfo(name="n", gpus_allocatable=8, cpu_free=64, memory_free=512 * 1024**3)],
+        )
+        for c in ("primary", "burst")
+    ]
+    assert fs.usage_of(p.workloads, AdmissionPolicy(), snaps) is None  # no queue has fair share
+    usage = fs.usage_of(p.workloads, fair_policy(), snaps)
+    assert usage is not None and usage.capacity == fs.Vec(16, 128, 1024)
+    assert usage.demand["b1"] == fs.Vec(2, 8, 32)
+    shares = fs.weighted_shares(usage, fair_policy().queues[0], NOW)
+    assert shares["a"] == pytest.approx(2 * shares["b"])  # a's work on both clusters counts as one owner's

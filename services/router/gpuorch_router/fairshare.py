@@ -272,3 +272,31 @@ def uses_of(views: Iterable[Any], policy: AdmissionPolicy) -> list[Use]:
             ends = [a.times[k] for k in ("finished", "cancel-confirmed", "orphan-deleted") if k in a.times]
             out.append(Use(wl.metadata.owner, queue, vec, start, min(ends) if ends else None, expected))
     return out
+
+
+class _Demands(Mapping[str, Vec]):
+    """Each workload's demand (`demand_of`), read from the views only when asked for."""
+
+    def __init__(self, views: Mapping[str, Any]) -> None:
+        self._views = views
+
+    def __getitem__(self, key: str) -> Vec:
+        v = self._views[key]
+        if v.workload is None:
+            raise KeyError(key)
+        return demand_of(v.workload)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._views)
+
+    def __len__(self) -> int:
+        return len(self._views)
+
+
+def usage_of(views: Mapping[str, Any], policy: AdmissionPolicy, snapshots: Iterable[ClusterSnapshot]) -> Usage | None:
+    """What the router's admission needs for fair share (None: no queue has fair share): every
+    attempt's use on any cluster (`uses_of`), all clusters' capacity (`capacity_of`) and each
+    candidate's demand in GPUs, CPU and memory. `views`: the projection's workloads by id."""
+    if not any(q.fair_share is not None for q in policy.queues):
+        return None
+    return Usage(uses_of(views.values(), policy), capacity_of(snapshots), _Demands(views))

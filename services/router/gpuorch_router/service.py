@@ -42,7 +42,7 @@ from gpuorch_proto import (
 from gpuorch_proto import events as ev
 from gpuorch_proto.policy import AdmissionPolicy, PolicyError, load_policy_yaml
 
-from . import core
+from . import core, fairshare
 from . import pipeline as pl
 from .core import decision_events
 from .history import MeasuredTimeline, RoutingHistory, update_history
@@ -103,7 +103,8 @@ class Router:
 
     def gate_round(self, now: float, *, force: bool = False) -> pl.GateRound:
         """The gate's round (`core.gate_round`), released work routed at once."""
-        r = core.gate_round(self.gate, self.policy, self.state, lambda wl, wid: self.decide(wl, wid, 1, now), now, force=force)
+        usage = fairshare.usage_of(self.follower.projection.workloads, self.policy, self.snapshots.values())  # None: no fair share
+        r = core.gate_round(self.gate, self.policy, self.state, lambda wl, wid: self.decide(wl, wid, 1, now), now, force=force, usage=usage)
         for e in r.events:
             if isinstance(e, ev.Released | ev.Held | ev.StageBlocked | ev.PipelineFinished | ev.Rejected):
                 log.info("workload.gate", workload=e.workload_id, type=ev.type_tag(e), reason=getattr(e, "reason", ""))
