@@ -23,7 +23,7 @@ from gpuorch_proto.policy import AdmissionPolicy
 from gpuorch_router import core as router_core
 from gpuorch_router import fairshare
 from gpuorch_router import pipeline as admission_core
-from gpuorch_router.policy import SnapshotIndex, build_index, relative_speed, route
+from gpuorch_router.policy import RoutingMemo, SnapshotIndex, build_index, relative_speed
 
 from .generator import SimJob, family
 from .model import ClusterModel, Work
@@ -154,6 +154,7 @@ class Simulation:
         self.view_version = [-1] * len(self.models)
         self.view_free = [0] * len(self.models)
         self.indexes: dict[str, SnapshotIndex] = {}
+        self.memo = RoutingMemo()  # the router's fast path, owned by this replay
         # the baselines read free GPUs only; the router (and any custom policy) gets full snapshots
         self.need_snapshots = not (isinstance(policy, str) and policy != "gpuorch")
         self.router_state = router_core.RouterState()
@@ -178,7 +179,7 @@ class Simulation:
                job.dataset.ref if job.dataset else None, s.image)
         got = self._elig.get(key)
         if got is None:
-            d = route(job.workload, "eligibility", self.static, 1.0, max_snapshot_age=math.inf)
+            d = self.memo.route(job.workload, "eligibility", self.static, 1.0, max_snapshot_age=math.inf)
             ok = tuple(sorted(self.by_name[v.cluster] for v in d.verdicts if v.eligible))
             got = (ok, "" if ok else never_reason(d))
             self._elig[key] = got
@@ -188,7 +189,7 @@ class Simulation:
         return self.view_free[i]
 
     def decide(self, job: SimJob, now: float) -> Choice:
-        d = router_core.decide(self.router_state, job.workload, f"trace-{job.index}", 1, self.indexes, now)
+        d = router_core.decide(self.router_state, job.workload, f"trace-{job.index}", 1, self.indexes, now, memo=self.memo)
         self.decisions += 1
         if d.outcome == "routed":
             assert d.cluster is not None

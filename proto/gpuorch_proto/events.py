@@ -14,6 +14,7 @@ from typing import Literal
 
 import msgspec
 
+from .resume import CheckpointRef
 from .routing import RoutingDecision
 from .workload import ParamValue, Workload
 
@@ -103,6 +104,9 @@ class RouteRequested(Base, frozen=True, kw_only=True, tag="route-requested"):
     attempt_number: int
     exclude: list[str] = []  # clusters not to use (lost, failed there)
     reason: str = ""
+    # the workload's latest valid checkpoint (None: none): the router prefers a cluster that can
+    # resume it (gpuorch_proto.resume.can_resume, the rule the dispatcher's choose_mode applies)
+    checkpoint: CheckpointRef | None = None
 
 
 class AttemptEvent(Base, frozen=True, kw_only=True):

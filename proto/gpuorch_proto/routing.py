@@ -54,6 +54,7 @@ class Estimate(msgspec.Struct, frozen=True, kw_only=True):
     total: float = 0.0
     cost: float = 0.0
     score: float = 0.0  # lower is better: time_weight*hours + cost_weight*cost
+    resume_saved: float = 0.0  # run saved by resuming the latest checkpoint here (in `total`)
 
 
 class ClusterVerdict(msgspec.Struct, frozen=True, kw_only=True):

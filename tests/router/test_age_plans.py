@@ -1,8 +1,8 @@
-"""Decisions of one signature at new snapshot ages (the per-signature plan) equal fresh decisions.
+"""Fast-path decisions of one signature at new snapshot ages (the per-signature plan) equal the reference's.
 
 The plan path rebuilds only the shown ages and freshness checks; these tests walk `now` across
 whole seconds, staleness limits, times before a snapshot was observed, exclusions and memo
-clearing, and compare every decision with one computed from never-used indexes.
+clearing, and compare every decision with the reference's on never-used indexes.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from gpuorch.dev.bench.routing import make_workload, make_world
 from gpuorch_proto.inventory import ClusterSnapshot
 from gpuorch_proto.routing import RoutingDecision
 from gpuorch_proto.workload import Workload
-from gpuorch_router import policy
-from gpuorch_router.policy import SnapshotIndex, route
+from gpuorch_router.policy import RoutingMemo, SnapshotIndex, route
 
 
 def _world(seed: int) -> dict[str, ClusterSnapshot]:
@@ -49,21 +48,22 @@ def test_decisions_at_new_ages_match_fresh_ones(max_age: float, excluded: bool) 
     for _ in range(120):
         t += rng.choice([1.001, 0.25, 0.0, 3.5, 17.0])
         times.append(t)
+    memo = RoutingMemo()
     got = [
-        (t, i, route(make_workload(i % 5, i), "w", w, BNOW + t, exclude=exclude, max_snapshot_age=max_age))
+        (t, i, memo.route(make_workload(i % 5, i), "w", w, BNOW + t, exclude=exclude, max_snapshot_age=max_age))
         for i, t in enumerate(times)
     ]
-    assert any(world.plans for world in policy._WORLDS)  # the plan path was taken
-    for t, i, decision in got:  # compared afterwards: fresh worlds would evict `w`'s memos
+    assert any(world.plans for world in memo.worlds)  # the plan path was taken
+    for t, i, decision in got:
         want = _fresh(w, make_workload(i % 5, i), BNOW + t, exclude=exclude, max_snapshot_age=max_age)
         assert decision == want, (t, i)
         assert msgspec.json.encode(decision) == msgspec.json.encode(want)
 
 
-def test_freshness_checks_cleared_when_full_still_match(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_freshness_checks_cleared_when_full_still_match() -> None:
     """More new ages than the freshness memo holds: it is cleared and rebuilt, results unchanged."""
-    monkeypatch.setattr(policy, "_MEMO_SIZE", 6)
+    memo = RoutingMemo(memo_size=6)
     w = _world(11)
-    got = [(t, route(make_workload(1, t), "w", w, BNOW + t * 1.001)) for t in range(60)]
+    got = [(t, memo.route(make_workload(1, t), "w", w, BNOW + t * 1.001)) for t in range(60)]
     for t, decision in got:
         assert decision == _fresh(w, make_workload(1, t), BNOW + t * 1.001), t

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from gpuorch_proto.inventory import ClusterSnapshot
-from gpuorch_router.policy import SnapshotIndex, build_index, route
+from gpuorch_router.policy import RoutingMemo, SnapshotIndex, build_index, route
 from tests.support.builders import (
     A100_40,
     NOW,
@@ -39,11 +39,13 @@ def test_classes_split_on_pool_model_readiness_does_not_split() -> None:
     assert counts == [("inference", 81920, 2, 2), ("train", 40960, 2, 2), ("train", 81920, 4, 3)]
 
 
-def test_index_is_memoised_by_snapshot_identity() -> None:
+def test_the_fast_path_keeps_indexes_by_snapshot_identity() -> None:
+    memo = RoutingMemo()
     snap = make_snapshot("c")
-    assert build_index(snap) is build_index(snap)
+    assert memo.index(snap) is memo.index(snap)
     copy = msgspec.json.decode(msgspec.json.encode(snap), type=ClusterSnapshot)
-    assert copy == snap and build_index(copy) is not build_index(snap)
+    assert copy == snap and memo.index(copy) is not memo.index(snap)
+    assert RoutingMemo().index(snap) is not memo.index(snap)  # each owner has its own
 
 
 def test_route_accepts_an_index_and_decides_the_same() -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from gpuorch_proto.inventory import ClusterSnapshot, QueueRegistry, Taint
+from gpuorch_proto.resume import CheckpointRef
 from gpuorch_proto.routing import RoutingDecision
 from gpuorch_proto.validate import validate_workload
 from gpuorch_proto.workload import CheckpointPolicy, Preferences, Toleration, Workload
@@ -504,13 +505,16 @@ CASES = [
             make_snapshot("east", artifact_stores=["scratch", "ckpt-east"]),
             make_snapshot("west", artifact_stores=["scratch"]),
         ],
-        kwargs={"checkpoint_location": "ckpt-east/w1/attempts/a1/step-900"},
+        kwargs={
+            "resume": CheckpointRef(
+                attempt_id="w1-a1", cluster="east", store="ckpt-east", path="ckpt-east/w1/attempts/a1/ckpt.npz", step=900
+            )
+        },
         outcome="routed",
         cluster="east",
         failed={"west": {"CHECKPOINT": False}},
-        messages={
-            "west": ["cannot write checkpoints to store 'ckpt-east'", "cannot read the resume checkpoint"]
-        },
+        messages={"west": ["cannot write checkpoints to store 'ckpt-east'"]},
+        summary=["resumes from step 900 of w1-a1"],
     ),
     Case(
         id="queues: no queue open to the owner is permanent",

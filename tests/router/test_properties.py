@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from gpuorch_proto.inventory import ClusterSnapshot, NodeInfo, QueueRegistry, Taint
 from gpuorch_proto.routing import ClusterVerdict, RoutingDecision
 from gpuorch_proto.workload import Preferences, Workload
-from gpuorch_router.policy import SnapshotIndex, build_index, route
+from gpuorch_router.policy import RoutingMemo, SnapshotIndex, build_index, route
 from tests.support.builders import (
     A100_40,
     A100_80,
@@ -186,9 +186,10 @@ def test_unchanged_inventory_gives_the_same_decision(data: Any) -> None:
     w = data.draw(world(min_size=1))
     wl = data.draw(workload(sorted(w)))
     other = data.draw(workload(sorted(w)))
-    first = route(wl, "w", w, NOW)
-    route(other, "w", w, NOW)  # another workload through the same memoised indexes in between
-    assert route(wl, "w", w, NOW) == first
+    memo = RoutingMemo()
+    first = memo.route(wl, "w", w, NOW)
+    memo.route(other, "w", w, NOW)  # another workload through the same memoised indexes in between
+    assert memo.route(wl, "w", w, NOW) == first
     fresh = {
         n: msgspec.json.decode(msgspec.json.encode(s), type=ClusterSnapshot) for n, s in reversed(w.items())
     }
@@ -214,8 +215,9 @@ def test_memoised_decisions_match_fresh_ones_at_any_time(
     }
     wl = data.draw(workload(sorted(w)))
     exclude = data.draw(st.sampled_from([(), tuple(sorted(w))[:1]]))
+    memo = RoutingMemo()
     for t in sorted(times) + times:
-        got = route(wl, "w", w, NOW + t, exclude=exclude)
+        got = memo.route(wl, "w", w, NOW + t, exclude=exclude)
         fresh = {n: _new_index(s) for n, s in w.items()}
         copy = msgspec.json.decode(msgspec.json.encode(wl), type=Workload)
         assert got == route(copy, "w", fresh, NOW + t, exclude=exclude)
@@ -232,8 +234,9 @@ def test_workloads_sharing_memoised_parts_decide_as_if_alone(data: Any) -> None:
     ages = data.draw(
         st.lists(st.sampled_from([0.0, 0.5, 1.0, 200.0]), min_size=len(stream), max_size=len(stream))
     )
+    memo = RoutingMemo()
     for wl, dt in zip(stream, ages, strict=True):
-        got = route(wl, "w", w, NOW + dt)
+        got = memo.route(wl, "w", w, NOW + dt)
         fresh = {n: _new_index(s) for n, s in w.items()}
         copy = msgspec.json.decode(msgspec.json.encode(wl), type=Workload)
         assert got == route(copy, "w", fresh, NOW + dt)
@@ -263,8 +266,9 @@ def test_one_field_changes_through_shared_indexes_match_fresh_decisions() -> Non
             r(base, spec=r(base.spec, expected_runtime="9h")),
             r(base, metadata=r(base.metadata, owner="bob")),
         ]
+    memo = RoutingMemo()
     for i, wl in enumerate(stream):
-        got = route(wl, "w", w, BNOW + i)
+        got = memo.route(wl, "w", w, BNOW + i)
         fresh = {n: _new_index(s) for n, s in w.items()}
         copy = msgspec.json.decode(msgspec.json.encode(wl), type=Workload)
         assert got == route(copy, "w", fresh, BNOW + i), i

@@ -20,7 +20,10 @@ some workloads, as in production. Observation times carry fractional seconds. Sc
   the CPU request does not touch (node filters up to sharing, GPU shape, registry checks, queue
   placement) come from the index's memos; the CPU check and the verdicts are built anew.
 
-Numbers are per decision over all clusters (``route`` evaluates every cluster every time).
+Numbers are per decision over all clusters (``route`` evaluates every cluster every time). Every
+scenario runs through the fast path (``RoutingMemo``, one per run, as the router owns one); the
+steady case also runs through the reference (``decision.route``, nothing memoised), printed beside
+it as the baseline, with the ratio.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
@@ -52,7 +56,7 @@ from gpuorch_proto.workload import (
     Workload,
     WorkloadSpecBody,
 )
-from gpuorch_router.policy import SnapshotIndex, route
+from gpuorch_router.policy import RoutingMemo, SnapshotIndex, route
 
 NOW = 1_700_000_000.0
 IMAGE = "example.org/train@sha256:" + "0123456789abcdef" * 4
@@ -212,6 +216,7 @@ def _run(
     step: float,
     churn: int = 0,
     max_age: float = 120.0,
+    decide: Callable[..., Any] = route,
 ) -> _Timing:
     """Route every workload once, `now` advancing by `step`; every `churn` decisions one cluster
     republishes (a new snapshot object, so a new index is built inside the timed decision)."""
@@ -226,7 +231,7 @@ def _run(
             name = names[(i // churn) % len(names)]
             world[name] = msgspec.structs.replace(world[name], observed_at=now - 0.25, published_at=now)
         t0 = clock()
-        route(wl, f"w{i}", world, now, max_snapshot_age=max_age)
+        decide(wl, f"w{i}", world, now, max_snapshot_age=max_age)
         lat.append(clock() - t0)
     return _Timing(lat, time.process_time() - cpu0)
 
@@ -276,13 +281,18 @@ def _scenarios(decisions: int, cold: int) -> list[Scenario]:
     ]
 
 
-def _once(base: dict[str, ClusterSnapshot], sc: Scenario, r: int) -> _Timing:
+def _once(base: dict[str, ClusterSnapshot], sc: Scenario, r: int, reference: bool = False) -> _Timing:
+    """One timed run through a new fast path (or the reference), indexes built before timing."""
     world = _jittered(base, r)
-    route(make_workload(0, -1), "warmup", world, NOW)  # indexes built before timing
+    if reference:
+        indexed: dict[str, Any] = {n: SnapshotIndex(s) for n, s in world.items()}  # as the service keeps them
+        return _run(indexed, sc.make(r), step=sc.step, max_age=sc.max_age, decide=route)
+    memo = RoutingMemo()
+    memo.route(make_workload(0, -1), "warmup", world, NOW)
     if sc.warm_shapes:
         for shape in range(len(SHAPES)):
-            route(make_workload(shape, -1), "warmup", world, NOW)
-    return _run(world, sc.make(r), step=sc.step, churn=sc.churn, max_age=sc.max_age)
+            memo.route(make_workload(shape, -1), "warmup", world, NOW)
+    return _run(world, sc.make(r), step=sc.step, churn=sc.churn, max_age=sc.max_age, decide=memo.route)
 
 
 def run(quick: bool = False) -> list[Row]:
@@ -291,7 +301,7 @@ def run(quick: bool = False) -> list[Row]:
     Both world sizes run interleaved, repeat by repeat, so a busy machine disturbs both alike; each
     scenario reports its run of median CPU time.
     """
-    n, n_cold, repeats = (1000, 60, 1) if quick else (20000, 300, 3)
+    n, n_cold, n_ref, repeats = (1000, 60, 10, 1) if quick else (20000, 300, 60, 3)
     sizes = (1000, 100)
     worlds = {size: make_world(100, size) for size in sizes}
     gc.collect()
@@ -321,6 +331,14 @@ def run(quick: bool = False) -> list[Row]:
                 timing = ordered[len(ordered) // 2]
                 rows += _stats(f"100x{size} {sc.name}", timing)
                 rates[(size, sc.name)] = len(timing.latencies) / timing.cpu
+        # the reference (no memoisation) in the steady case: the baseline the fast path is measured by
+        steady = _scenarios(n_ref, 0)[0]
+        for size in sizes:
+            timing = _once(worlds[size], steady, 0, reference=True)
+            rows += _stats(f"100x{size} steady (reference)", timing)
+            ref_rate = len(timing.latencies) / timing.cpu
+            ratio = rates[(size, "steady")] / ref_rate
+            rows.append(Row("routing", f"100x{size}", "steady: fast path / reference (CPU)", ratio, "x"))
         cmp = "1000 vs 100 nodes"
         for sc in _scenarios(0, 0):
             ratio = rates[(1000, sc.name)] / rates[(100, sc.name)]

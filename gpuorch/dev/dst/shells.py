@@ -29,7 +29,7 @@ from gpuorch_proto.policy import AdmissionPolicy
 from gpuorch_proto.subjects import valid_token
 from gpuorch_router import core as rcore
 from gpuorch_router.pipeline import Gate
-from gpuorch_router.policy import SnapshotIndex, build_index
+from gpuorch_router.policy import RoutingMemo, SnapshotIndex, build_index
 
 from .bus import KVConflict, SimConsumer, SimKV, StoredMsg
 from .cluster import SimCluster, Unreachable
@@ -165,6 +165,7 @@ class RouterSim(Service):
         self.policy = AdmissionPolicy()
         self.snapshots: dict[str, ClusterSnapshot] = {}
         self.indexes: dict[str, SnapshotIndex] = {}
+        self.memo = RoutingMemo()  # the router's fast path, as the service owns one
         self.changed = False
         self.c = consumers
         self.inv = SimConsumer(w.inv, f"{name}-inventory", lambda s: True, ack_wait=1e9)  # ordered, last per subject
@@ -185,7 +186,7 @@ class RouterSim(Service):
         self.spawn("reevaluate", self.reevaluate())
 
     def decide(self, wl: Any, wid: str, n: int, now: float) -> Any:
-        return rcore.decide(self.state, wl, wid, n, self.indexes, now)
+        return rcore.decide(self.state, wl, wid, n, self.indexes, now, memo=self.memo)
 
     def on_command(self, msg: Incoming) -> Gen:
         e = msg.event

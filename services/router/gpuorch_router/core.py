@@ -33,12 +33,13 @@ from gpuorch.projection import WorkloadView
 from gpuorch_proto import ClusterSnapshot, Event, RoutingDecision, Workload, event_id
 from gpuorch_proto import events as ev
 from gpuorch_proto.policy import AdmissionPolicy
+from gpuorch_proto.resume import CheckpointRef
 
 from . import preempt
 from .fairshare import Usage
 from .history import RoutingHistory
 from .pipeline import Gate, GateRound
-from .policy import SnapshotIndex, route
+from .policy import RoutingMemo, SnapshotIndex, route
 
 MAX_SNAPSHOT_AGE = 120.0  # seconds: the policy's default; an exclusion never outlives it
 REPUBLISH_MIN_INTERVAL = 1.0  # seconds between two re-published waiting decisions of one workload
@@ -59,6 +60,7 @@ class RouteRequest:
     attempt_number: int
     exclude: tuple[str, ...]
     at: float
+    checkpoint: CheckpointRef | None = None  # the latest valid checkpoint, for a resume
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,7 @@ class RouterState:
         if isinstance(e, ev.RouteRequested):
             old = self.requests.get(wid)
             if old is None or e.attempt_number >= old.attempt_number:
-                self.requests[wid] = RouteRequest(e.attempt_number, tuple(e.exclude), e.at)
+                self.requests[wid] = RouteRequest(e.attempt_number, tuple(e.exclude), e.at, e.checkpoint)
         elif isinstance(e, ev.Routed | ev.Unroutable):
             self.published[wid] = Published(e.attempt_number, signature(e.decision), e.at)
             if isinstance(e, ev.Unroutable):
@@ -226,9 +228,15 @@ def decide(
     *,
     history: RoutingHistory | None = None,
     max_snapshot_age: float = MAX_SNAPSHOT_AGE,
+    memo: RoutingMemo | None = None,
 ) -> RoutingDecision:
-    ex = exclusions(state.requests.get(wid), attempt_number, snapshots, now, max_snapshot_age)
-    d = route(workload, wid, snapshots, now, history=history, exclude=ex, max_snapshot_age=max_snapshot_age)
+    """The policy's decision (through `memo`, the caller's fast path, when given: the same record)
+    with the exclusions of the workload's route request, and the checkpoint it names to resume."""
+    req = state.requests.get(wid)
+    ex = exclusions(req, attempt_number, snapshots, now, max_snapshot_age)
+    resume = req.checkpoint if req is not None and req.attempt_number == attempt_number else None
+    decide_with = memo.route if memo is not None else route
+    d = decide_with(workload, wid, snapshots, now, history=history, exclude=ex, max_snapshot_age=max_snapshot_age, resume=resume)
     return yielding(state, wid, attempt_number, d, now)
 
 

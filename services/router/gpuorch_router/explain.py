@@ -13,14 +13,15 @@ An estimate-terms table is printed for every eligible cluster, best first.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Final
 
 from gpuorch_proto.events import PreemptionPlanned
 from gpuorch_proto.routing import Check, ClusterVerdict, Estimate, ReasonCode, RoutingDecision
 from gpuorch_proto.units import format_duration
 
 #: What would make a failed check pass: (capacity-only hint, permanent hint).
-HINTS: dict[ReasonCode, tuple[str, str]] = {
+HINTS: Final[Mapping[ReasonCode, tuple[str, str]]] = {
     "CLUSTER_UNREACHABLE": (
         "unblocks when inventory observes the cluster again and publishes a fresh snapshot",
         "unblocks when inventory observes the cluster again",
@@ -63,6 +64,7 @@ _TERMS: tuple[tuple[str, str], ...] = (
     ("startup", "startup"),
     ("run", "run"),
     ("output_transfer", "output"),
+    ("resume_saved", "resumed"),
     ("total", "total"),
 )
 
@@ -110,6 +112,9 @@ def _compare(est: Estimate, best: Estimate) -> str:
         if f == "staging_overlap":
             delta = -delta  # more hidden staging is better
             label = "hidden staging (inverted)"
+        elif f == "resume_saved":
+            delta = -delta  # more run saved by resuming is better
+            label = "run saved by resuming (inverted)"
         if abs(delta) >= 1.0:
             diffs.append((abs(delta), f"{label} {_signed(delta)}"))
     diffs.sort(key=lambda x: -x[0])

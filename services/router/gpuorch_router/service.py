@@ -46,7 +46,7 @@ from . import core, fairshare
 from . import pipeline as pl
 from .core import decision_events
 from .history import MeasuredTimeline, RoutingHistory, update_history
-from .policy import SnapshotIndex, build_index
+from .policy import RoutingMemo, SnapshotIndex, build_index
 
 log = structlog.get_logger("gpuorch.router")
 
@@ -75,6 +75,7 @@ class Router:
         self.follower = Follower()
         self.snapshots: dict[str, ClusterSnapshot] = {}
         self.indexes: dict[str, SnapshotIndex] = {}  # built once per snapshot, not per decision
+        self.memo = RoutingMemo()  # the policy's fast path: its caches are this router's
         self.state = core.RouterState()  # route requests and published decisions, folded from the log
         self.history: RoutingHistory | None = None  # learnt from measured attempt timelines
         registry = load_registry(settings.registry) if settings.registry else None
@@ -94,7 +95,7 @@ class Router:
 
     # --- pure-ish helpers -------------------------------------------------------------
     def decide(self, wl: Workload, wid: str, attempt_number: int, now: float) -> RoutingDecision:
-        return core.decide(self.state, wl, wid, attempt_number, self.indexes, now, history=self.history)
+        return core.decide(self.state, wl, wid, attempt_number, self.indexes, now, history=self.history, memo=self.memo)
 
     def fold(self, e: Event, seq: int) -> None:
         self.follower.projection.apply(e, seq)
