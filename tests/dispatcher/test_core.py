@@ -655,3 +655,25 @@ def test_a_lost_attempt_seen_running_again_after_its_fence_is_still_replaced() -
     p.apply(allowed, 40)
     acts = [a.event for a in core.on_event(v, allowed, 5.0, env()) if isinstance(a, core.Emit)]
     assert [type(x) for x in acts] == [ev.RouteRequested]
+
+
+def test_named_credentials_become_secret_key_refs_never_values() -> None:
+    from gpuorch_proto.inventory import SecretKeyRef
+
+    e = env(primary=ClusterRegistryEntry(
+        artifact_stores=["prod", "scratch"], credentials=["wandb", "s3-prod", "hf"],
+        credential_refs={"wandb": SecretKeyRef(secret="wandb-key", key="token", env="WANDB_API_KEY"), "s3-prod": SecretKeyRef(secret="s3", key="secret-access-key")},
+    ))  # fmt: skip
+    m = job(wl(requirements={"credentials": ["wandb", "s3-prod", "hf"]}, env={"WANDB_API_KEY": ""}), e=e)
+    validate(m)
+    c = m["spec"]["template"]["spec"]["containers"][0]
+    refs = [x for x in c["env"] if "valueFrom" in x]
+    assert refs == [
+        {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb-key", "key": "token"}}},
+        {"name": "GPUORCH_CREDENTIAL_S3_PROD", "valueFrom": {"secretKeyRef": {"name": "s3", "key": "secret-access-key"}}},
+    ]
+    # a literal entry of the same name never shadows the reference; "hf" has no ref here: supplied otherwise
+    assert [x["name"] for x in c["env"]].count("WANDB_API_KEY") == 1
+    assert not any("HF" in x["name"] for x in c["env"] if x["name"].startswith("GPUORCH_CREDENTIAL_"))
+    # the same workload on a cluster without refs: no secret at all
+    assert not any("valueFrom" in x for x in job(wl(requirements={"credentials": ["wandb"]}))["spec"]["template"]["spec"]["containers"][0]["env"])

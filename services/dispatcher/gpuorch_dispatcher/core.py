@@ -17,6 +17,7 @@ import msgspec
 from gpuorch.projection import AttemptView, WorkloadView
 from gpuorch_proto import ClusterRegistryEntry, Event, OwnerLease, Workload, event_id
 from gpuorch_proto import events as ev
+from gpuorch_proto.credentials import secret_env
 from gpuorch_proto.jobenv import job_env  # a pipeline child's parameters and inputs (docs/pipelines.md)
 from gpuorch_proto.k8s import (
     ANN_EXPECTED_DURATION,
@@ -275,6 +276,9 @@ def build_job(
         placement = placement_for(res, spec.requirements)
     node_selector = dict(placement.node_selector)
     match_exprs = [msgspec.to_builtins(r) for r in placement.match_expressions]
+    # named credentials: a reference to the cluster's Secret, never the value (gpuorch_proto.credentials)
+    secrets = secret_env(spec.requirements.credentials, entry)
+    secret_names = {e["name"] for e in secrets}
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": 5,
@@ -284,7 +288,7 @@ def build_job(
                 "image": spec.image,
                 "command": [env.python if c in ("python", "python3") and i == 0 else c for i, c in enumerate(spec.command)],
                 "args": list(spec.args),
-                "env": [{"name": k, "value": v} for k, v in sorted(envs.items())],
+                "env": [{"name": k, "value": v} for k, v in sorted(envs.items()) if k not in secret_names] + secrets,
                 "resources": {"limits": limits, "requests": dict(limits)},
                 "securityContext": dict(CONTAINER_SECURITY),
             }

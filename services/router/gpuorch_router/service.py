@@ -40,7 +40,8 @@ from gpuorch_proto import (
     workload_id_for,
 )
 from gpuorch_proto import events as ev
-from gpuorch_proto.policy import AdmissionPolicy, PolicyError, load_policy_yaml
+from gpuorch_proto.policy import AdmissionPolicy, PolicyError, load_policy_yaml, node_constraint_errors
+from gpuorch_proto.validate import body_size_error
 
 from . import core, fairshare
 from . import pipeline as pl
@@ -184,6 +185,8 @@ class Router:
         e = msg.event
         if not isinstance(e, ev.Submit):
             return []
+        if (big := body_size_error(len(msg.data))) is not None:  # its `submitted` must fit in one message
+            raise Reject(f"submit refused: {big.message}", [big])
         identity = self.authorize_submit(msg, e)
         key = msg.msg_id or e.idempotency_key
         if not key:  # a retried submit without one would be a second workload
@@ -194,6 +197,8 @@ class Router:
         if pl.SEP in wid:  # `<pipeline>--<stage>` names a pipeline's child: never a submit's
             raise Reject(f"workload id {wid} contains {pl.SEP!r}, which marks a pipeline's stage",
                          [ev.FieldError(path="workload.metadata.name", message=f"must not contain {pl.SEP!r} (reserved for a pipeline's stages)")])  # fmt: skip
+        if bad := node_constraint_errors(self.policy, e.workload):  # tolerations/selectors its queue does not allow
+            raise Reject(f"workload {wid}: node constraints its queue does not allow", bad, claimed_workload_id=wid)
         view = self.follower.projection.get(wid)
         if view is not None and view.workload is not None:
             if view.workload != e.workload:  # not a re-send: a message never changes an existing workload
