@@ -26,6 +26,7 @@ from .objects import (
     check_type_meta,
     normalise_spec_quantities,
     prepare_job,
+    prepare_owned_pod,
     prepare_pod,
 )
 from .patch import apply_patch
@@ -251,7 +252,11 @@ class ClusterCore:
             return self.store.create("pods", pod)
 
     def create_pod_internal(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self.create_pod(namespace, body)
+        """A controller's pod, from a validated template: defaulted, not validated again (body is taken)."""
+        pod = prepare_owned_pod(body, namespace)
+        self._default_priority(pod)
+        with self.store.lock:
+            return self.store.create("pods", pod)
 
     def create_secret(self, namespace: str, body: Any, dry_run: bool = False) -> dict[str, Any]:
         secret = prepare_secret(body, namespace)

@@ -62,7 +62,7 @@ class JobController:
     those whose deadline (activeDeadlineSeconds, ttlSecondsAfterFinished) is due: a work queue,
     as kube-controller-manager's Job controller keeps, so a pass costs what changed."""
 
-    BATCH = 256  # Jobs per pass: the store lock is released between passes
+    BATCH = 32  # Jobs per pass: the store lock is released between passes, so requests get in
 
     def __init__(self, core: ClusterAPI):
         self.core = core

@@ -388,6 +388,19 @@ def prepare_pod(body: Any, namespace: str) -> dict[str, Any]:
     return pod
 
 
+def prepare_owned_pod(pod: dict[str, Any], namespace: str) -> dict[str, Any]:
+    """Default a pod that a controller builds from an already validated template (no copy).
+
+    The Job's template passed `validate_pod_spec` when the Job was created and cannot change
+    (`spec.template` is immutable), so its pods are not validated again, as the Job controller's
+    pods are not re-validated beyond admission on a real API server either.
+    """
+    pod["apiVersion"], pod["kind"] = "v1", "Pod"
+    _base_meta(pod["metadata"], namespace)
+    pod["status"] = {"phase": "Pending", "qosClass": qos_class(pod["spec"])}
+    return pod
+
+
 def qos_class(spec: Mapping[str, Any]) -> str:
     containers = list(spec.get("containers") or []) + list(spec.get("initContainers") or [])
     any_set = False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from fractions import Fraction
 
@@ -29,6 +30,17 @@ class QuantityError(ValueError):
 
 def parse_quantity(value: object) -> Fraction:
     """Parse a quantity as Kubernetes does; numbers (from JSON) are accepted too."""
+    if isinstance(value, str):
+        return _parse_text(value)  # Fractions are immutable: one parse per distinct string
+    return _parse(value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_text(value: str) -> Fraction:
+    return _parse(value)
+
+
+def _parse(value: object) -> Fraction:
     if isinstance(value, bool):
         raise QuantityError(f"quantities must match the regular expression: {value!r}")
     if isinstance(value, int):

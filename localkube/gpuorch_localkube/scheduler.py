@@ -318,13 +318,18 @@ class Scheduler:
         if grew:
             self._refused.clear()
         heap: list[tuple[tuple[int, int], str, int]] = []  # (order, shape or gang unit, index in the shape)
-        new_shapes = {self._pending[u[4:]].shape for u in new if u.startswith("pod:") and u[4:] in self._pending}
-        for shape, members in self._shapes.items():
-            if not grew and shape not in new_shapes:
+        new_by_shape: dict[str, list[str]] = {}
+        for u in new:
+            entry = self._pending.get(u[4:]) if u.startswith("pod:") else None
+            if entry is not None:
+                new_by_shape.setdefault(entry.shape, []).append(entry.uid)
+        for shape in list(self._shapes) if grew else list(new_by_shape):
+            members = self._shapes.get(shape)
+            if not members:
                 continue
             known = self._refused.get(shape)
             if known is not None:  # refused since the last capacity change: so are its new members
-                for _, uid in members:
+                for uid in new_by_shape.get(shape, ()):
                     self._mark(uid, known)
                 continue
             heapq.heappush(heap, (members[0][0], shape, 0))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 import time
@@ -32,8 +33,12 @@ _SUFFIX_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 
 def rfc3339(ts: float | None = None) -> str:
     """RFC3339 UTC with a Z, second precision, as metav1.Time serialises."""
-    t = time.time() if ts is None else ts
-    return datetime.fromtimestamp(int(t), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _rfc3339(int(time.time() if ts is None else ts))
+
+
+@functools.lru_cache(maxsize=256)
+def _rfc3339(seconds: int) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def parse_rfc3339(text: str) -> float:

@@ -99,9 +99,15 @@ def job_body(name: str, pods: int = 1, labels: dict[str, str] | None = None) -> 
     }
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextlib.contextmanager
-def serve(root: Path) -> Iterator[str]:
-    """One local cluster in its own process; yields its URL."""
+def serve(root: Path) -> Iterator[tuple[str, int]]:
+    """One local cluster in its own process; yields its URL and pid."""
     state = root / f"state-{uuid.uuid4().hex[:6]}"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
@@ -118,7 +124,7 @@ def serve(root: Path) -> Iterator[str]:
             raise RuntimeError("localkube exited before it was ready")
         url = json.loads((state / "admin.json").read_text())["clusters"]["bench"]
         threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep its pipe drained
-        yield str(url)
+        yield str(url), proc.pid
     finally:
         proc.terminate()
         try:
@@ -156,7 +162,7 @@ def _median_ms(samples: list[float]) -> float:
     return statistics.median(samples) * 1000
 
 
-def measure(url: str, backlog: int, creates: int, threads: int, timeout: float) -> dict[str, float]:
+def measure(url: str, pid: int, backlog: int, creates: int, threads: int, timeout: float) -> dict[str, float]:
     from kubernetes import client, watch
 
     api = _client(url, threads)
@@ -181,10 +187,11 @@ def measure(url: str, backlog: int, creates: int, threads: int, timeout: float) 
 
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(one, range(min(threads, creates))))  # warm the connections
-        t0 = time.perf_counter()
+        cpu0, t0 = cpu_seconds(pid), time.perf_counter()
         lat = sorted(pool.map(one, range(threads, creates + threads)))
         wall = time.perf_counter() - t0
     lag = _wait_pods(core, backlog + creates + min(threads, creates), timeout)
+    cpu = cpu_seconds(pid) - cpu0  # the server's CPU for the burst and the controllers catching up
     print(f"# localkube {backlog} pending: {creates / wall:.1f} creates/s, controller lag {lag:.2f}s", file=sys.stderr)
 
     list_one, list_jobs = [], []
@@ -221,6 +228,8 @@ def measure(url: str, backlog: int, creates: int, threads: int, timeout: float) 
     return {
         "setup_s": setup,
         "rate": creates / wall,
+        "cpu_ms": cpu / creates * 1000,
+        "share": cpu / (wall + lag),
         "p50_ms": _median_ms(lat),
         "p99_ms": lat[int(0.99 * (len(lat) - 1))] * 1000,
         "lag_s": lag,
@@ -238,14 +247,17 @@ def run(quick: bool = False, levels: list[int] | None = None, creates: int | Non
     base: float | None = None
     with tempfile.TemporaryDirectory(prefix="gpuorch-bench-lk-") as tmp:
         for level in levels:
-            with serve(Path(tmp)) as url:
-                f = measure(url, level, creates, threads, timeout=600)
+            with serve(Path(tmp)) as (url, pid):
+                f = measure(url, pid, level, creates, threads, timeout=600)
             print(f"# localkube {level} pending: {f}", file=sys.stderr)
             base = f["rate"] if base is None else base
             case = f"{level:,} pending"
             rows += [
                 Row("localkube", case, f"Job creates ({threads} threads)", f["rate"], "creates/s"),
                 Row("localkube", case, "ratio to the first level", f["rate"] / base, "x"),
+                Row("localkube", case, "server CPU per create (API + controllers)", f["cpu_ms"], "ms"),
+                Row("localkube", case, "creates per server CPU-second", 1000 / f["cpu_ms"], "creates/s"),
+                Row("localkube", case, "server's share of a core in the burst", f["share"], "cores"),
                 Row("localkube", case, "create latency p50", f["p50_ms"], "ms"),
                 Row("localkube", case, "create latency p99", f["p99_ms"], "ms"),
                 Row("localkube", case, "controller lag after the burst", f["lag_s"], "s"),
