@@ -154,7 +154,7 @@ class Supervisor:
         for req in track.requests:  # died before it was ready
             self.answer(req, {"ok": False, "service": name, "error": f"{name} exited before it was ready ({sig or code})"})
         track.requests.clear()
-        if name not in RESTARTABLE:
+        if name.split("-")[0] not in RESTARTABLE:  # a replica (router-1) restarts as its service does
             track.gone = True
             self.record({"at": _iso(time.time()), "service": name, "kind": "crash", "restarted": False,
                          **track.exited, "why": NOT_RESTARTED_WHY.get(name, "not restartable")})
@@ -212,7 +212,7 @@ class Supervisor:
                 continue
             f.unlink(missing_ok=True)
             track = self.tracks.get(service)
-            if service not in SERVICES or track is None:
+            if service.split("-")[0] not in SERVICES or track is None:  # router-1: a replica
                 self.answer(req_id, {"ok": False, "service": service, "error": f"unknown service {service!r}; one of {', '.join(SERVICES)}"})
                 continue
             log.info("supervisor.restart_requested", process=service, request=req_id)
@@ -350,7 +350,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def spawn_detached(state_dir: Path, clusters_file: Path, timeout: float = 300.0) -> System:
+def spawn_detached(state_dir: Path, clusters_file: Path, timeout: float = 300.0, replicas: int = 1) -> System:
     """Start a supervisor in its own session (for `gpuorch up`); return once the system is up."""
     import subprocess
 
@@ -360,7 +360,8 @@ def spawn_detached(state_dir: Path, clusters_file: Path, timeout: float = 300.0)
     offset = log_file.stat().st_size if log_file.exists() else 0
     with open(log_file, "ab") as fh:
         p = subprocess.Popen(
-            [sys.executable, "-m", "gpuorch.supervisor", "--state", str(state_dir), "--clusters", str(clusters_file)],
+            [sys.executable, "-m", "gpuorch.supervisor", "--state", str(state_dir), "--clusters", str(clusters_file),
+             "--replicas", str(replicas)],
             stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
@@ -389,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gpuorch.supervisor", description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--state", type=Path, required=True)
     ap.add_argument("--clusters", type=Path, required=True)
+    ap.add_argument("--replicas", type=int, default=1, help="routers, dispatchers and fencers (each)")
     ns = ap.parse_args(argv)
     from gpuorch.runtime.logs import configure_logging
 
@@ -405,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     pid_file = state / PID_FILE
     pid_file.write_text(str(os.getpid()))
     policy = policy_from_env()
-    system = System(state_dir=state, clusters_file=ns.clusters.resolve(), supervisor_pid=os.getpid())
+    system = System(state_dir=state, clusters_file=ns.clusters.resolve(), supervisor_pid=os.getpid(), replicas=ns.replicas)
     try:
         try:
             system.start()

@@ -142,3 +142,27 @@ async def test_two_of_each_with_one_of_each_killed_mid_flight_no_duplicate_and_n
         assert check(events, jobs=jobs.present()) == []
     finally:
         jobs.stop()
+
+
+async def test_gpuorch_up_with_replicas_supervises_each_replica(tmp_path: Path) -> None:
+    """`gpuorch up --replicas 2`: two of each replicated service, and a replica killed with -9 is
+    restarted by the supervisor (recorded) like any service."""
+    from tests.e2e.test_supervisor import gpuorch, pids, restart_of
+
+    assert gpuorch(tmp_path / "bad", "up", "--replicas", "0").returncode == 2
+    state = tmp_path / "up"
+    out = gpuorch(state, "up", "--clusters", str(HERE / "clusters.yaml"), "--replicas", "2")
+    assert out.returncode == 0, out.stderr + out.stdout
+    try:
+        running = pids(state)
+        assert set(process_names(2)) <= set(running), sorted(running)
+        old = running["fencer-1"]
+        system = System.load(state)
+        assert system.replicas == 2
+        system.kill("fencer-1")
+        await assert_eventually(lambda: restart_of(state, "fencer-1", old), timeout=60, interval=0.2)
+        assert gpuorch(state, "restart", "router-1").returncode == 0, "a replica can be restarted by name"
+    finally:
+        gpuorch(state, "down", timeout=180)
+        if (state / "system.json").exists():
+            System.load(state).stop()

@@ -80,6 +80,7 @@ async def test_api_calls_do_not_grow_with_live_attempts(system: System, client: 
 
     await assert_eventually(all_live, timeout=240, interval=1.0)
     busy = await window(urls)
+    print(f"kube calls per window: idle {idle} busy {busy}")  # the figures in docs/performance.md
     try:
         for s in urls:
             assert idle[s]["list"] == busy[s]["list"] == 0, (s, idle, busy)  # one list at start, then watches only
