@@ -118,6 +118,22 @@ class Client:
                 out.append((seq, evt))
         return out
 
+    async def pipeline_events(self, pipeline_id: str) -> list[tuple[int, Event]]:
+        """A pipeline's events and its children's (stages, trials), in stream order: what
+        `gpuorch get <pipeline>` folds into the graph (docs/pipelines.md). A child is known from
+        the pipeline's own `pipeline-expanded` record; a large sweep is read in one pass."""
+        own = await self.events(pipeline_id)
+        children = [c.workload_id for _, e in own if isinstance(e, ev.PipelineExpanded) for c in e.children]
+        if not children:
+            return own
+        if len(children) > 64:  # one pass over the stream beats a replay per child
+            ids = {*children, pipeline_id}
+            return [(seq, e) for seq, e in await self.events() if e.workload_id in ids]
+        every = list(own)
+        for got in await asyncio.gather(*(self.events(c) for c in children)):
+            every += got
+        return sorted(every, key=lambda x: x[0])
+
     async def follow(self, workload_id: str | None = None, *, from_start: bool = True) -> AsyncIterator[tuple[int, Event]]:
         subject = self.names.evt_workload(workload_id) if workload_id else self.names.evt_all
         # A pull consumer under a name of this client's own (nats-py names it): a client may not use

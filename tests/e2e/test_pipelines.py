@@ -15,7 +15,6 @@ extra client identity, `intern`, that may submit only as owner `interns`.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -71,13 +70,11 @@ def gpuorch(system: System, *args: str) -> subprocess.CompletedProcess[str]:
 
 async def family(client: Client, pipeline: str) -> tuple[Projection, list[tuple[int, Event]]]:
     """The pipeline's events and its children's, in stream order, folded."""
-    events = await client.events(pipeline)
-    view = Projection.of(events).get(pipeline)
+    events = await client.pipeline_events(pipeline)
+    p = Projection.of(events)
+    view = p.get(pipeline)
     assert view is not None and view.children, f"{pipeline} was not expanded"
-    for got in await asyncio.gather(*(client.events(c.workload_id) for c in view.children)):
-        events += got
-    events.sort(key=lambda x: x[0])
-    return Projection.of(events), events
+    return p, events
 
 
 async def every_stage_terminal(client: Client, pipeline: str) -> tuple[Projection, list[tuple[int, Event]]]:
