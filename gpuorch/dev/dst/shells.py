@@ -454,6 +454,8 @@ class DispatcherSim(Service):
                     out.extend(evs)
                 return out
         actions = dcore.on_event(view, e, now, self.environment())
+        if dcore.needs_checkpoints(actions):  # as the service: the route request names the latest checkpoint
+            actions = dcore.on_event(view, e, now, self.environment(list(view.attempts.values())))
         if not actions:
             return []
         if not (yield from self.owns(e.workload_id)):

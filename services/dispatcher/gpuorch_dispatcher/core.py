@@ -34,6 +34,7 @@ from gpuorch_proto.k8s import (
     attempt_id,
 )
 from gpuorch_proto.placement import Placement, placement_for
+from gpuorch_proto.resume import CheckpointRef, can_resume, readable_stores
 from gpuorch_proto.subjects import valid_token
 from gpuorch_proto.units import format_duration, parse_duration, parse_quantity
 
@@ -159,29 +160,58 @@ def _input_env_name(ref: str) -> str:
     return "GPUORCH_INPUT_" + "".join(c if c.isalnum() else "_" for c in name).upper()
 
 
-def choose_mode(view: WorkloadView, cluster: str, env: Environment) -> tuple[str, str | None, str]:
-    """Retry is not resume: resume only from a checkpoint the new cluster can read."""
+def latest_checkpoint(view: WorkloadView, env: Environment) -> CheckpointRef | None:
+    """The workload's latest valid checkpoint: the newest complete file the shell found
+    (`env.checkpoints`) of its latest attempt that has one, with the run it holds.
+
+    The run held is the attempt's compute time (from its first step, else from running, to its
+    end: finished, lost or fenced), in simulated seconds, less one checkpoint interval (the work
+    since the last checkpoint is lost); 0 when not known. The router's estimate counts it as run
+    saved where the checkpoint can be resumed (`gpuorch_proto.resume`).
+    """
     wl = view.workload
-    assert wl is not None
-    earlier = sorted(view.attempts.values(), key=lambda a: a.number, reverse=True)
-    if not earlier:
-        return "fresh", None, "first attempt"
-    ckpt_store = wl.spec.checkpoint.store or wl.spec.output.store
-    entry = env.registry.get(cluster, ClusterRegistryEntry())
-    for a in earlier:
+    if wl is None:
+        return None
+    store = wl.spec.checkpoint.store or wl.spec.output.store
+    for a in sorted(view.attempts.values(), key=lambda a: a.number, reverse=True):
         path = env.checkpoints.get(a.attempt_id)
         if path is None:
             continue
-        if not wl.spec.checkpoint.portable and a.cluster != cluster:
-            return "retry", None, (
-                f"checkpoint of {a.attempt_id} on {a.cluster} is not portable (spec.checkpoint.portable=false)"
-            )
-        readable = ckpt_store in entry.artifact_stores or ckpt_store in entry.checkpoint_stores
-        if not readable:
-            return "retry", None, f"{cluster} cannot read checkpoint store {ckpt_store!r}"
-        # same data version and image: both are immutable in the workload spec of this workload
-        return "resume", path, f"resume from {a.attempt_id}'s checkpoint ({path})"
-    return "retry", None, "no valid checkpoint from earlier attempts"
+        start = a.times.get("compute-started", a.times.get("running"))
+        end = next((a.times[k] for k in ("finished", "lost", "fence-requested") if k in a.times), None)
+        held = 0.0
+        if start is not None and end is not None and end > start:
+            interval = parse_duration(wl.spec.checkpoint.interval) if wl.spec.checkpoint.interval else 0.0
+            held = max(0.0, (end - start) * env.time_scale - interval)
+        return CheckpointRef(attempt_id=a.attempt_id, cluster=a.cluster, store=store, path=path, run_seconds=held)
+    return None
+
+
+def needs_checkpoints(actions: list[Action]) -> bool:
+    """Do these actions read `env.checkpoints` (a Job to create, a replacement's route request)?
+    The shell finds checkpoint files (file I/O) only then, and decides again with them."""
+    return any(
+        isinstance(a, CreateJob) or (isinstance(a, Emit) and isinstance(a.event, ev.RouteRequested)) for a in actions
+    )
+
+
+def choose_mode(view: WorkloadView, cluster: str, env: Environment) -> tuple[str, str | None, str]:
+    """Retry is not resume: resume only from a checkpoint the new cluster can read.
+
+    The rule is `gpuorch_proto.resume.can_resume`, the one the router's estimate applies to the
+    same checkpoint (its `route-requested` carried it), so "resumes here" means the same to both.
+    """
+    wl = view.workload
+    assert wl is not None
+    if not view.attempts:
+        return "fresh", None, "first attempt"
+    ckpt = latest_checkpoint(view, env)
+    if ckpt is None:
+        return "retry", None, "no valid checkpoint from earlier attempts"
+    entry = env.registry.get(cluster, ClusterRegistryEntry())
+    verdict = can_resume(ckpt, portable=wl.spec.checkpoint.portable, cluster=cluster, readable=readable_stores(entry))
+    # same data version and image: both are immutable in the workload spec of this workload
+    return ("resume", ckpt.path, verdict.reason) if verdict.ok else ("retry", None, verdict.reason)
 
 
 def build_job(
@@ -630,7 +660,8 @@ def _replacement_due(view: WorkloadView, a: AttemptView) -> bool:
     )
 
 
-def _request_route(view: WorkloadView, a: AttemptView, now: float, why: str) -> Emit:
+def _request_route(view: WorkloadView, a: AttemptView, now: float, why: str, env: Environment) -> Emit:
+    """Ask the router for a replacement's destination, telling it the latest valid checkpoint."""
     n = view.next_attempt_number
     # lost: that cluster is not answering; placement failed: its scheduler refuses what the router
     # counted (a replacement must not go back to it on the same promise)
@@ -640,7 +671,7 @@ def _request_route(view: WorkloadView, a: AttemptView, now: float, why: str) -> 
         wait = retry_backoff(view.workload, n_failed)
         if wait > 0:
             why += f"; after a backoff of {format_duration(wait)} (failed attempt {n_failed})"
-    return Emit(ev.RouteRequested(event_id=event_id(view.workload_id, "route-requested", n), workload_id=view.workload_id, at=now, attempt_number=n, exclude=exclude, reason=why))
+    return Emit(ev.RouteRequested(event_id=event_id(view.workload_id, "route-requested", n), workload_id=view.workload_id, at=now, attempt_number=n, exclude=exclude, reason=why, checkpoint=latest_checkpoint(view, env)))
 
 
 def on_event(view: WorkloadView, e: Event, now: float, env: Environment) -> list[Action]:
@@ -690,7 +721,7 @@ def on_event(view: WorkloadView, e: Event, now: float, env: Environment) -> list
                 return []
             if now < replacement_not_before(view, a, env.time_scale):
                 return []  # retry backoff: the dispatcher's periodic reconcile requests it once due
-            return [_request_route(view, a, now, f"replacing {a.attempt_id} ({a.status}): {e.reason}")]
+            return [_request_route(view, a, now, f"replacing {a.attempt_id} ({a.status}): {e.reason}", env)]
         case ev.CancelConfirmed():
             a = view.attempts.get(e.attempt_id)
             if a is None:
@@ -811,7 +842,7 @@ def reconcile(view: WorkloadView, now: float, env: Environment, traceparent: str
             out.append(Emit(ev.WorkloadFailed(event_id=event_id(view.workload_id, "workload-failed"), workload_id=view.workload_id, at=now, reason=f"{why} in {latest.attempt_id}: {latest.reason}", attempts=len(view.attempts))))
         elif "replacement-allowed" in latest.times and _replacement_due(view, latest):
             if now >= replacement_not_before(view, latest, env.time_scale):
-                out.append(_request_route(view, latest, now, f"replacing {latest.attempt_id} ({latest.status}), re-driven"))
+                out.append(_request_route(view, latest, now, f"replacing {latest.attempt_id} ({latest.status}), re-driven", env))
     return out
 
 

@@ -277,7 +277,7 @@ class Dispatcher:
         assert self.publisher is not None
         now, tp = time.time(), self.follower.traceparent(view.workload_id)
         actions = core.reconcile(view, now, self.environment(), tp)
-        if any(isinstance(a, core.CreateJob) for a in actions):  # only then read the checkpoints (file I/O)
+        if core.needs_checkpoints(actions):  # only then read the checkpoints (file I/O)
             actions = core.reconcile(view, now, self.environment(list(view.attempts.values())), tp)
         # an attempt we created ourselves is on its way to our projection: never create it twice
         mine = self.created.get(view.workload_id, set())
@@ -325,6 +325,8 @@ class Dispatcher:
         if isinstance(e, ev.Running) and e.workload_id in self.owned:
             await self.record_staged(view, e)
         actions = core.on_event(view, e, now, self.environment())
+        if core.needs_checkpoints(actions):  # a replacement's route request names the latest checkpoint
+            actions = core.on_event(view, e, now, self.environment(list(view.attempts.values())))
         if not actions or not await self.owns(e.workload_id):
             return []
         return await self.execute(actions, e.workload_id)

@@ -114,7 +114,7 @@ def _compare(est: Estimate, best: Estimate) -> str:
             label = "hidden staging (inverted)"
         elif f == "resume_saved":
             delta = -delta  # more run saved by resuming is better
-            label = "run saved by resuming (inverted)"
+            label = "work lost by not resuming"
         if abs(delta) >= 1.0:
             diffs.append((abs(delta), f"{label} {_signed(delta)}"))
     diffs.sort(key=lambda x: -x[0])
