@@ -92,6 +92,7 @@ class Router:
         # pipelines and admission (docs/pipelines.md): the policy next to the cluster registry
         self.policy = load_admission_policy(settings.registry) if settings.registry else AdmissionPolicy()
         self.gate = pl.Gate()  # what may be routed yet: pipelines, held and released work, folded from the log
+        self.gate_decides = settings.tuning.instance == "0"  # one decider of admission among replicas
         self.seed = settings.nats_creds.read_text() if settings.nats_creds and settings.nats_creds.suffix != ".creds" else None
 
     # --- pure-ish helpers -------------------------------------------------------------
@@ -104,7 +105,12 @@ class Router:
         self.gate.apply(e, seq)
 
     def gate_round(self, now: float, *, force: bool = False) -> pl.GateRound:
-        """The gate's round (`core.gate_round`), released work routed at once."""
+        """The gate's round (`core.gate_round`), released work routed at once. With replicas, one
+        router decides admission (`gate_decides`: replica 0): two routers each releasing into the
+        same free slot from a different view of the log would pass a limit. The others fold the
+        same events, so a restarted replica 0 takes up exactly where the log is."""
+        if not self.gate_decides:
+            return pl.GateRound()
         usage = fairshare.usage_of(self.follower.projection.workloads, self.policy, self.snapshots.values())  # None: no fair share
         r = core.gate_round(self.gate, self.policy, self.state, lambda wl, wid: self.decide(wl, wid, 1, now), now, force=force, usage=usage)
         for e in r.events:
