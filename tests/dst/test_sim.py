@@ -14,6 +14,7 @@ from gpuorch.dev.dst.checks import check_owners
 from gpuorch.dev.dst.cluster import SimCluster, SimNode, Unreachable
 from gpuorch.dev.dst.sim import Simulation, run
 from gpuorch_proto import OwnerLease
+from gpuorch_proto import events as ev
 from gpuorch_proto.k8s import GPU_RESOURCE, LABEL_GPU_MEMORY, LABEL_GPU_PRODUCT
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,6 +50,20 @@ def test_schedules_vary_the_clusters_and_the_workloads() -> None:
 def test_a_schedule_runs_workloads_to_the_end_through_faults() -> None:
     r = run(8)
     assert r.faults and r.settled and r.events > 20 and not r.violations
+
+
+@pytest.mark.parametrize("seed", [5753, 9939])
+def test_an_attempt_queued_where_the_capacity_was_lost_is_requeued_not_stuck(seed: int) -> None:
+    """Two of the three schedules that found it (5084 no longer reaches that state since the
+    router's admission gate changed its interleaving): a node lost on the chosen cluster just
+    before the Job, never back; the attempt was queued there for ever. Now it is requeued (a
+    placement failure) and re-routed: the workload ends (completed, or rejected when no cluster
+    can run it any more)."""
+    sim = Simulation(seed)
+    r = sim.run()
+    assert r.settled and not r.violations, [str(v) for v in r.violations]
+    requeued = [m.data for m in sim.w.evt.msgs if isinstance(m.data, ev.Failed) and m.data.reason.startswith("requeued: ")]
+    assert len(requeued) == 1 and requeued[0].placement and "after 120s" in requeued[0].reason
 
 
 # ---- the simulated bus ----------------------------------------------------------------------
