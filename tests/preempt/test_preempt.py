@@ -326,7 +326,11 @@ def test_a_preempted_workloads_replacement_waits_until_its_preemptor_runs() -> N
         2,
     )
     assert rcore.yielding(s, W, 2, routed, 12.0).outcome == "waiting"  # routed, but queued there
-    s.apply(ev.Running(workload_id="hi", at=12.0, attempt_id="hi-a1", epoch=1, cluster="primary"), 3)
+    s.apply(
+        ev.Running(workload_id="hi", at=2.0, attempt_id="hi-a0", epoch=1, cluster="primary"), 3
+    )  # before it preempted
+    assert rcore.yielding(s, W, 2, routed, 12.5).outcome == "waiting"
+    s.apply(ev.Running(workload_id="hi", at=12.0, attempt_id="hi-a1", epoch=1, cluster="primary"), 4)
     assert rcore.yielding(s, W, 2, routed, 13.0) == routed
 
 

@@ -266,6 +266,10 @@ class RouterSim(Service):
                     yield None
                     self.w.publish(e, self.name)
                 self.state.note_published(out)
+            # preemption of checkpoint-safe work: the router's own round, not a copy
+            for e in rcore.preemptions(self.state, self.projection.workloads.values(), self.snapshots.values(), self.w.now):
+                yield None
+                self.w.publish(e, self.name)
 
 
 # =============================================================================== dispatcher

@@ -159,6 +159,10 @@ def make_workload(i: int, rng: random.Random, clusters: dict[str, SimCluster], r
             "fencing": rng.choice(["strict", "fast"]),
             "lease": rng.choice(["10s", "20s", "40s"]),
             "retry": {"budget": rng.choice([1, 2, 3]), "backoff": rng.choice(["1s", "2s", "5s"])},
+            # preemption (issue 13): half the workloads are interruptible work of priority 0, a quarter
+            # have priority 5 and may preempt them (by index: the world's random draws stay as they were)
+            "preemptible": i % 4 in (0, 1),
+            "priority": 5 if i % 4 == 2 else 0,
         },
     }
     wl = workload_from_obj(obj)

@@ -87,7 +87,7 @@ class RouterState:
     preempting: dict[str, str] = field(default_factory=dict)
     planned: dict[str, int] = field(default_factory=dict)
     done: set[str] = field(default_factory=set)
-    placed: set[str] = field(default_factory=set)  # workloads with an attempt admitted or running
+    placed: dict[str, float] = field(default_factory=dict)  # workload -> its latest admitted / running
     plans: dict[str, tuple[object, ...]] = field(default_factory=dict)  # the last plan published, per workload
 
     def apply(self, e: Event, seq: int) -> None:
@@ -119,7 +119,7 @@ class RouterState:
         elif isinstance(e, ev.Completed | ev.Cancelled | ev.WorkloadFailed) or (isinstance(e, ev.Rejected) and e.decision is not None):
             self.done.add(wid)
         elif isinstance(e, ev.Admitted | ev.Running):
-            self.placed.add(wid)
+            self.placed[wid] = max(self.placed.get(wid, 0.0), e.at)
 
     def note_published(self, events: list[ev.Base]) -> None:
         """Remember decisions this router is publishing before the log echoes them back."""
@@ -247,7 +247,8 @@ def yielding(state: RouterState, wid: str, attempt_number: int, decision: Routin
     if got is None or attempt_number <= 1 or decision.outcome != "routed":
         return decision
     preemptor, at = got
-    why = preempt.yields_to(preemptor, at, preemptor in state.placed, preemptor in state.done, now)
+    placed = state.placed.get(preemptor, -1.0) >= at  # placed since it preempted (not an earlier attempt)
+    why = preempt.yields_to(preemptor, at, placed, preemptor in state.done, now)
     if why is None:
         return decision
     return msgspec.structs.replace(decision, outcome="waiting", cluster=None, queue=None, placement=None, summary=why)
