@@ -57,7 +57,7 @@ class Tuning:
     unschedulable_after: float = _knob("GPUORCH_UNSCHEDULABLE_AFTER", 60.0, "dispatcher: seconds a pod no node can take may stay pending before its attempt fails")
     requeue_factor: float = _knob("GPUORCH_REQUEUE_FACTOR", 4.0, "dispatcher: an attempt queued unplaced at its destination is requeued after this many times the router's queue-wait estimate")
     requeue_after: float = _knob("GPUORCH_REQUEUE_AFTER", 300.0, "dispatcher: seconds an attempt may always wait unplaced before it is requeued (the floor)")
-    requeue_max: float = _knob("GPUORCH_REQUEUE_MAX", 3600.0, "dispatcher: seconds after which an attempt still unplaced is requeued whatever the estimate said")
+    requeue_max: float = _knob("GPUORCH_REQUEUE_MAX", 86400.0, "dispatcher: seconds after which an attempt still unplaced is requeued whatever the estimate said")
     dispatcher_id: str = _knob("GPUORCH_DISPATCHER_ID", "0", "dispatcher: this instance's id in ownership leases")
     instance: str = _knob("GPUORCH_INSTANCE", "0", "router, fencer: this replica's id (its own events consumer and state snapshot; 0 keeps the plain names)")
     owner_ttl: float = _knob("GPUORCH_OWNER_TTL", 6.0, "dispatcher: seconds an ownership lease lives without renewal")

@@ -282,7 +282,7 @@ class DispatcherSim(Service):
     owner_ttl = 6.0  # GPUORCH_OWNER_TTL
     reconcile_every = 1.0  # GPUORCH_RECONCILE_INTERVAL
     unschedulable_grace = 10.0  # GPUORCH_UNSCHEDULABLE_AFTER (60 s by default)
-    # the requeue rule (defaults 4x, 300 s, 3600 s): bounds shorter here, as simulated jobs run seconds
+    # the requeue rule (defaults 4x, 300 s, 1 day): bounds shorter here, as simulated jobs run seconds
     requeue = dcore.Requeue(factor=dcore.REQUEUE_FACTOR, floor=30.0, most=120.0)
     unknown_cancel_retries = 3
 

@@ -49,7 +49,7 @@ UNSCHEDULABLE_GRACE = 60.0  # real seconds a pod may stay unplaceable before its
 BACKOFF_CAP = 3600.0  # simulated seconds: the longest wait between a failed attempt and its replacement
 REQUEUE_FACTOR = 4.0  # an attempt queued at its destination waits this many times the router's estimate,
 REQUEUE_FLOOR = 300.0  # never less than this many real seconds (GPUORCH_REQUEUE_AFTER)
-REQUEUE_MAX = 3600.0  # and never more (GPUORCH_REQUEUE_MAX): then the router decides again, with fresh snapshots
+REQUEUE_MAX = 86400.0  # and never more (GPUORCH_REQUEUE_MAX): a safety net for an estimate wildly too large
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,9 @@ class Requeue:
     while its pods are not all bound and it was never admitted: queued for capacity, or held by the
     cluster's own admission (a suspended Kueue Job). `most` bounds the trust in an estimate that
     was wrong the other way (a default mean job length, capacity lost since): a requeued attempt
-    never ran, so asking the router again costs only the place in that cluster's queue.
+    never ran, so asking the router again costs only its place in that cluster's queue. It is a
+    day by default, far above normal queues, so a long but true estimate is waited out; the
+    simulation, whose jobs run seconds, sets it to two minutes.
     """
 
     factor: float = REQUEUE_FACTOR
