@@ -291,6 +291,12 @@ async def cmd_explain(ns: argparse.Namespace, s: Settings) -> int:
             held = msgspec.to_builtins(v.held) if v.held is not None and v.status == "held" else None
             print(json.dumps({"status": v.status, "reason": v.reason, "held": held, "decision": None}, indent=2))
             return 0
+        if v.children:  # a pipeline is never routed itself: why each stage is where it is
+            from gpuorch_router.pipeline import render_graph
+
+            print(f"{ns.id}: {v.status} — {v.reason}")
+            print(render_graph(await _pipeline_graph(s, v)))
+            return 0
         print(f"{ns.id}: {v.status} — {v.reason} (no routing decision yet)")
         if v.held is not None and v.status == "held":  # concurrency limits, not capacity (docs/pipelines.md)
             for h in v.held.holds:

@@ -184,6 +184,8 @@ async def test_the_seeds_three_stage_pipeline_runs_end_to_end(system: System, cl
         line = next(x for x in out.stdout.splitlines() if x.strip().startswith(s))
         assert "completed" in line and ids[s] in line, line
     assert "after train, preprocess" in out.stdout and "no GPU" in out.stdout and "8 GPU" in out.stdout
+    explained = gpuorch(system, "explain", pid)
+    assert explained.returncode == 0 and "3 of 3 stages completed" in explained.stdout, explained.stdout
     got = json.loads(gpuorch(system, "get", pid, "-o", "json").stdout)
     assert got["pipeline"]["stages"]["evaluate"]["depends_on"] == ["train", "preprocess"]
 
