@@ -25,7 +25,7 @@ from .inventory import ClusterRegistryEntry
 CREDENTIAL_NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
 #: Env variable names that say their value is a secret.
 SECRET_ENV_NAME = re.compile(
-    r"(^|_)(TOKEN|SECRET|SECRET_KEY|PASSWORD|PASSWD|PASS|API_?KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIALS?|AUTH)$"
+    r"(^|_)(TOKEN|SECRET|SECRET_KEY|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIALS?)$"
 )
 #: Values that are secrets whatever the variable is called (the well-known formats).
 SECRET_VALUE = re.compile(

@@ -49,7 +49,7 @@ def test_a_submit_carrying_a_secret_value_is_refused_without_repeating_it(spec: 
 @pytest.mark.parametrize(
     "env",
     [
-        pytest.param({"TOKENIZERS_PARALLELISM": "false", "MAX_TOKENS": "512"}, id="names-that-only-contain-token"),
+        pytest.param({"TOKENIZERS_PARALLELISM": "false", "MAX_TOKENS": "512", "SINGLE_PASS": "1", "OAUTH": "off"}, id="names-that-only-contain-token-or-pass"),
         pytest.param({"WANDB_API_KEY": ""}, id="empty-secret-name-is-a-placeholder"),
         pytest.param({"DATA_URL": "https://example.org/data"}, id="url-without-credentials"),
     ],
