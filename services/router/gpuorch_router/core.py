@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 
@@ -148,7 +148,8 @@ def dump_state(state: RouterState) -> bytes:
     """Every field `RouterState` folds from the log, for a state snapshot (a field added later is
     included by itself): `load_state(dump_state(s))` equals the state a full replay of the same
     events builds (tests/snapshot)."""
-    return msgspec.msgpack.encode(replace(state, **{name: {} for name in _NOT_FOLDED}))
+    empty: dict[str, Any] = {name: {} for name in _NOT_FOLDED}
+    return msgspec.msgpack.encode(replace(state, **empty))
 
 
 def _tupled(x: object) -> object:
@@ -172,7 +173,8 @@ _GATE_NOT_FOLDED = ("unconfirmed",)  # noted by this router, not yet echoed: a f
 
 def dump_gate(gate: Gate) -> bytes:
     """Every field the gate folds from the log (`Gate`), for a state snapshot."""
-    return msgspec.msgpack.encode(replace(gate, **{name: {} for name in _GATE_NOT_FOLDED}))
+    empty: dict[str, Any] = {name: {} for name in _GATE_NOT_FOLDED}
+    return msgspec.msgpack.encode(replace(gate, **empty))
 
 
 def load_gate(data: bytes) -> Gate:
