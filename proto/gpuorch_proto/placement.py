@@ -8,8 +8,9 @@ result in its decision (``RoutingDecision.placement``) for the cluster it chose,
 that cluster's snapshot (``accelerators: [L4]`` becomes ``In [NVIDIA-L4]``, the product names the
 nodes really carry); the dispatcher copies it into the Job verbatim.
 
-Pure: no I/O. Kubernetes semantics of node selectors and ``matchExpressions`` are in
-:func:`requirement_matches` (``In``, ``NotIn``, ``Exists``, ``DoesNotExist``, ``Gt``, ``Lt``).
+Pure: no I/O. Kubernetes semantics of node selectors and ``matchExpressions`` (``In``, ``NotIn``,
+``Exists``, ``DoesNotExist``, ``Gt``, ``Lt``) are :mod:`gpuorch_proto.kubesem`'s, which the local
+clusters' scheduler, inventory and the router's TAINTS check use too.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Final, Literal
 
 import msgspec
 
+from . import kubesem
 from .k8s import (
     GPU_RESOURCE,
     LABEL_GPU_COUNT,
@@ -161,27 +163,12 @@ def placement_for(
 
 
 def requirement_matches(req: NodeRequirement, labels: Mapping[str, str]) -> bool:
-    present = req.key in labels
-    op = req.operator
-    if op == "Exists":
-        return present
-    if op == "DoesNotExist":
-        return not present
-    if op == "In":
-        return present and labels[req.key] in req.values
-    if op == "NotIn":
-        return not present or labels[req.key] not in req.values
-    if not present or len(req.values) != 1:
-        return False
-    try:
-        have, want = int(labels[req.key]), int(req.values[0])
-    except ValueError:
-        return False
-    return have > want if op == "Gt" else have < want
+    """One of the Job's node requirements against a node's labels (`kubesem`, Kubernetes' rule)."""
+    return kubesem.requirement_matches(req.key, req.operator, req.values, labels)
 
 
 def accepts(placement: Placement, labels: Mapping[str, str]) -> bool:
     """Do a node's labels satisfy the placement (node selector AND every expression)?"""
-    return all(labels.get(k) == v for k, v in placement.node_selector.items()) and all(
+    return kubesem.node_selector_matches(placement.node_selector, labels) and all(
         requirement_matches(r, labels) for r in placement.match_expressions
     )

@@ -33,6 +33,7 @@ from gpuorch_proto.k8s import (
     LABEL_WORKLOAD,
     TAINT_UNSCHEDULABLE,
 )
+from gpuorch_proto.kubesem import blocking_taints, node_affinity_matches, node_selector_matches
 from gpuorch_proto.placement import sharing_from_labels
 from gpuorch_proto.units import UnitError, parse_quantity
 
@@ -319,60 +320,15 @@ def _parse_node(obj: Mapping[str, Any]) -> _Node:
     )
 
 
-def _tolerates(tolerations: Sequence[Mapping[str, Any]], taint: Taint) -> bool:
-    for t in tolerations:
-        effect = t.get("effect") or ""
-        if effect and effect != taint.effect:
-            continue
-        op = t.get("operator") or "Equal"
-        key = t.get("key") or ""
-        if op == "Exists" and (not key or key == taint.key):
-            return True
-        if op == "Equal" and key == taint.key and (t.get("value") or None) == taint.value:
-            return True
-    return False
-
-
-def _requirement(expr: Mapping[str, Any], value: str | None) -> bool:
-    """One node selector requirement (In, NotIn, Exists, DoesNotExist, Gt, Lt) against a value."""
-    op = expr.get("operator")
-    values = [str(v) for v in expr.get("values") or []]
-    if op == "In":
-        return value is not None and value in values
-    if op == "NotIn":
-        return value is None or value not in values
-    if op == "Exists":
-        return value is not None
-    if op == "DoesNotExist":
-        return value is None
-    if op in ("Gt", "Lt") and value is not None and len(values) == 1:
-        try:
-            have, bound = int(value), int(values[0])
-        except ValueError:
-            return False
-        return have > bound if op == "Gt" else have < bound
-    return False
-
-
-def _term_matches(term: Mapping[str, Any], node: _Node) -> bool:
-    exprs = [e for e in term.get("matchExpressions") or [] if isinstance(e, Mapping)]
-    fields = [e for e in term.get("matchFields") or [] if isinstance(e, Mapping)]
-    if not exprs and not fields:
-        return False  # an empty term matches nothing (as in Kubernetes)
-    return all(_requirement(e, node.info.labels.get(str(e.get("key")))) for e in exprs) and all(
-        _requirement(e, node.info.name if e.get("key") == "metadata.name" else None) for e in fields
-    )
-
-
 def _fits_node(pod: _Pod, node: _Node) -> bool:
-    """nodeSelector, required node affinity, and NoSchedule/NoExecute taints."""
+    """nodeSelector, required node affinity, and NoSchedule/NoExecute taints: Kubernetes'
+    semantics as written once in `gpuorch_proto.kubesem` (the router and the local clusters use
+    the same functions)."""
     labels = node.info.labels
-    if any(labels.get(k) != v for k, v in pod.node_selector.items()):
-        return False
-    if pod.affinity_terms and not any(_term_matches(t, node) for t in pod.affinity_terms):
-        return False
-    return all(
-        t.effect not in ("NoSchedule", "NoExecute") or _tolerates(pod.tolerations, t) for t in node.info.taints
+    return (
+        node_selector_matches(pod.node_selector, labels)
+        and node_affinity_matches(pod.affinity_terms, labels, node.info.name)
+        and not blocking_taints(pod.tolerations, node.info.taints)
     )
 
 
