@@ -178,8 +178,13 @@ class ClusterCore:
                 raise ApiError.bad_request("continue key is not valid") from e
         with self.store.lock:
             rv = self.store.rv
+            keys = self.store.keys_with_labels(res.plural, lsel.equalities())
+            if keys is None:
+                candidates = self.store.list(res.plural, namespace)
+            else:  # from the label index: only the objects with the selector's key=value labels
+                candidates = [o for o in (self.store.get(res.plural, *k) for k in keys if namespace is None or k[0] == namespace) if o]
             items = [
-                o for o in self.store.list(res.plural, namespace)
+                o for o in candidates
                 if lsel.matches(o["metadata"].get("labels")) and fsel(o)
                 and (start is None or [o["metadata"].get("namespace", ""), o["metadata"]["name"]] > start)
             ]

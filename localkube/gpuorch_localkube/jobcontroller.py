@@ -291,7 +291,7 @@ class JobController:
         probe = {"status": copy.deepcopy(job.get("status") or {})}
         mutate(probe)
         if probe["status"] != (job.get("status") or {}):
-            core.store.update("jobs", ns, name, mutate)
+            core.store.update("jobs", ns, name, mutate, fields=("status",))
 
 
     def _scale_down(self, tr: JobTrack, active: list[dict[str, Any]], n: int) -> int:

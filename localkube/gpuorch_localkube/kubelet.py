@@ -581,7 +581,7 @@ class Kubelet:
             if not ann:
                 del pod["metadata"]["annotations"]
 
-        self.core.store.update("pods", run.namespace, run.name, mutate)
+        self.core.store.update("pods", run.namespace, run.name, mutate, fields=("status", "metadata"))
 
     # -- faults and shutdown ---------------------------------------------------------------------
 

@@ -438,7 +438,7 @@ class Scheduler:
             st["conditions"] = conds
             st.pop("nominatedNodeName", None)
 
-        self.core.store.update("pods", pod["metadata"]["namespace"], pod["metadata"]["name"], mutate)
+        self.core.store.update("pods", pod["metadata"]["namespace"], pod["metadata"]["name"], mutate, fields=("spec", "status"))
 
     def _scheduled(self, pod: dict[str, Any], node: str) -> None:
         meta = pod["metadata"]
@@ -473,7 +473,7 @@ class Scheduler:
                 "message": message,
             })
 
-        self.core.store.update("pods", pod["metadata"]["namespace"], pod["metadata"]["name"], mutate)
+        self.core.store.update("pods", pod["metadata"]["namespace"], pod["metadata"]["name"], mutate, fields=("status",))
 
 
 def _owner_uid(pod: Mapping[str, Any]) -> str | None:

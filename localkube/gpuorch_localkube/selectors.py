@@ -51,6 +51,10 @@ class LabelSelector:
         labels = labels or {}
         return all(r.matches(labels) for r in self.requirements)
 
+    def equalities(self) -> list[tuple[str, str]]:
+        """The `key=value` requirements (what a label index can answer)."""
+        return [(r.key, r.values[0]) for r in self.requirements if r.op == "in" and len(r.values) == 1]
+
     @property
     def empty(self) -> bool:
         return not self.requirements

@@ -51,6 +51,7 @@ class Store:
         self._by_owner: dict[str, set[Key]] = {}
         self._by_node: dict[str, set[Key]] = {}
         self._uids: dict[str, dict[str, Key]] = {}  # resource -> uid -> key
+        self._labels: dict[str, dict[tuple[str, str], set[Key]]] = {}  # resource -> (label, value) -> keys
         self.closed = False
 
     # -- reading ---------------------------------------------------------------------------------
@@ -79,6 +80,17 @@ class Store:
     def creation_seq(self, obj: Obj) -> int:
         """Order of creation (finer than the one-second creationTimestamp)."""
         return self._created_seq.get(obj["metadata"].get("uid", ""), 0)
+
+    def keys_with_labels(self, resource: str, pairs: Iterable[tuple[str, str]]) -> builtins.list[Key] | None:
+        """Sorted keys of the objects that carry every (label, value) pair; None: no pair given."""
+        index = self._labels.get(resource, {})
+        found: set[Key] | None = None
+        for pair in pairs:
+            keys = index.get(pair, set())
+            found = set(keys) if found is None else found & keys
+            if not found:
+                return []
+        return None if found is None else sorted(found)
 
     def by_uid(self, resource: str, uid: str) -> Obj | None:
         key = self._uids.get(resource, {}).get(uid)
@@ -123,9 +135,24 @@ class Store:
         self._history.append(event)
         while len(self._history) > self._history_size:
             self._compacted = self._history.popleft().rv
+        meta = obj["metadata"]
+        key = (meta.get("namespace", ""), meta["name"])
         if resource == "pods":
-            meta = obj["metadata"]
-            self._index((meta.get("namespace", ""), meta["name"]), prev, None if etype == "DELETED" else obj)
+            self._index(key, prev, None if etype == "DELETED" else obj)
+        old_labels = (prev or {}).get("metadata", {}).get("labels") or {}
+        new_labels = {} if etype == "DELETED" else meta.get("labels") or {}
+        if old_labels is not new_labels and old_labels != new_labels:
+            index = self._labels.setdefault(resource, {})
+            for pair in old_labels.items():
+                if new_labels.get(pair[0]) != pair[1]:
+                    keys = index.get(pair)
+                    if keys is not None:
+                        keys.discard(key)
+                        if not keys:
+                            del index[pair]
+            for pair in new_labels.items():
+                if old_labels.get(pair[0]) != pair[1]:
+                    index.setdefault(pair, set()).add(key)
         self.cond.notify_all()
         if resource == "events":
             return  # Events are records for people: no controller reacts to them
@@ -146,16 +173,28 @@ class Store:
             self._commit(resource, "ADDED", obj, None)
             return obj
 
-    def update(self, resource: str, namespace: str, name: str, fn: Callable[[Obj], Any]) -> Obj | None:
-        """Apply fn to a deep copy of the object and commit it if it changed.
+    def update(
+        self, resource: str, namespace: str, name: str, fn: Callable[[Obj], Any], fields: tuple[str, ...] | None = None,
+    ) -> Obj | None:
+        """Apply fn to a copy of the object and commit it if it changed.
 
-        Returns the stored object (new or unchanged), or None if it does not exist.
+        The copy is deep, or, with `fields`, deep only in those top-level fields (fn promises to
+        change nothing else): the other fields are shared with the previous version, which is
+        safe because committed objects are never mutated. Returns the stored object (new or
+        unchanged), or None if it does not exist.
         """
         with self.lock:
             cur = self._objs[resource].get((namespace, name))
             if cur is None:
                 return None
-            new = copy.deepcopy(cur)
+            if fields is None:
+                new = copy.deepcopy(cur)
+            else:
+                new = dict(cur)
+                new["metadata"] = dict(cur["metadata"])
+                for f in fields:
+                    if f in cur:
+                        new[f] = copy.deepcopy(cur[f])
             fn(new)
             new["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"]
             if new == cur:
