@@ -114,6 +114,9 @@ class Informer:
         self.gone = 0  # 410 Gone answers
         self.generation = 0  # moves with every change of the cache
         self.last_error = ""
+        #: wall time at which the cache last held everything the server had (a list's start, a
+        #: watch's clean end, a bookmark): an object created before it and absent is really absent
+        self.complete_at: float | None = None
         self._rv: int | None = None  # None: list before watching
         self._cache: dict[Key, dict[str, Any]] = {}
         self._lock = threading.Lock()
@@ -196,6 +199,7 @@ class Informer:
             delay = min(delay * 2, BACKOFF_MAX)
 
     def _list(self) -> None:
+        began = self.clock()
         resp = self.list_fn(*self._args(), **self._selector(), _preload_content=False, _request_timeout=TIMEOUT)
         try:
             doc = json.loads(resp.data)
@@ -207,6 +211,7 @@ class Informer:
             self._cache = items
             self.generation += 1
         self._rv = rv if rv is not None else 0
+        self.complete_at = began
         self.lists += 1
         self.synced.set()
         self._contact(True)
@@ -226,6 +231,7 @@ class Informer:
                     w.stop()  # type: ignore[no-untyped-call]
         finally:
             self._watch = None
+        self.complete_at = self.clock()
         self._contact(True)  # the server ended the watch at timeout_seconds: reachable, maybe quiet
 
     def _apply(self, event: dict[str, Any]) -> None:
@@ -244,6 +250,8 @@ class Informer:
                 self.on_event(str(kind), obj)
         if rv is not None:  # BOOKMARK too: only the resourceVersion moves
             self._rv = rv
+        if kind == "BOOKMARK":
+            self.complete_at = self.clock()
         self._contact(True)
 
 

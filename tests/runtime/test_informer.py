@@ -94,9 +94,11 @@ async def test_the_cache_follows_creates_updates_and_deletes_with_one_list(clust
         assert (inf.get("j1") or {}).get("metadata", {}).get("annotations", {}).get("seen") == "yes"
         assert inf.lists == 1 and inf.gone == 0, "one list, then only watches"
         # a watch that ends at timeout_seconds is opened again from where it stopped, not re-listed
-        watches = inf.watches
+        watches, complete = inf.watches, inf.complete_at
+        assert complete is not None, "complete since the list"
         await assert_eventually(lambda: inf.watches >= watches + 2, timeout=15)
         assert inf.lists == 1
+        assert (inf.complete_at or 0) > complete, "each clean end of a watch: complete again, later"
     finally:
         inf.stop()
 

@@ -22,7 +22,7 @@ from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
 
 from gpuorch.config import Settings, load_registry
 from gpuorch.follow import Follower, every, run_until_stopped
-from gpuorch.informer import ClusterInformers
+from gpuorch.informer import ClusterInformers, Informer
 from gpuorch.kube import TIMEOUT, ClusterClient, make_clients, unreachable
 from gpuorch.observe import progress, spans
 from gpuorch.projection import AttemptView, WorkloadView
@@ -84,6 +84,11 @@ def observe(job: dict[str, Any], pods: list[dict[str, Any]]) -> core.JobObservat
         complete="Complete" in conds, failed=failed is not None, exit_code=exit_code, reason=reason,
         unschedulable=unschedulable,
     )
+
+
+#: Seconds between two processes' clocks that `absent_for_sure` allows for (attempt-created's `at`
+#: is the creating dispatcher's clock; the cache's completeness time is ours).
+CLOCK_MARGIN = 1.0
 
 
 def informers_for(cc: ClusterClient) -> ClusterInformers:
@@ -390,6 +395,16 @@ class Dispatcher:
                 pods_by.setdefault(att, []).append(p)
         return by_job, pods_by
 
+    def absent_for_sure(self, jobs: Informer, a: AttemptView) -> bool:
+        """May a Job missing from the cache be called missing? Ours: once the cache's
+        resourceVersion covers our create. Another dispatcher's (a take-over): once the cache
+        was complete at a time past the attempt's `attempt-created` (plus CLOCK_MARGIN)."""
+        rv = self.created_rv.get(a.attempt_id)
+        if rv is not None:
+            return jobs.covers(rv)
+        done, made = jobs.complete_at, a.times.get("created")
+        return done is not None and (made is None or done > made + CLOCK_MARGIN)
+
     def fold_contacts(self) -> None:
         """The informers' facts (each call answered or not, with its time) through `core.contact`."""
         for cluster, inf in self.informers.items():
@@ -426,8 +441,8 @@ class Dispatcher:
                 job_cache = inf["jobs"]
                 for view, a in items:
                     job = jobs.get(a.job_name)
-                    if job is None and not job_cache.covers(self.created_rv.get(a.attempt_id, 0)):
-                        continue  # we created it a moment ago: the watch has not brought it yet
+                    if job is None and not self.absent_for_sure(job_cache, a):
+                        continue  # created a moment ago (by us, or by a dispatcher we took over from): not in the cache yet
                     obs = observe(job, pods.get(a.attempt_id, [])) if job else core.JobObservation(exists=False)
                     acts = core.on_observation(view, a, obs, now, unschedulable_grace=self.unschedulable_grace)
                     seen = progress.compute_started(view.workload_id, a, now)  # the program's first step, if reported
