@@ -5,7 +5,7 @@ Every policy sees the same world: the snapshots inventory would publish (at most
 job where the router would reject it: a baseline that ignored eligibility would only look worse).
 
 * `gpuorch`: the router, unchanged: `gpuorch_router.core.decide` (what the router service calls,
-  which calls `gpuorch_router.policy.route`) over `SnapshotIndex`es of those snapshots.
+  through the replay's own `RoutingMemo`) over `SnapshotIndex`es of those snapshots.
 * `emptiest`: the eligible cluster with the most free GPUs in its snapshot.
 * `round-robin`: the next eligible cluster in name order after the previous pick.
 * `random`: a seeded uniform choice among the eligible.
