@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import functools
 import heapq
 import itertools
@@ -13,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from gpuorch_proto.kubesem import TERMINAL_POD_PHASES, job_finished
 
 from .objects import GANG_ANNOTATION, get_condition, set_condition
-from .util import random_suffix, rfc3339
+from .util import json_copy, random_suffix, rfc3339
 
 if TYPE_CHECKING:
     from .api import ClusterAPI
@@ -22,6 +21,31 @@ if TYPE_CHECKING:
 __all__ = ["JobController", "PodGC", "mark_node_lost"]
 
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
+
+
+def _status_only(prev: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Only `status` (and the resourceVersion) differ between two versions of an object."""
+    if prev.keys() != new.keys() or any(prev[k] != new[k] for k in prev if k not in ("status", "metadata")):
+        return False
+    pm, nm = prev["metadata"], new["metadata"]
+    return pm.keys() == nm.keys() and all(pm[k] == nm[k] for k in pm if k != "resourceVersion")
+
+
+def _matters_to_job(prev: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Did a pod change in a way its Job's status or decisions depend on?"""
+    ps, ns = prev.get("status") or {}, new.get("status") or {}
+    return (
+        ps.get("phase") != ns.get("phase")
+        or prev["metadata"].get("deletionTimestamp") != new["metadata"].get("deletionTimestamp")
+        or prev["metadata"].get("ownerReferences") != new["metadata"].get("ownerReferences")
+        or ps.get("containerStatuses") != ns.get("containerStatuses")
+        or ps.get("initContainerStatuses") != ns.get("initContainerStatuses")
+        or _ready(ps) != _ready(ns)
+    )
+
+
+def _ready(status: dict[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ())
 
 
 def _controller_uid(pod: dict[str, Any]) -> str | None:
@@ -73,8 +97,13 @@ class JobController:
 
     def observe(self, event: Event) -> None:
         if event.resource == "jobs":
+            prev = event.prev
+            if prev is not None and event.type == "MODIFIED" and _status_only(prev, event.obj):
+                return  # this controller's own status write (users cannot write a Job's status)
             self.dirty[event.obj["metadata"]["uid"]] = None
         elif event.resource == "pods":
+            if event.type == "MODIFIED" and event.prev is not None and not _matters_to_job(event.prev, event.obj):
+                return  # e.g. the scheduler's PodScheduled condition: nothing a Job counts
             for o in (event.obj, event.prev):
                 owner = _controller_uid(o) if o is not None else None
                 if owner:
@@ -288,10 +317,13 @@ class JobController:
             for ctype, cstatus, reason, message in conds:
                 set_condition(s, ctype, cstatus, reason, message)
 
-        probe = {"status": copy.deepcopy(job.get("status") or {})}
+        probe = {"status": json_copy(job.get("status") or {})}
         mutate(probe)
         if probe["status"] != (job.get("status") or {}):
             core.store.update("jobs", ns, name, mutate, fields=("status",))
+        ttl = spec.get("ttlSecondsAfterFinished")
+        if tr.finish_mono is not None and ttl is not None:  # its own status write wakes nobody: time the TTL here
+            self._after(uid, tr.finish_mono + core.config.job_clock_seconds(int(ttl)) - now)
 
 
     def _scale_down(self, tr: JobTrack, active: list[dict[str, Any]], n: int) -> int:
@@ -302,7 +334,7 @@ class JobController:
 
     def _create_pod(self, job: dict[str, Any], index: int | None) -> None:
         jmeta, spec = job["metadata"], job["spec"]
-        tmpl = copy.deepcopy(spec["template"])
+        tmpl = json_copy(spec["template"])
         tmeta = tmpl.get("metadata") or {}
         labels = dict(tmeta.get("labels") or {})
         ann = dict(tmeta.get("annotations") or {})

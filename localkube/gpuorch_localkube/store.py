@@ -13,7 +13,6 @@ pods or a node's pods.
 from __future__ import annotations
 
 import builtins
-import copy
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import RESOURCES, ApiError
+from .util import json_copy
 
 __all__ = ["Event", "Store"]
 
@@ -188,13 +188,13 @@ class Store:
             if cur is None:
                 return None
             if fields is None:
-                new = copy.deepcopy(cur)
+                new = dict(json_copy(cur))
             else:
                 new = dict(cur)
                 new["metadata"] = dict(cur["metadata"])
                 for f in fields:
                     if f in cur:
-                        new[f] = copy.deepcopy(cur[f])
+                        new[f] = json_copy(cur[f])
             fn(new)
             new["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"]
             if new == cur:

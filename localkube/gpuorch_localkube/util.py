@@ -10,6 +10,8 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
+
 __all__ = [
     "DNS1123_LABEL",
     "DNS1123_SUBDOMAIN",
@@ -80,3 +82,16 @@ def parse_duration(value: Any) -> float:
     if pos != len(text):
         raise ValueError(f"not a duration: {value!r}")
     return total
+
+
+_json_encode = msgspec.json.Encoder().encode
+_json_decode = msgspec.json.Decoder().decode
+
+
+def json_copy(obj: Any) -> Any:
+    """A deep copy of a JSON-shaped value (dicts, lists, strings, numbers, booleans, None).
+
+    Encoding and decoding with msgspec is several times faster than `copy.deepcopy` for the
+    objects the store holds, which are JSON-shaped by construction.
+    """
+    return _json_decode(_json_encode(obj))
