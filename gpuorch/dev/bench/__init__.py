@@ -11,4 +11,5 @@ BENCHES: list[str] = [
     "gpuorch.dev.bench.faults:run",
     "gpuorch.dev.bench.throughput:run",
     "gpuorch.dev.bench.restart:run",
+    "gpuorch.dev.bench.localkube:run",
 ]
