@@ -176,7 +176,9 @@ class RouterSim(Service):
         self.gate.apply(e, seq)
 
     def gate_round(self, now: float) -> list[Any]:  # the router's own round, not a copy
-        return list(rcore.gate_round(self.gate, self.policy, self.state, lambda wl, wid: self.decide(wl, wid, 1, now), now).events)
+        r = rcore.gate_round(self.gate, self.policy, self.state, lambda wl, wid: self.decide(wl, wid, 1, now), now)
+        self.gate.confirm(r.cancels)  # the stages' cancels go out with the events (the command stream)
+        return [*r.cancels, *r.events]
 
     def start(self) -> Gen:
         yield from self.replay(self.fold)
@@ -201,10 +203,10 @@ class RouterSim(Service):
             return []
         now = self.w.now
         submitted = ev.Submitted(event_id=event_id(wid, "submitted"), workload_id=wid, at=now, workload=e.workload, idempotency_key=key, source_sequence=msg.stream_seq)
-        self.gate.note([submitted], now)
+        accepted = self.gate.accept(self.policy, submitted, None, now)  # the router's own, not a copy
         out = self.gate_round(now)
         yield None
-        return [submitted, *out]
+        return [*accepted, *out]
 
     def on_event(self, msg: Incoming) -> Gen:
         e = msg.event

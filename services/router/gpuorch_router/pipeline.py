@@ -991,6 +991,27 @@ class Gate:
         self.docs[x.pipeline_id] = (wl, now)
         self.note(x.events, now)
 
+    def accept(
+        self, policy: AdmissionPolicy, submitted: ev.Submitted, identity: str | None, now: float
+    ) -> list[Event]:
+        """What accepting a submit publishes before any round, noted at once: `submitted` and a
+        `rejected` when its queue does not exist or the submitter may not use it
+        (`submit_refusal`); `submitted` and the expansion of a pipeline (`pipeline-expanded`, one
+        `submitted` per child; the pipeline itself is never routed); `submitted` alone otherwise.
+        The router's service and the deterministic simulation both call this."""
+        wl, wid = submitted.workload, submitted.workload_id
+        refused = submit_refusal(policy, wl, identity)
+        if refused is not None:  # accepted as a record, and refused: the workload's own verdict
+            out: list[Event] = [submitted, refusal_event(Refused(wid, refused), now)]
+            self.note(out, now)
+            return out
+        self.note([submitted], now)
+        if not is_pipeline(wl):
+            return [submitted]
+        x = expand(wid, wl, now)
+        self.note_expansion(x, wl, now)
+        return [submitted, *x.events]
+
     def note(self, events: Iterable[ev.Base], now: float = 0.0) -> None:
         """What the router is publishing, before the log echoes it back. Each stays
         `unconfirmed` until the log has it (a command: until `confirm`)."""

@@ -214,22 +214,15 @@ class Router:
         now = time.time()
         self.follower.remember(wid, msg.headers)
         submitted = ev.Submitted(event_id=event_id(wid, "submitted"), workload_id=wid, at=now, workload=e.workload, idempotency_key=key, source_sequence=msg.stream_seq)
-        refused = pl.submit_refusal(self.policy, e.workload, identity)
-        if refused is not None:  # accepted as a record, and refused: the workload's own verdict
-            out: list[ev.Base] = [submitted, pl.refusal_event(pl.Refused(wid, refused), now)]
-            self.gate.note(out, now)
-            log.info("workload.refused", workload=wid, reason=refused)
-            return out
-        self.gate.note([submitted], now)
-        expanded: list[ev.Base] = []
-        if pl.is_pipeline(e.workload):  # its stages (or trials) become workloads; it is never routed itself
-            x = pl.expand(wid, e.workload, now)
-            self.gate.note_expansion(x, e.workload, now)
-            expanded = list(x.events)
-            log.info("pipeline.expanded", workload=wid, children=len(x.children))
+        accepted = self.gate.accept(self.policy, submitted, identity, now)  # refused, expanded, or as it is
+        if isinstance(accepted[-1], ev.Rejected):
+            log.info("workload.refused", workload=wid, reason=accepted[-1].reason)
+            return accepted
+        if len(accepted) > 1:
+            log.info("pipeline.expanded", workload=wid, children=len(accepted) - 2)
         r = self.gate_round(now)
         await self.send_cancels(r.cancels)
-        return [submitted, *expanded, *r.events]
+        return [*accepted, *r.events]
 
     async def on_event(self, msg: Incoming) -> Sequence[ev.Base]:
         e = msg.event
