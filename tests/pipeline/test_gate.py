@@ -52,15 +52,12 @@ class Log:
         assert self.gate.tally() == pl.Tally.of(self.gate.running.values())
         return r
 
-    def submit(self, wid: str, wl: Workload) -> pl.GateRound:
+    def submit(self, wid: str, wl: Workload, identity: str | None = None) -> pl.GateRound:
+        """As the router's `on_command`: `Gate.accept`, then a round."""
         sub = ev.Submitted(event_id=event_id(wid, "submitted"), workload_id=wid, at=self.now, workload=wl)
-        self.gate.note([sub], self.now)
-        extra: list[Any] = []
-        if pl.is_pipeline(wl):
-            x = pl.expand(wid, wl, self.now)
-            self.gate.note_expansion(x, wl, self.now)
-            extra = list(x.events)
-        self.echo([sub, *extra])
+        accepted = self.gate.accept(self.policy, sub, identity, self.now)
+        self.published += accepted
+        self.echo(accepted)
         return self.round()
 
     def lifecycle(self, wid: str, *kinds: str) -> None:
@@ -96,14 +93,14 @@ def test_stages_become_ready_in_dependency_order_and_are_released_then() -> None
     log = Log(AdmissionPolicy())
     wl = make_dag({"prep": [], "train": ["prep"], "eval": ["train", "prep"]}, gpus={"train": 8})
     log.submit("p", wl)
-    assert log.kinds("p--prep") == ["stage-ready", "released", "routed"]
-    assert log.kinds("p--train") == [] and "p" not in {e.workload_id for e in log.published if ev.type_tag(e) == "routed"}
+    assert log.kinds("p--prep") == ["submitted", "stage-ready", "released", "routed"]
+    assert log.kinds("p--train") == ["submitted"] and "p" not in {e.workload_id for e in log.published if ev.type_tag(e) == "routed"}
     log.lifecycle("p--prep", "running", "promoted", "completed")
     log.round()
-    assert log.kinds("p--train") == ["stage-ready", "released", "routed"]
+    assert log.kinds("p--train") == ["submitted", "stage-ready", "released", "routed"]
     ready = next(e for e in log.published if isinstance(e, ev.StageReady) and e.stage == "train")
     assert [(i.stage, i.attempt_id) for i in ready.inputs] == [("prep", "p--prep-a1")]
-    assert log.kinds("p--eval") == []
+    assert log.kinds("p--eval") == ["submitted"]
     log.lifecycle("p--train", "running", "promoted", "completed")
     log.round()
     log.lifecycle("p--eval", "running", "promoted", "completed")
@@ -188,6 +185,11 @@ def test_a_submitter_outside_a_queues_owners_is_refused_and_the_refusal_is_the_w
     assert "does not exist" in (pl.submit_refusal(policy, make_workload("z", policy_queue="nope")) or "")
     rej = pl.refusal_event(pl.Refused("x", why), NOW)
     assert rej.decision is not None and rej.decision.outcome == "rejected" and rej.reason == f"not admitted: {why}"
+    # accepted as a record and refused at once; a refused pipeline is never expanded
+    log = Log(policy)
+    log.submit("px", make_dag({"a": []}, owner="interns", policy_queue="production"), identity="intern")
+    assert log.kinds("px") == ["submitted", "rejected"] and log.kinds("px--a") == []
+    assert log.gate.finished == {"px"} and not log.gate.pipelines
     # refused by admission (more GPUs than a limit allows at once): rejected, once
     log = Log(research(max_gpus=4))
     r = log.submit("big", make_workload("big", policy_queue="research", resources={"gpus": 8}))
