@@ -60,7 +60,6 @@ from gpuorch.system import System
 from gpuorch_proto import Workload, workload_from_obj
 
 IN_FLIGHT = 256  # publishes in flight from the one client
-GPUS = 800  # both clusters together
 CLUSTER = {
     "nodes": [{"name": "gpu", "count": 50, "pool": "train", "cpu": "256", "memory": "2048Gi",
                "gpu": {"model": "NVIDIA-A100-SXM4-80GB", "memory_mib": 81920, "count": 8}}],
@@ -71,9 +70,17 @@ STAGES = ("submitted", "routed", "attempt-created")
 SERVICES = ("router", "dispatcher", "fencer", "inventory", "localkube")
 
 
-def clusters_file(path: Path) -> Path:
+NODES = 50  # per cluster, 8 GPUs each (`--nodes`)
+
+
+def gpus(nodes: int) -> int:
+    return 2 * nodes * 8
+
+
+def clusters_file(path: Path, nodes: int = NODES) -> Path:
+    one = {**CLUSTER, "nodes": [{**CLUSTER["nodes"][0], "count": nodes}]}  # type: ignore[index]
     cfg = {"time_scale": 600, "job_clock": "simulated",
-           "clusters": [{"name": "east", **CLUSTER}, {"name": "west", **CLUSTER}]}
+           "clusters": [{"name": "east", **one}, {"name": "west", **one}]}
     path.write_text(yaml.safe_dump(cfg))
     return path
 
@@ -239,10 +246,10 @@ def memory(system: System) -> dict[str, int]:
 
 
 @contextlib.asynccontextmanager
-async def running(root: Path, profile: Path | None = None) -> Any:
+async def running(root: Path, profile: Path | None = None, nodes: int = NODES) -> Any:
     env = {"GPUORCH_PROFILE": str(profile)} if profile else {}
     root.mkdir(parents=True, exist_ok=True)
-    system = System(state_dir=root / "state", clusters_file=clusters_file(root / "clusters.yaml"), env_extra=env)
+    system = System(state_dir=root / "state", clusters_file=clusters_file(root / "clusters.yaml", nodes), env_extra=env)
     system.start()
     try:
         s = system.settings
@@ -271,14 +278,14 @@ def _rows(case: str, f: dict[str, float], raw: float) -> list[Row]:
     ]
 
 
-async def scenario_burst(root: Path, n: int, timeout: float, profile: Path | None) -> list[Row]:
-    async with running(root, profile) as (system, client, watch):
+async def scenario_burst(root: Path, n: int, timeout: float, profile: Path | None, nodes: int = NODES) -> list[Row]:
+    async with running(root, profile, nodes) as (system, client, watch):
         raw = await raw_rate(watch.admin, min(n, 10_000))
         before = memory(system)
         f = await burst(client, watch, n, f"t{uuid.uuid4().hex[:6]}", timeout)
         after = memory(system)
-        print(f"# burst {n}: {f}", file=sys.stderr)
-        pending = max(1, int(f["created"]) - GPUS)
+        print(f"# burst {n} (raw {raw:.0f}/s): {f}", file=sys.stderr)
+        pending = max(1, int(f["created"]) - gpus(nodes))
         rows = _rows(f"burst {n:,}", f, raw)
         rows += [Row("memory", f"burst {n:,}", f"{name}: per pending workload", (after[name] - before[name]) / pending,
                      f"bytes ({pending:,} pending; RSS {after[name] / 2**20:,.0f} MiB)") for name in after]  # fmt: skip
@@ -287,23 +294,24 @@ async def scenario_burst(root: Path, n: int, timeout: float, profile: Path | Non
     return rows
 
 
-async def scenario_backlog(root: Path, levels: list[int], probe: int, timeout: float) -> list[Row]:
+async def scenario_backlog(root: Path, levels: list[int], probe: int, timeout: float, nodes: int = NODES) -> list[Row]:
     rows: list[Row] = []
     rates: dict[int, float] = {}
-    async with running(root) as (_system, client, watch):
+    capacity = gpus(nodes)
+    async with running(root, nodes=nodes) as (_system, client, watch):
         raw = await raw_rate(watch.admin, 10_000)
         tag, at = f"k{uuid.uuid4().hex[:6]}", 0
         pending = 0
         for level in sorted(levels):
-            fill = level - pending + (GPUS if pending == 0 else 0)
+            fill = level - pending + (capacity if pending == 0 else 0)
             if fill > 0:
                 f = await burst(client, watch, fill, tag, timeout, start=at)
                 at += fill
-                pending += int(f["created"]) - (GPUS if pending == 0 else 0)
+                pending += int(f["created"]) - (capacity if pending == 0 else 0)
                 print(f"# backlog fill to {pending}: {f}", file=sys.stderr)
             f = await burst(client, watch, probe, tag, timeout, start=at)
             at += probe
-            print(f"# backlog probe at {pending}: {f}", file=sys.stderr)
+            print(f"# backlog probe at {pending} (raw {raw:.0f}/s): {f}", file=sys.stderr)
             rates[level] = f["rate"]
             rows += _rows(f"probe {probe:,} at {pending:,} pending", f, raw)
             pending += int(f["created"])
@@ -312,11 +320,11 @@ async def scenario_backlog(root: Path, levels: list[int], probe: int, timeout: f
     return rows
 
 
-async def scenario_steady(root: Path, rate: float, duration: float, timeout: float) -> list[Row]:
-    async with running(root) as (_system, client, watch):
+async def scenario_steady(root: Path, rate: float, duration: float, timeout: float, nodes: int = NODES) -> list[Row]:
+    async with running(root, nodes=nodes) as (_system, client, watch):
         raw = await raw_rate(watch.admin, 10_000)
         f = await steady(client, watch, rate, duration, f"s{uuid.uuid4().hex[:6]}", timeout)
-        print(f"# steady {rate}/s x {duration}s: {f}", file=sys.stderr)
+        print(f"# steady {rate}/s x {duration}s (raw {raw:.0f}/s): {f}", file=sys.stderr)
     case = f"steady {rate:g}/s x {duration:g}s"
     return [*_rows(case, f, raw), Row("throughput", case, "offered", f["offered_rate"], "workloads/s")]
 
@@ -337,16 +345,16 @@ def profile_rows(directory: Path, f: dict[str, float]) -> list[Row]:
 
 
 async def _run(bursts: list[int], backlog: list[int] | None, probe: int, steady_load: tuple[float, float] | None,
-               timeout: float, profile: Path | None) -> list[Row]:  # fmt: skip
+               timeout: float, profile: Path | None, nodes: int = NODES) -> list[Row]:  # fmt: skip
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="gpuorch-bench-tp-") as tmp:
         root = Path(tmp)
         for i, n in enumerate(bursts):
-            rows += await scenario_burst(root / f"burst{i}", n, timeout, profile)
+            rows += await scenario_burst(root / f"burst{i}", n, timeout, profile, nodes)
         if backlog:
-            rows += await scenario_backlog(root / "backlog", backlog, probe, timeout)
+            rows += await scenario_backlog(root / "backlog", backlog, probe, timeout, nodes)
         if steady_load:
-            rows += await scenario_steady(root / "steady", *steady_load, timeout)
+            rows += await scenario_steady(root / "steady", *steady_load, timeout, nodes)
     return rows
 
 
@@ -371,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-steady", action="store_true")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for a scenario's Jobs")
     ap.add_argument("--profile", type=Path, default=None, help="cProfile the services into this directory")
+    ap.add_argument("--nodes", type=int, default=NODES, help="nodes per cluster (8 GPUs each; default 50: 800 GPUs)")
     args = ap.parse_args(argv)
     if args.quick:
         rows = run(True, args.burst or None, timeout=args.timeout, profile=args.profile)
@@ -380,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
             None if args.no_backlog else (args.backlog or [1_000, 3_000, 10_000]),
             args.probe,
             None if args.no_steady else (args.steady[0], args.steady[1]) if args.steady else (250.0, 60.0),
-            args.timeout, args.profile,
+            args.timeout, args.profile, args.nodes,
         ))  # fmt: skip
     for r in rows:
         print(f"{r.case:28} {r.metric:36} {r.value:12.3f} {r.unit}")
