@@ -87,6 +87,9 @@ def test_a_plain_workload_is_released_and_routed_in_one_round() -> None:
     assert [ev.type_tag(e) for e in r.events] == ["released", "routed"] and r.released == ["w1"]
     assert r.events[0].reason == "released: no limit applies"  # type: ignore[union-attr]
     assert log.round().events == [], "an unchanged gate publishes nothing"
+    assert not log.gate.may_admit() and log.gate.may_admit(force=False) is False
+    log.submit("w2", make_workload("w2"))
+    assert not log.gate.may_admit(), "released at once: nothing waits"
 
 
 def test_stages_become_ready_in_dependency_order_and_are_released_then() -> None:
@@ -148,8 +151,12 @@ def test_a_sweep_is_released_k_at_a_time_and_each_finish_releases_the_next_at_on
     assert running == ["s--t0000", "s--t0001", "s--t0002"]
     held = [e for e in log.published if isinstance(e, ev.Held)]
     assert len(held) == 9 and held[0].reason == "held: pipeline s at 3 of 3 running workloads"
+    assert not log.gate.may_admit(), "held work, nothing changed: no round can release anything"
+    log.lifecycle(running[0], "running")
+    assert not log.gate.may_admit(), "running changes no slot"
     for n in range(3, 12):
         log.lifecycle(running[n - 3], "running", "promoted", "completed")
+        assert log.gate.may_admit(), "a slot freed"
         log.round()
         running = [e.workload_id for e in log.published if isinstance(e, ev.Released)]
         assert len(running) == n + 1, "one slot freed, one released, in the same round"

@@ -940,6 +940,10 @@ class _Span:
     end: float | None = None
 
 
+#: A stage's events that can change what its pipeline decides (readiness, blocking, outcome).
+_PROGRESS = (ev.Promoted, ev.Completed, ev.WorkloadFailed, ev.Cancelled, ev.Rejected, ev.StageBlocked)
+
+
 @dataclass
 class GateRound:
     """What one round decides: events to publish, cancel commands to send, workloads released
@@ -1038,8 +1042,8 @@ class Gate:
             if seq <= self.seqs.get(wid, 0):
                 return
             self.seqs[wid] = seq
-            if e.event_id:
-                self.unconfirmed.pop(e.event_id, None)
+            if e.event_id and self.unconfirmed.pop(e.event_id, None) is not None:
+                return  # its own decision coming back: applied when noted, and it changes nothing
         pid = self.parent_of.get(wid)
         match e:
             case ev.PipelineExpanded():
@@ -1092,7 +1096,8 @@ class Gate:
                 pass
         if pid is not None and pid in self.pipelines:
             self.pipelines[pid].apply(e)
-            self.dirty_pipelines.add(pid)
+            if isinstance(e, _PROGRESS):  # may make a stage ready or blocked, or end the pipeline
+                self.dirty_pipelines.add(pid)
         elif wid in self.pipelines:
             self.pipelines[wid].apply(e)
             self.dirty_pipelines.add(wid)
@@ -1123,6 +1128,12 @@ class Gate:
         self.dirty = True
 
     # -- decide ------------------------------------------------------------------------------
+    def may_admit(self, force: bool = False) -> bool:
+        """Could a round admit anything now (work waiting and something changed, or a pipeline's
+        stages may become ready)? False: the round decides no release, so what admission needs
+        (fair share's usage) need not be computed."""
+        return bool(self.dirty_pipelines) or (bool(self.waiting) and (self.dirty or force))
+
     def tally(self) -> Tally:
         """What released, unfinished work holds (`Tally.of(running)`), kept up to date as work is
         released and finishes. Not a field: derived, so a snapshot never carries it."""
@@ -1174,6 +1185,7 @@ class Gate:
         self.note(out.cancels, now)
         if not (self.dirty or force) or not self.waiting:
             self.dirty = False
+            self.dirty_pipelines.clear()  # what this round noted of them is decided already
             return out
         spans = self.gpu_spans(policy, now) if has_budget(policy) else []
         verdicts = admit(policy, self.tally(), spans, list(self.waiting.values()), now, usage)
@@ -1191,6 +1203,7 @@ class Gate:
         self.note(decided, now)
         out.events += decided
         self.dirty = False
+        self.dirty_pipelines.clear()  # releases and holds change no stage's readiness or the outcome
         return out
 
 

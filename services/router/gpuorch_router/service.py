@@ -111,7 +111,9 @@ class Router:
         same events, so a restarted replica 0 takes up exactly where the log is."""
         if not self.gate_decides:
             return pl.GateRound()
-        usage = fairshare.usage_of(self.follower.projection.workloads, self.policy, self.snapshots.values())  # None: no fair share
+        usage = None  # fair share's: computed only when the round may admit (it reads every workload)
+        if self.gate.may_admit(force):
+            usage = fairshare.usage_of(self.follower.projection.workloads, self.policy, self.snapshots.values())  # None: no fair share
         r = core.gate_round(self.gate, self.policy, self.state, lambda wl, wid: self.decide(wl, wid, 1, now), now, force=force, usage=usage)
         for e in r.events:
             if isinstance(e, ev.Released | ev.Held | ev.StageBlocked | ev.PipelineFinished | ev.Rejected):
