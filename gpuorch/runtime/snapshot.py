@@ -110,7 +110,7 @@ class SnapshotStore:
         """Write `body` (what `seq` covers) to the free slot, then the head; returns the head."""
         old = await self._head_or_none()
         slot = "b" if old is not None and old.slot == "a" else "a"
-        packed = zlib.compress(body, 1)
+        packed = await asyncio.to_thread(zlib.compress, body, 1)  # zlib lets go of the GIL: the loop goes on
         parts = [packed[i : i + self.chunk] for i in range(0, len(packed), self.chunk)] or [b""]
         for n, part in enumerate(parts):
             await self.kv.put(f"{self.owner}.{slot}.{n}", part)
