@@ -14,6 +14,7 @@ from .util import (
     DNS1123_SUBDOMAIN,
     LABEL_VALUE,
     QUALIFIED_NAME,
+    json_copy,
     new_uid,
     random_suffix,
     rfc3339,
@@ -310,7 +311,7 @@ def _int_field(spec: dict[str, Any], fld: str, causes: Causes, minimum: int, pat
 
 def prepare_job(body: Any, namespace: str) -> dict[str, Any]:
     """Validate and default a Job on create (raises ApiError 400/422)."""
-    job = check_type_meta(copy.deepcopy(body), JOBS, namespace)
+    job = check_type_meta(json_copy(body), JOBS, namespace)  # YAML dates become strings, as kubectl sends them
     job["apiVersion"], job["kind"] = "batch/v1", "Job"
     meta = job["metadata"]
     causes: Causes = []
