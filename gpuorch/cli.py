@@ -40,6 +40,14 @@ DEFAULT_CLUSTERS = Path(__file__).resolve().parent.parent / "deploy" / "local" /
 SERVICE_NAMES = ("router", "dispatcher", "fencer", "inventory")  # what `gpuorch restart` takes
 
 
+def service_name(text: str) -> str:
+    """A service of the embedded system, or one of its replicas (`router-1`: `gpuorch up --replicas`)."""
+    base, dash, n = text.partition("-")
+    if base in SERVICE_NAMES and (not dash or n.isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r}: one of {', '.join(SERVICE_NAMES)}, or a replica such as router-1")
+
+
 def _jsonable(obj: Any) -> Any:
     if is_dataclass(obj) and not isinstance(obj, type):
         return {k: _jsonable(v) for k, v in asdict(obj).items()}
@@ -337,8 +345,11 @@ def cmd_up(ns: argparse.Namespace) -> int:
     if (state / "system.json").exists():
         print(f"already up (state {state}); run `gpuorch down` first", file=sys.stderr)
         return 1
+    if not 1 <= ns.replicas <= 8:
+        print(f"gpuorch up: --replicas {ns.replicas}: a whole number from 1 to 8", file=sys.stderr)
+        return 2
     try:
-        sys_ = spawn_detached(state.resolve(), Path(ns.clusters).resolve())
+        sys_ = spawn_detached(state.resolve(), Path(ns.clusters).resolve(), replicas=ns.replicas)
     except StartError as exc:
         print(f"gpuorch up failed: {exc}", file=sys.stderr)
         return 1
@@ -438,11 +449,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("up", help="start NATS, local clusters and the four services")
     p.add_argument("--clusters", default=str(DEFAULT_CLUSTERS))
+    p.add_argument("--replicas", type=int, default=1, help="routers, dispatchers and fencers to run (each; default 1)")
     sub.add_parser("down", help="stop the supervisor, then everything `up` started")
     out(sub.add_parser("status", help="processes of the embedded system, their pids and restarts"))
     p = out(sub.add_parser("restart", help="restart one service of the embedded system"))
-    p.add_argument("service", choices=SERVICE_NAMES, metavar="SERVICE",
-                   help=f"one of {', '.join(SERVICE_NAMES)}")
+    p.add_argument("service", type=service_name, metavar="SERVICE",
+                   help=f"one of {', '.join(SERVICE_NAMES)}, or a replica: router-1, dispatcher-1, ...")
     p.add_argument("--timeout", type=float, default=120)
     p = out(sub.add_parser("submit", help="submit a workload file",
                            description="Validate a workload file (YAML or JSON) and publish it on gpuorch.cmd.submit."))

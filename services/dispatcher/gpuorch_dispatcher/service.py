@@ -118,6 +118,9 @@ class Dispatcher:
         self.lost_after = settings.tuning.lost_after
         # real seconds a pod may stay unplaceable (no node could ever take it) before its attempt fails
         self.unschedulable_grace = settings.tuning.unschedulable_after
+        # an attempt queued unplaced far past the router's estimate is requeued elsewhere (core.Requeue)
+        t = settings.tuning
+        self.requeue = core.Requeue(factor=t.requeue_factor, floor=t.requeue_after, most=t.requeue_max)
         self.publisher: Publisher | None = None
         self.kv_staged: Any = None
         self.kv_owners: Any = None
@@ -444,7 +447,10 @@ class Dispatcher:
                     if job is None and not self.absent_for_sure(job_cache, a):
                         continue  # created a moment ago (by us, or by a dispatcher we took over from): not in the cache yet
                     obs = observe(job, pods.get(a.attempt_id, [])) if job else core.JobObservation(exists=False)
-                    acts = core.on_observation(view, a, obs, now, unschedulable_grace=self.unschedulable_grace)
+                    acts = core.on_observation(
+                        view, a, obs, now, unschedulable_grace=self.unschedulable_grace,
+                        requeue=self.requeue, time_scale=self.registry.time_scale if self.registry else 1.0,
+                    )
                     seen = progress.compute_started(view.workload_id, a, now)  # the program's first step, if reported
                     if acts or seen:
                         wid = view.workload_id
