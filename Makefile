@@ -20,9 +20,10 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP) ## Create .venv and install gpuorch with its pinned dependencies
 
-lint: $(STAMP) ## ruff and mypy (strict on proto/ and the pure decision modules)
+lint: $(STAMP) ## ruff, mypy (strict on proto/ and the pure decision modules), import-linter (package boundaries)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 schemas: $(STAMP) ## Export the contract as JSON Schema into proto/schemas/
 	$(BIN)/python -m gpuorch_proto.schema proto/schemas
