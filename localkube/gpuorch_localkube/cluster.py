@@ -98,7 +98,7 @@ class LocalCluster:
         self.config = cfg
         self.state_dir = Path(state_dir).resolve()
         self._wake = threading.Event()
-        self.core = ClusterCore(cfg, self.state_dir, self._wake.set)
+        self.core = ClusterCore(cfg, self.state_dir, self._poke)
         self.kubelet = Kubelet(self.core)
         self.core.kubelet = self.kubelet
         self.scheduler = Scheduler(self.core)
@@ -183,6 +183,11 @@ class LocalCluster:
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
+
+    def _poke(self) -> None:
+        """Wake the loop (called on every commit: setting a set Event would take its lock again)."""
+        if not self._wake.is_set():
+            self._wake.set()
 
     def _observe(self, event: Event) -> None:
         """Every store commit (lock held): queue the work it means for each controller."""

@@ -94,6 +94,7 @@ class JobController:
         self.dirty: dict[str, None] = {}  # ordered set of Job uids
         self._timers: list[tuple[float, str]] = []  # (monotonic due time, Job uid)
         self._due: dict[str, float] = {}
+        self._creating = False
 
     def observe(self, event: Event) -> None:
         if event.resource == "jobs":
@@ -102,6 +103,8 @@ class JobController:
                 return  # this controller's own status write (users cannot write a Job's status)
             self.dirty[event.obj["metadata"]["uid"]] = None
         elif event.resource == "pods":
+            if event.type == "ADDED" and self._creating:
+                return
             if event.type == "MODIFIED" and event.prev is not None and not _matters_to_job(event.prev, event.obj):
                 return  # e.g. the scheduler's PodScheduled condition: nothing a Job counts
             for o in (event.obj, event.prev):
@@ -379,7 +382,11 @@ class JobController:
         }
         if not ann:
             del body["metadata"]["annotations"]
-        pod = self.core.create_pod_internal(jmeta["namespace"], body)
+        self._creating = True  # its ADDED event needs no second look at the Job: this sync counts it
+        try:
+            pod = self.core.create_pod_internal(jmeta["namespace"], body)
+        finally:
+            self._creating = False
         self.core.events.record(job, "Normal", "SuccessfulCreate", f"Created pod: {pod['metadata']['name']}", "job-controller")
 
 
