@@ -8,6 +8,7 @@ decisions come from `core`; this module only does I/O.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import time
@@ -110,6 +111,7 @@ class Dispatcher:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.names = settings.names
+        self._env_base: tuple[int | None, core.Environment] | None = None  # (data dir mtime, environment)
         self.follower = Follower()
         self.registry = load_registry(settings.registry) if settings.registry else None
         self.clients: dict[str, ClusterClient] = make_clients(settings.kubeconfig) if settings.kubeconfig else {}
@@ -141,20 +143,37 @@ class Dispatcher:
         self.created_rv: dict[str, int] = {}  # attempt id -> resourceVersion of the Job we created
 
     def environment(self, attempts: Sequence[AttemptView] = ()) -> core.Environment:
-        reg = self.registry.clusters if self.registry else {}
+        """Where things live, for the core. The registry's part is resolved once; the data
+        locations again only when their directory changes (a new location appears); the
+        checkpoints of the given attempts every time (they move as the attempts run)."""
+        base = self._environment_base()
+        if not attempts:
+            return base
+        checkpoints = {a.attempt_id: ck for a in attempts if (ck := latest_checkpoint(a.checkpoint_path))}
+        return dataclasses.replace(base, checkpoints=checkpoints) if checkpoints else base
+
+    def _environment_base(self) -> core.Environment:
         s = self.settings
+        try:
+            stamp = s.data_dir.stat().st_mtime_ns
+        except FileNotFoundError:
+            stamp = None
+        if self._env_base is not None and self._env_base[0] == stamp:
+            return self._env_base[1]
+        reg = self.registry.clusters if self.registry else {}
         data_roots: dict[str, str] = {}
-        if s.data_dir.exists():
+        if stamp is not None:
             data_roots = {p.name: str(p.resolve()) for p in s.data_dir.iterdir() if p.is_dir()}
         stores = set().union(*(set(e.artifact_stores) | set(e.checkpoint_stores) for e in reg.values())) if reg else set()
-        return core.Environment(
+        env = core.Environment(
             registry=reg,
             store_roots={st: str(s.store_root(st)) for st in stores},
             data_roots=data_roots,
             cache_roots={c: e.cache_path or str((s.state_dir / "caches" / c).resolve()) for c, e in reg.items()},
             time_scale=self.registry.time_scale if self.registry else 1.0,
-            checkpoints={a.attempt_id: ck for a in attempts if (ck := latest_checkpoint(a.checkpoint_path))},
         )
+        self._env_base = (stamp, env)
+        return env
 
     # --- executing actions ---------------------------------------------------------------
     async def execute(self, actions: Sequence[core.Action], workload_id: str) -> list[ev.Base]:
