@@ -181,7 +181,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.api._track(self.connection, False)
 
     def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
+        if log.isEnabledFor(logging.DEBUG):  # called for every request: format only when it is logged
+            log.debug("%s %s", self.address_string(), format % args)
 
     def do_GET(self) -> None:
         self._dispatch("GET")
