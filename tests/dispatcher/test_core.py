@@ -677,3 +677,39 @@ def test_named_credentials_become_secret_key_refs_never_values() -> None:
     assert not any("HF" in x["name"] for x in c["env"] if x["name"].startswith("GPUORCH_CREDENTIAL_"))
     # the same workload on a cluster without refs: no secret at all
     assert not any("valueFrom" in x for x in job(wl(requirements={"credentials": ["wandb"]}))["spec"]["template"]["spec"]["containers"][0]["env"])
+
+
+# --- the rules the shell follows before it decides (moved from the shell) ----------------------
+
+
+def test_a_cancel_waits_while_a_job_is_created_or_the_view_is_behind() -> None:
+    assert core.cancel_wait(None, creating=True, in_log=False, delivered=9) == core.Wait(0.5, "an attempt of this workload is being created")
+    w = core.cancel_wait(None, creating=False, in_log=True, delivered=9)
+    assert w is not None and "behind the event log" in w.reason
+    unknown = [core.cancel_wait(None, creating=False, in_log=False, delivered=n) for n in (1, 2, 3)]
+    assert [x is not None for x in unknown] == [True, True, False]  # then on_cancel refuses it
+
+
+def test_watched_attempts_are_the_owned_live_or_lost_and_not_gone() -> None:
+    from dataclasses import dataclass as _dc
+
+    @_dc
+    class A:
+        attempt_id: str
+        cluster: str
+        live: bool
+        status: str
+        gone: bool
+
+    @_dc
+    class V:
+        workload_id: str
+        attempts: dict[str, A]
+
+    views = [
+        V("w1", {"a": A("a", "alpha", True, "running", False), "b": A("b", "alpha", False, "lost", False),
+                 "c": A("c", "beta", False, "lost", True), "d": A("d", "beta", False, "failed", False)}),
+        V("w2", {"e": A("e", "alpha", True, "running", False)}),
+    ]
+    got = core.watched(views, {"w1"})  # type: ignore[arg-type]
+    assert {c: [a.attempt_id for _v, a in items] for c, items in got.items()} == {"alpha": ["a", "b"]}

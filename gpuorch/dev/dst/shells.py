@@ -286,7 +286,6 @@ class DispatcherSim(Service):
     unschedulable_grace = 10.0  # GPUORCH_UNSCHEDULABLE_AFTER (60 s by default)
     # the requeue rule (defaults 4x, 300 s, 1 day): bounds shorter here, as simulated jobs run seconds
     requeue = dcore.Requeue(factor=dcore.REQUEUE_FACTOR, floor=30.0, most=120.0)
-    unknown_cancel_retries = 3
 
     def __init__(self, w: World, name: str, me: str, consumers: dict[str, SimConsumer]) -> None:
         super().__init__(w, name)
@@ -476,27 +475,20 @@ class DispatcherSim(Service):
         view = self.projection.get(wid)
         mine = self.created.get(wid, set())
         unrecorded = mine - set(view.attempts) if view is not None else mine
-        if self.busy.get(wid) or unrecorded:  # shell logic
-            raise Retry(0.5, "an attempt of this workload is being created")
-        if view is None or view.workload is None:
+        creating = bool(self.busy.get(wid) or unrecorded)
+        in_log = False
+        if not creating and (view is None or view.workload is None):
             yield None
-            if wid in self.w.submitted:  # in_log: the stream has its `submitted`
-                raise Retry(0.5, "our projection is behind the event log")
-            if msg.delivered < self.unknown_cancel_retries:
-                raise Retry(1.0, "unknown workload: its submit may still be on its way")
+            in_log = wid in self.w.submitted  # the stream has its `submitted`
+        wait = dcore.cancel_wait(view, creating=creating, in_log=in_log, delivered=msg.delivered)
+        if wait is not None:
+            raise Retry(wait.delay, wait.reason)
         actions = dcore.on_cancel(view, wid, e.reason, self.w.now, self.environment())
         return (yield from self.execute(actions, wid))
 
     # --- watching the clusters ----------------------------------------------------------------
     def watch(self) -> Gen:
-        live: dict[str, list[tuple[WorkloadView, AttemptView]]] = {}
-        for view in self.projection.workloads.values():
-            if view.workload_id not in self.owned:
-                continue
-            for a in view.attempts.values():
-                if a.live or (a.status == "lost" and not a.gone):
-                    live.setdefault(a.cluster, []).append((view, a))
-        for cluster, items in live.items():
+        for cluster, items in dcore.watched(self.projection.workloads.values(), self.owned).items():
             cl = self.w.clusters.get(cluster)
             if cl is None:
                 continue

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -856,4 +856,50 @@ def claim(current: OwnerLease | None, me: str, now: float, ttl: float) -> OwnerL
     """One dispatch owner per workload: claim when free or expired, renew when ours; else None."""
     if current is None or current.owner == me or current.expires_at <= now:
         return OwnerLease(owner=me, expires_at=now + ttl)
+    return None
+
+
+# --- what the shell watches, and when a cancel must wait: rules the shell and the simulation follow
+
+
+def watched(workloads: Iterable[WorkloadView], owned: Container[str]) -> dict[str, list[tuple[WorkloadView, AttemptView]]]:
+    """The attempts to observe, per cluster: those of workloads this dispatcher owns that are
+    live, or lost and not yet confirmed gone (a lost attempt may come back: it is fenced, and
+    its pods seen again are reported)."""
+    out: dict[str, list[tuple[WorkloadView, AttemptView]]] = {}
+    for view in workloads:
+        if view.workload_id not in owned:
+            continue
+        for a in view.attempts.values():
+            if a.live or (a.status == "lost" and not a.gone):
+                out.setdefault(a.cluster, []).append((view, a))
+    return out
+
+
+UNKNOWN_CANCEL_RETRIES = 3  # deliveries of a cancel for an id nobody knows before it is refused
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Not now: hand the message back for redelivery after `delay` seconds."""
+
+    delay: float
+    reason: str
+
+
+def cancel_wait(
+    view: WorkloadView | None, *, creating: bool, in_log: bool, delivered: int, unknown_retries: int = UNKNOWN_CANCEL_RETRIES,
+) -> Wait | None:
+    """Whether a cancel must wait before `on_cancel` decides it. `creating`: a Job of this
+    workload is being created, or was created and its `attempt-created` is not in our view yet
+    (decide once the attempt is known, or its Job would be missed). `in_log`: the log holds the
+    workload's `submitted` though our view has not applied it. An id nobody knows is given
+    `unknown_retries` deliveries (its submit may still be on its way), then `on_cancel` refuses it."""
+    if creating:
+        return Wait(0.5, "an attempt of this workload is being created")
+    if view is None or view.workload is None:
+        if in_log:
+            return Wait(0.5, "our projection is behind the event log")
+        if delivered < unknown_retries:
+            return Wait(1.0, "unknown workload: its submit may still be on its way")
     return None

@@ -132,7 +132,6 @@ class Dispatcher:
         self.owned: dict[str, int] = {}  # workload id -> revision of our lease in the owners bucket
         self.busy: dict[str, int] = {}  # workload id -> handlers now acting on it (creating its Job, ...)
         self.reconcile_every = settings.tuning.reconcile_interval
-        self.unknown_cancel_retries = 3  # deliveries of a cancel for an id we do not know before `rejected`
         self.js: Any = None
         self.created: dict[str, set[str]] = {}  # workload id -> attempts whose Job this process created
         # workloads handled at once (each workload's events still in order): Job creates in flight
@@ -364,14 +363,12 @@ class Dispatcher:
             return []
         wid = e.workload_id
         view = self.follower.projection.get(wid)
-        if self.busy.get(wid) or self.unrecorded(view, wid):
-            # e.g. its Job is being created: decide once the attempt is in our projection, not before
-            raise Retry(0.5, "an attempt of this workload is being created")
-        if view is None or view.workload is None:
-            if await self.in_log(wid):
-                raise Retry(0.5, "our projection is behind the event log")
-            if msg.delivered < self.unknown_cancel_retries:
-                raise Retry(1.0, "unknown workload: its submit may still be on its way")
+        creating = bool(self.busy.get(wid) or self.unrecorded(view, wid))
+        known = view is not None and view.workload is not None
+        in_log = not creating and not known and await self.in_log(wid)  # asked only when it matters
+        wait = core.cancel_wait(view, creating=creating, in_log=in_log, delivered=msg.delivered)
+        if wait is not None:
+            raise Retry(wait.delay, wait.reason)
         if view is not None and view.workload is not None:  # who may cancel it (docs/security.md)
             refused = cancel_refusal(self.verifier, msg.subject, msg.msg_id, msg.headers, msg.data, view.workload.metadata.owner)
             if refused is not None:
@@ -440,14 +437,7 @@ class Dispatcher:
         async def tick() -> None:
             assert self.publisher is not None
             self.fold_contacts()
-            live: dict[str, list[tuple[WorkloadView, AttemptView]]] = {}
-            for view in self.follower.projection.workloads.values():
-                if view.workload_id not in self.owned:
-                    continue
-                for a in view.attempts.values():
-                    if a.live or (a.status == "lost" and not a.gone):
-                        live.setdefault(a.cluster, []).append((view, a))
-            for cluster, items in live.items():
+            for cluster, items in core.watched(self.follower.projection.workloads.values(), self.owned).items():
                 inf = self.informers.get(cluster)
                 if inf is None:
                     continue
