@@ -56,6 +56,7 @@ from typing import Any
 
 from gpuorch.client import Client
 from gpuorch.config import load_registry
+from gpuorch.dev.bench.rows import Row
 from gpuorch.dev.chaos import (
     CLUSTERS,
     Fault,
@@ -88,15 +89,6 @@ SETTINGS = {
 TIMEOUT = 90.0  # any single wait; a scenario that hangs fails the bench instead of the machine
 
 
-@dataclass(frozen=True)
-class Row:
-    """One line of the bench table (same shape as the other benches' rows)."""
-
-    bench: str
-    case: str
-    metric: str
-    value: float
-    unit: str
 
 
 @dataclass

@@ -37,24 +37,18 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from gpuorch.dev.bench.rows import Row
 
 NAMESPACE = "bench"
 THREADS = 16
 BACKLOG_JOB_PODS = 1000  # a 10,000-pod backlog is 10 Jobs of parallelism 1,000
 
 
-@dataclass(frozen=True)
-class Row:
-    bench: str
-    case: str
-    metric: str
-    value: float
-    unit: str
 
 
 def cluster_config(path: Path) -> Path:

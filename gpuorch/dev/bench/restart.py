@@ -36,7 +36,7 @@ from typing import Any
 import msgspec
 
 from gpuorch.config import Settings
-from gpuorch.dev.bench.routing import Row
+from gpuorch.dev.bench.rows import Row
 from gpuorch.follow import Follower
 from gpuorch.runtime import bus
 from gpuorch.runtime.natsembed import EmbeddedNats

@@ -38,6 +38,7 @@ from typing import Any
 
 import msgspec
 
+from gpuorch.dev.bench.rows import Row
 from gpuorch_proto import k8s
 from gpuorch_proto.inventory import (
     ClusterRegistryEntry,
@@ -68,15 +69,6 @@ MODELS = [
 ]
 
 
-@dataclass(frozen=True)
-class Row:
-    """One line of the bench table."""
-
-    bench: str
-    case: str
-    metric: str
-    value: float
-    unit: str
 
 
 def make_cluster(rng: random.Random, name: str, n_nodes: int) -> ClusterSnapshot:

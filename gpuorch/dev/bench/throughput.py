@@ -54,7 +54,7 @@ import yaml
 from nats.js.api import DeliverPolicy
 
 from gpuorch.client import Client
-from gpuorch.dev.bench.routing import Row
+from gpuorch.dev.bench.rows import Row
 from gpuorch.runtime import bus
 from gpuorch.system import System
 from gpuorch_proto import Workload, workload_from_obj
