@@ -200,6 +200,7 @@ class PromoteRequested(AttemptEvent, frozen=True, kw_only=True, tag="promote-req
 class Promoted(AttemptEvent, frozen=True, kw_only=True, tag="promoted"):
     output_path: str
     result_path: str
+    result_bytes: int = 0  # the published outputs' size, measured by the fencer (0: not measured)
 
 
 class PromotionRejected(AttemptEvent, frozen=True, kw_only=True, tag="promotion-rejected"):
@@ -273,6 +274,7 @@ class StageInput(msgspec.Struct, frozen=True, kw_only=True):
     attempt_id: str
     result_path: str
     store: str = ""
+    size_bytes: int = 0  # the promoted result's size (`promoted.result_bytes`; 0: not measured)
 
 
 class StageReady(Base, frozen=True, kw_only=True, tag="stage-ready"):

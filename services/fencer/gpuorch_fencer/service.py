@@ -12,6 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import structlog
 from kubernetes.client.exceptions import ApiException
 from nats.js.errors import KeyNotFoundError, NotFoundError
@@ -57,6 +58,17 @@ def publish_dir(src: str, dst: str) -> None:
         if not d.exists():
             raise
         shutil.rmtree(tmp, ignore_errors=True)  # another fencer replica published it first: same outputs
+
+
+def tree_bytes(path: str) -> int:
+    """The size of the regular files under `path` (what `publish_dir` published), in bytes."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            f = os.path.join(root, name)
+            if not os.path.islink(f):
+                total += os.stat(f).st_size
+    return total
 
 
 def _symlinks(directory: str, entries: list[str]) -> list[str]:
@@ -138,12 +150,15 @@ class Fencer:
             return core.on_promote_requested(rec, e, now, result)
 
         d = await self.cas(e.workload_id, decide)
+        events = list(d.events)
         if d.promote is not None:
             await asyncio.to_thread(publish_dir, src, d.promote[1])
-            log.info("promotion.done", workload=e.workload_id, attempt=e.attempt_id, result=d.promote[1])
+            size = await asyncio.to_thread(tree_bytes, d.promote[1])  # what a dependent stage reads
+            events = [msgspec.structs.replace(x, result_bytes=size) if isinstance(x, ev.Promoted) else x for x in events]
+            log.info("promotion.done", workload=e.workload_id, attempt=e.attempt_id, result=d.promote[1], bytes=size)
         if d.delete_job:
             self.pursue(e, now, orphan_reason="promotion rejected: " + "; ".join(getattr(x, "reason", "") for x in d.events))
-        return list(d.events)
+        return events
 
     def created_epoch(self, e: ev.AttemptEvent) -> int | None:
         """The epoch of the attempt's `attempt-created` as the fencer's projection has it."""
@@ -155,15 +170,8 @@ class Fencer:
         return self.created_epoch(e) is None
 
     def deferred_promotion(self, e: ev.AttemptCreated) -> ev.PromoteRequested | None:
-        """The promotion request of this attempt that arrived before its `attempt-created`."""
-        view = self.follower.projection.get(e.workload_id)
-        a = view.attempts.get(e.attempt_id) if view is not None else None
-        if a is None or "promote-requested" not in a.times or a.promoted or a.promotion_rejected:
-            return None
-        return ev.PromoteRequested(
-            event_id=f"{e.attempt_id}.promote-requested", workload_id=e.workload_id, at=a.times["promote-requested"],
-            attempt_id=e.attempt_id, epoch=e.epoch, cluster=e.cluster, output_path=e.output_path,
-        )  # fmt: skip
+        """The promotion request of this attempt that arrived before its `attempt-created` (`core.deferred_promotion`)."""
+        return core.deferred_promotion(self.follower.projection.get(e.workload_id), e)
 
     def promotion_paths(self, e: ev.PromoteRequested) -> tuple[str, str, str | None]:
         """(source, result, problem) of a promotion, from the fencer's own records only: the
