@@ -619,14 +619,7 @@ class FencerSim(Service):
         return list(d.events)
 
     def deferred_promotion(self, e: ev.AttemptCreated) -> ev.PromoteRequested | None:
-        view = self.projection.get(e.workload_id)
-        a = view.attempts.get(e.attempt_id) if view is not None else None
-        if a is None or "promote-requested" not in a.times or a.promoted or a.promotion_rejected:
-            return None
-        return ev.PromoteRequested(
-            event_id=f"{e.attempt_id}.promote-requested", workload_id=e.workload_id, at=a.times["promote-requested"],
-            attempt_id=e.attempt_id, epoch=e.epoch, cluster=e.cluster, output_path=e.output_path,
-        )
+        return fcore.deferred_promotion(self.projection.get(e.workload_id), e)
 
     def pursue_loop(self) -> Gen:
         for key, p in list(self.pursuits.items()):

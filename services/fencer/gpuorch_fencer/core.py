@@ -370,3 +370,15 @@ def found_job(labels: dict[str, str], cluster: str, namespace: str, job_name: st
     except ValueError:
         epoch = 0
     return FoundJob(wid, aid, epoch)
+
+
+def deferred_promotion(view: WorkloadView | None, e: ev.AttemptCreated) -> ev.PromoteRequested | None:
+    """The promotion request of this attempt that arrived before its `attempt-created` (the fencer
+    promotes only attempts whose creation is on record: it waited; now it is due), else None."""
+    a = view.attempts.get(e.attempt_id) if view is not None else None
+    if a is None or "promote-requested" not in a.times or a.promoted or a.promotion_rejected:
+        return None
+    return ev.PromoteRequested(
+        event_id=f"{e.attempt_id}.promote-requested", workload_id=e.workload_id, at=a.times["promote-requested"],
+        attempt_id=e.attempt_id, epoch=e.epoch, cluster=e.cluster, output_path=e.output_path,
+    )  # fmt: skip
