@@ -252,3 +252,45 @@ def test_what_was_noted_but_never_seen_in_the_log_is_overdue_and_published_again
     gate.apply(r.events[0], 2)  # type: ignore[arg-type]
     assert gate.overdue(NOW + 10, 10) == []
 
+
+
+def test_a_released_stage_is_routed_with_its_inputs_and_their_sizes() -> None:
+    """The promoted result's size (`promoted.result_bytes`) is in the dependent's `stage-ready`,
+    and the decision of the round that releases it already reads it: the faster `far` reaches
+    the store over a slow link, so copying 50 GB there costs more than its GPUs save."""
+    from gpuorch_router.index import SnapshotIndex
+    from tests.support.builders import H100_80, make_node, make_snapshot
+
+    world = {
+        "near": SnapshotIndex(make_snapshot("near", artifact_stores=["scratch", "prod"])),
+        "far": SnapshotIndex(make_snapshot("far", [make_node("far-0", product=H100_80)], artifact_stores=["scratch", "prod"], bandwidth_mbps={"prod": 10.0})),
+    }  # fmt: skip  far writes to prod over a 10 MB/s link, near has it in place
+    decided: dict[str, RoutingDecision] = {}
+    log = Log(AdmissionPolicy())
+
+    def decide(wl: Workload, wid: str) -> RoutingDecision:
+        decided[wid] = core.decide(log.state, wl, wid, 1, world, NOW)
+        return decided[wid]
+
+    log.round = lambda **kw: core.gate_round(log.gate, log.policy, log.state, decide, log.now, **kw)  # type: ignore[method-assign]
+    r = log.submit("p", make_dag({"prep": [], "train": ["prep"]}, gpus={"train": 1}, output={"store": "prod"}))
+    log.published += r.events
+    log.echo(r.events)
+    a = {"workload_id": "p--prep", "at": NOW, "attempt_id": "p--prep-a1", "epoch": 1, "cluster": "near"}
+    log.echo([
+        ev.Promoted(event_id="p--prep-a1.promoted", output_path="prod/p--prep/attempts/p--prep-a1", result_path="prod/p--prep/result", result_bytes=50 * 10**9, **a),
+        ev.Completed(workload_id="p--prep", at=NOW, attempt_id="p--prep-a1", result_path="prod/p--prep/result"),
+    ])  # fmt: skip
+    r = log.round()
+    ready = next(e for e in r.events if isinstance(e, ev.StageReady))
+    assert ready.inputs == [
+        ev.StageInput(stage="prep", workload_id="p--prep", attempt_id="p--prep-a1", result_path="prod/p--prep/result", store="prod", size_bytes=50 * 10**9)
+    ]  # fmt: skip
+    assert "p--train" in r.released
+    d = decided["p--train"]
+    assert d.cluster == "near"
+    far = next(v for v in d.verdicts if v.cluster == "far")
+    assert far.estimate is not None and far.estimate.data_staging == pytest.approx(5000.0)
+    assert any(c.code == "INPUT_DATA" and "prep@p--prep-a1 copy 50 GB from prod at 10 MB/s" in c.message for c in far.checks)
+    again = core.decide(log.state, log.gate.workloads["p--train"], "p--train", 2, world, NOW)  # a later attempt: the same inputs
+    assert again.cluster == "near"

@@ -1,7 +1,8 @@
 """The fast path (`RoutingMemo`) gives exactly the reference's decision records.
 
 Random worlds (clusters, node classes, snapshots of various ages, reachability, registries with
-checkpoint stores), workloads (shapes, inputs, pins, tolerations, checkpoint policies), routing
+checkpoint stores, links to artifact stores), workloads (shapes, inputs, a pipeline stage's promoted
+inputs in artifact stores, pins, tolerations, checkpoint policies), routing
 history and the checkpoint a replacement could resume; a stream of decisions through ONE memo
 (so caches are reused across workloads, times, exclusions and histories), with snapshots replaced
 in the same mapping between decisions (as the service does when inventory publishes), and memos
@@ -19,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpuorch_proto import events as ev
 from gpuorch_proto.inventory import ClusterSnapshot
 from gpuorch_proto.resume import CheckpointRef
 from gpuorch_proto.routing import RoutingDecision
@@ -26,6 +28,7 @@ from gpuorch_proto.workload import CheckpointPolicy, Toleration, Workload
 from gpuorch_router.decision import route
 from gpuorch_router.fastpath import RoutingMemo
 from gpuorch_router.history import MeasuredTimeline, RoutingHistory, update_history
+from gpuorch_router.pipeline import with_stage_inputs
 from tests.router.test_properties import MODELS, NAMES, cluster, workload
 from tests.support.builders import NOW, make_snapshot, make_workload
 
@@ -35,7 +38,12 @@ STORES = ["scratch", "prod", "ckpt"]
 @st.composite
 def snapshot(draw: st.DrawFn, name: str) -> ClusterSnapshot:
     s = draw(cluster(name))
-    reg = msgspec.structs.replace(s.registry, checkpoint_stores=draw(st.sampled_from([[], ["ckpt"]])))
+    links = draw(st.sampled_from([{}, {}, {"prod": 10.0}, {"scratch": 250.0, "prod": 40.0}]))  # stores over a link
+    reg = msgspec.structs.replace(
+        s.registry,
+        checkpoint_stores=draw(st.sampled_from([[], ["ckpt"]])),
+        bandwidth_mbps={**s.registry.bandwidth_mbps, **links},
+    )
     age = draw(st.sampled_from([0.0, 0.4, 7.3, 30.0, 119.5, 121.0, 600.0]))
     return msgspec.structs.replace(s, registry=reg, observed_at=NOW - age)
 
@@ -63,7 +71,19 @@ def workloads(draw: st.DrawFn, names: list[str]) -> Workload:
     tols = draw(st.sampled_from([[], [], [Toleration(key="team", value="vision")], [Toleration(operator="Exists")]]))
     req = r(wl.spec.requirements, tolerations=tols)
     name = draw(st.sampled_from(["train", "train", "eval"]))
-    return r(wl, metadata=r(wl.metadata, name=name), spec=r(wl.spec, checkpoint=ck, requirements=req))
+    wl = r(wl, metadata=r(wl.metadata, name=name), spec=r(wl.spec, checkpoint=ck, requirements=req))
+    stage_inputs = [  # a pipeline stage: its dependencies' promoted results, as the router adds them
+        ev.StageInput(
+            stage=f"dep{i}",
+            workload_id=f"p--dep{i}",
+            attempt_id=f"p--dep{i}-a1",
+            result_path=f"{store}/p--dep{i}/result",
+            store=store,
+            size_bytes=draw(st.sampled_from([0, 10**6, 50 * 10**9])),
+        )
+        for i, store in enumerate(draw(st.lists(st.sampled_from(STORES), max_size=2)))
+    ]
+    return with_stage_inputs(wl, stage_inputs)
 
 
 @st.composite

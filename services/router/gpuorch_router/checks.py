@@ -421,7 +421,7 @@ def data_staging(idx: SnapshotIndex, d: Demand) -> Staging:
             continue
         other = [r for r in idx.datasets_by_name.get(inp.ref.split("@", 1)[0], ()) if r != inp.ref]
         mismatch = f" (cached {listing(other)} is another version)" if other else ""
-        local = sorted(set(inp.locations) & idx.data_locations)
+        local = sorted(set(inp.locations) & idx.readable)
         if local:
             notes.append(f"{inp.ref} local at {local[0]}{mismatch}")
             continue
@@ -432,7 +432,7 @@ def data_staging(idx: SnapshotIndex, d: Demand) -> Staging:
         if not links:
             failures.append(
                 f"{inp.ref}: no replica reachable (replicas at {listing(sorted(inp.locations))}; "
-                f"this cluster has local {listing(sorted(idx.data_locations))} and links from "
+                f"this cluster reads {listing(sorted(idx.readable))} in place and has links from "
                 f"{listing(sorted(idx.bandwidth))}){mismatch}"
             )
             continue

@@ -38,7 +38,7 @@ from gpuorch_proto.resume import CheckpointRef
 from . import preempt
 from .fairshare import Usage
 from .history import RoutingHistory
-from .pipeline import Gate, GateRound
+from .pipeline import Gate, GateRound, with_stage_inputs
 from .policy import RoutingMemo, SnapshotIndex, route
 
 MAX_SNAPSHOT_AGE = 120.0  # seconds: the policy's default; an exclusion never outlives it
@@ -89,6 +89,7 @@ class RouterState:
     done: set[str] = field(default_factory=set)
     placed: dict[str, float] = field(default_factory=dict)  # workload -> its latest admitted / running
     plans: dict[str, tuple[object, ...]] = field(default_factory=dict)  # the last plan published, per workload
+    stage_inputs: dict[str, list[ev.StageInput]] = field(default_factory=dict)  # a stage's `stage-ready` inputs
 
     def apply(self, e: Event, seq: int) -> None:
         """Fold one event of the log (a sequence already applied changes nothing).
@@ -118,8 +119,11 @@ class RouterState:
             self.planned[wid] = self.planned.get(wid, 0) + 1
         elif isinstance(e, ev.Completed | ev.Cancelled | ev.WorkloadFailed) or (isinstance(e, ev.Rejected) and e.decision is not None):
             self.done.add(wid)
+            self.stage_inputs.pop(wid, None)  # never routed again
         elif isinstance(e, ev.Admitted | ev.Running):
             self.placed[wid] = max(self.placed.get(wid, 0.0), e.at)
+        elif isinstance(e, ev.StageReady) and e.inputs:
+            self.stage_inputs[wid] = list(e.inputs)
 
     def note_published(self, events: list[ev.Base]) -> None:
         """Remember decisions this router is publishing before the log echoes them back."""
@@ -233,7 +237,10 @@ def decide(
     memo: RoutingMemo | None = None,
 ) -> RoutingDecision:
     """The policy's decision (through `memo`, the caller's fast path, when given: the same record)
-    with the exclusions of the workload's route request, and the checkpoint it names to resume."""
+    with the exclusions of the workload's route request, and the checkpoint it names to resume.
+    A pipeline stage is routed with its dependencies' promoted results among its inputs
+    (`pipeline.with_stage_inputs`), for every attempt: here and nowhere else."""
+    workload = with_stage_inputs(workload, state.stage_inputs.get(wid, ()))
     req = state.requests.get(wid)
     ex = exclusions(req, attempt_number, snapshots, now, max_snapshot_age)
     resume = req.checkpoint if req is not None and req.attempt_number == attempt_number else None
@@ -337,6 +344,9 @@ def gate_round(
     releases, holds, refusals), and the routing decision of every workload it released, in the
     same batch (`released` first). The service and the deterministic simulation both call this."""
     r = gate.step(policy, now, force=force, usage=usage)
+    for e in r.events:
+        if isinstance(e, ev.StageReady):  # decided this round: `decide` reads the stage's inputs
+            state.apply(e, 0)
     for wid in r.released:
         wl = gate.workloads.get(wid)
         if wl is None:

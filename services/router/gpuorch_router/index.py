@@ -154,6 +154,7 @@ class SnapshotIndex:
         "queue_info",
         "queue_owners",
         "reachable",
+        "readable",
         "snapshot",
         "startup",
     )
@@ -182,6 +183,11 @@ class SnapshotIndex:
         self.images_cached = frozenset(reg.images_cached)
         self.bandwidth: Mapping[str, float] = dict(reg.bandwidth_mbps)
         self.data_locations = frozenset(reg.data_locations)
+        # Where an input is read in place: its local data locations, and the artifact stores it
+        # reaches for which the registry names no link (a store with a `bandwidth_mbps` entry is
+        # copied over that link, like any remote data location). A pipeline stage's inputs are
+        # replicas in the stores its dependencies were promoted to (`pipeline.input_dataset`).
+        self.readable = self.data_locations | frozenset(s for s in reg.artifact_stores if s not in self.bandwidth)
         self.startup = max(0.0, reg.startup_seconds)
         self.price = max(0.0, reg.price_per_gpu_hour)
         # The registry is the authority on which queues exist and who may use them; a snapshot's

@@ -42,7 +42,7 @@ from gpuorch_proto.policy import AdmissionPolicy, QueuePolicy
 from gpuorch_proto.subjects import valid_token
 from gpuorch_proto.units import format_duration, parse_duration
 from gpuorch_proto.validate import PLACEHOLDER
-from gpuorch_proto.workload import Limits, Metadata, ParamValue, Stage, Sweep, WorkloadSpecBody
+from gpuorch_proto.workload import DatasetInput, Limits, Metadata, ParamValue, Stage, Sweep, WorkloadSpecBody
 
 from . import fairshare
 
@@ -248,6 +248,7 @@ class StageState:
     reason: str = "waiting for its dependencies"
     attempt_id: str | None = None  # the promoted attempt: the version of its result
     result_path: str | None = None
+    result_bytes: int = 0  # the promoted result's size (the fencer measures it)
     store: str = ""  # the artifact store its result is promoted to
     gpus: float = 0.0  # GPUs it holds while it runs (per worker x workers)
     gpu_hours: float = 0.0  # expected: gpus x its expected_runtime (0 = unknown)
@@ -320,7 +321,7 @@ class PipelineState:
             case ev.Released() if st.status in WAITING:
                 st.status, st.reason, st.gpus = "released", e.reason, e.gpus
             case ev.Promoted():
-                st.attempt_id, st.result_path = e.attempt_id, e.result_path
+                st.attempt_id, st.result_path, st.result_bytes = e.attempt_id, e.result_path, e.result_bytes
             case ev.Completed() if not st.finished:
                 st.status, st.reason = "completed", f"promoted {e.attempt_id} to {e.result_path}"
                 if st.attempt_id is None:
@@ -349,6 +350,7 @@ def _inputs_of(state: PipelineState, st: StageState) -> list[ev.StageInput]:
                 attempt_id=dep.attempt_id,
                 result_path=dep.result_path,
                 store=dep.store,
+                size_bytes=dep.result_bytes,
             )
         )
     return out
@@ -495,6 +497,24 @@ def outcome(state: PipelineState, now: float) -> ev.PipelineFinished | None:
 def input_stores(ready: ev.StageReady) -> list[str]:
     """The artifact stores a cluster must reach to read this stage's inputs."""
     return sorted({i.store for i in ready.inputs if i.store})
+
+
+def input_dataset(i: ev.StageInput) -> DatasetInput:
+    """A dependency's promoted result as the routing checks read inputs: an immutable dataset
+    `<stage>@<attempt>` (the attempt is its version) with one replica, in the store it was
+    promoted to, of its measured size. Routing then applies the one staging rule
+    (`checks.data_staging`) to it: read in place, copied over a link, or unreachable."""
+    return DatasetInput(ref=f"{i.stage}@{i.attempt_id}", size_gb=i.size_bytes / 1e9, locations=[i.store] if i.store else [])
+
+
+def with_stage_inputs(wl: Workload, inputs: Sequence[ev.StageInput]) -> Workload:
+    """The workload the router routes for a released stage: its own `spec.inputs` and, after
+    them, its dependencies' promoted results (`input_dataset`). The document in the log is
+    unchanged (the dispatcher hands the results to the Job by path, `jobenv`)."""
+    if not inputs:
+        return wl
+    extra = [input_dataset(i) for i in inputs]
+    return msgspec.structs.replace(wl, spec=msgspec.structs.replace(wl.spec, inputs=[*wl.spec.inputs, *extra]))
 
 
 def render_graph(state: PipelineState) -> str:
