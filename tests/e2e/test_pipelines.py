@@ -30,6 +30,7 @@ from gpuorch.client import Client
 from gpuorch.kube import make_clients
 from gpuorch.projection import Projection, WorkloadView
 from gpuorch.system import System
+from gpuorch_fencer.service import tree_bytes
 from gpuorch_proto import (
     Event,
     Workload,
@@ -172,6 +173,16 @@ async def test_the_seeds_three_stage_pipeline_runs_end_to_end(system: System, cl
     assert json.loads(env["GPUORCH_INPUTS"])["train"]["version"] == train.promoted_attempt
     assert json.loads((Path(env["GPUORCH_INPUT_TRAIN"]) / "metrics.json").read_text())["attempt_id"] == train.promoted_attempt
     assert env_of(jobs["train"])["GPUORCH_INPUT_PREPROCESS"] == pre.result_path
+    # the size of a promoted result is on record (the fencer measured it) and is a routed input
+    promoted = {e.workload_id: e for _, e in events if isinstance(e, ev.Promoted)}
+    size = promoted[ids["train"]].result_bytes
+    assert size == tree_bytes(train.result_path or "") > 0, size
+    ready = next(e for _, e in events if isinstance(e, ev.StageReady) and e.workload_id == ids["evaluate"])
+    assert {i.stage: i.size_bytes for i in ready.inputs}["train"] == size
+    routed = next(e for _, e in events if isinstance(e, ev.Routed) and e.workload_id == ids["evaluate"])
+    chosen = next(v for v in routed.decision.verdicts if v.cluster == routed.decision.cluster)
+    reads = next(c for c in chosen.checks if c.code == "INPUT_DATA")
+    assert f"train@{train.promoted_attempt}" in reads.message and f"preprocess@{pre.promoted_attempt}" in reads.message, reads
     finished = [e for _, e in events if isinstance(e, ev.PipelineFinished)]
     assert len(finished) == 1 and finished[0].outcome == "completed"
     assert finished[0].stages == {"preprocess": "completed", "train": "completed", "evaluate": "completed"}
