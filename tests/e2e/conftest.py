@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from gpuorch.client import Client
-from gpuorch.kube import make_clients
 from gpuorch.system import System
+from tests.support.system import client, kube  # noqa: F401 (fixtures for the tests here)
 
 HERE = Path(__file__).parent
 
@@ -31,18 +31,6 @@ def system(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         yield s
     finally:
         s.stop()
-
-
-@pytest.fixture
-async def client(system: System) -> AsyncIterator[Client]:
-    s = system.settings
-    async with Client(s.nats_url, s.names, creds=s.nats_creds) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def kube(system: System) -> dict:
-    return make_clients(system.kubeconfig)
 
 
 @pytest.fixture

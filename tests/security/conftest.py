@@ -11,10 +11,9 @@ import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 
-from gpuorch.client import Client
-from gpuorch.kube import make_clients
 from gpuorch.runtime import bus
 from gpuorch.system import System
+from tests.support.system import client, kube  # noqa: F401 (fixtures for the tests here)
 
 E2E = Path(__file__).parent.parent / "e2e"
 
@@ -68,13 +67,3 @@ async def actors(system: System) -> AsyncIterator[dict[str, Actor]]:
             await a.nc.close()
 
 
-@pytest.fixture
-async def client(system: System) -> AsyncIterator[Client]:
-    s = system.settings
-    async with Client(s.nats_url, s.names, creds=s.nats_creds) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def kube(system: System) -> dict:
-    return make_clients(system.kubeconfig)

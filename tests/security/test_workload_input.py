@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,13 +66,6 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
         yield s
     finally:
         s.stop()
-
-
-@pytest.fixture
-async def client(system: System) -> AsyncIterator[Client]:
-    s = system.settings
-    async with Client(s.nats_url, s.names, creds=s.nats_creds) as c:
-        yield c
 
 
 async def refusal(client: Client, key: str, timeout: float = 30) -> ev.Rejected:

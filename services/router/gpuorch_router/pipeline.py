@@ -494,11 +494,6 @@ def outcome(state: PipelineState, now: float) -> ev.PipelineFinished | None:
     )
 
 
-def input_stores(ready: ev.StageReady) -> list[str]:
-    """The artifact stores a cluster must reach to read this stage's inputs."""
-    return sorted({i.store for i in ready.inputs if i.store})
-
-
 def input_dataset(i: ev.StageInput) -> DatasetInput:
     """A dependency's promoted result as the routing checks read inputs: an immutable dataset
     `<stage>@<attempt>` (the attempt is its version) with one replica, in the store it was
