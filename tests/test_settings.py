@@ -90,6 +90,8 @@ def test_defaults_agree_with_the_cores_and_the_supervisor() -> None:
     t = Tuning()
     assert t.unschedulable_after == dispatcher_core.UNSCHEDULABLE_GRACE
     assert (t.orphan_grace, t.orphan_grace_unknown) == (fencer_core.ORPHAN_GRACE, fencer_core.ORPHAN_GRACE_UNKNOWN)
+    assert (t.requeue_factor, t.requeue_after, t.requeue_max) == (
+        dispatcher_core.REQUEUE_FACTOR, dispatcher_core.REQUEUE_FLOOR, dispatcher_core.REQUEUE_MAX)
     d = BackoffPolicy()
     assert policy_from_env({}) == d
     assert policy_from_env({"GPUORCH_RESTART_MAX": "5"}).cap == 5.0
