@@ -253,7 +253,9 @@ async def test_cancelling_a_pipeline_cancels_every_stage(client: Client) -> None
     await assert_eventually(prep_running, timeout=120, interval=0.3)
     await client.cancel(pid, "changed my mind")
 
-    p, events = await assert_eventually(lambda: every_stage_terminal(client, pid), timeout=120, interval=0.5)
+    final = await client.wait(pid, timeout=120)  # the pipeline's own end (`pipeline-finished`)
+    assert final.status == "cancelled", final.reason
+    p, events = await assert_eventually(lambda: every_stage_terminal(client, pid), timeout=60, interval=0.5)
     ids = stage_ids(p, pid)
     statuses = {s: p.get(w).status for s, w in ids.items()}  # type: ignore[union-attr]
     assert statuses["prep"] == "cancelled" and statuses["train"] == "cancelled" and statuses["evaluate"] == "cancelled", statuses
