@@ -39,6 +39,7 @@ import argparse
 import asyncio
 import contextlib
 import io
+import os
 import pstats
 import sys
 import tempfile
@@ -61,9 +62,21 @@ from gpuorch_proto import Workload, workload_from_obj
 
 IN_FLIGHT = 256  # publishes in flight from the one client
 CLUSTER = {
-    "nodes": [{"name": "gpu", "count": 50, "pool": "train", "cpu": "256", "memory": "2048Gi",
-               "gpu": {"model": "NVIDIA-A100-SXM4-80GB", "memory_mib": 81920, "count": 8}}],
-    "registry": {"price_per_gpu_hour": 2.0, "artifact_stores": ["prod"], "queues": [{"name": "default", "owners": ["*"]}]},
+    "nodes": [
+        {
+            "name": "gpu",
+            "count": 50,
+            "pool": "train",
+            "cpu": "256",
+            "memory": "2048Gi",
+            "gpu": {"model": "NVIDIA-A100-SXM4-80GB", "memory_mib": 81920, "count": 8},
+        }
+    ],
+    "registry": {
+        "price_per_gpu_hour": 2.0,
+        "artifact_stores": ["prod"],
+        "queues": [{"name": "default", "owners": ["*"]}],
+    },
 }
 DIGEST = "example.org/bench/sleep@sha256:" + "be" * 32
 STAGES = ("submitted", "routed", "attempt-created")
@@ -79,19 +92,29 @@ def gpus(nodes: int) -> int:
 
 def clusters_file(path: Path, nodes: int = NODES) -> Path:
     one = {**CLUSTER, "nodes": [{**CLUSTER["nodes"][0], "count": nodes}]}  # type: ignore[index]
-    cfg = {"time_scale": 600, "job_clock": "simulated",
-           "clusters": [{"name": "east", **one}, {"name": "west", **one}]}
+    cfg = {
+        "time_scale": 600,
+        "job_clock": "simulated",
+        "clusters": [{"name": "east", **one}, {"name": "west", **one}],
+    }
     path.write_text(yaml.safe_dump(cfg))
     return path
 
 
 def workload(i: int) -> Workload:
-    return workload_from_obj({
-        "metadata": {"name": f"b{i}", "owner": "bench"},
-        "spec": {"image": DIGEST, "command": ["sleep"], "args": ["100000000"],  # outlives the bench
-                 "resources": {"gpus": 1, "cpu": "100m", "memory": "64Mi"},
-                 "expected_runtime": "10h", "output": {"store": "prod"}},
-    })
+    return workload_from_obj(
+        {
+            "metadata": {"name": f"b{i}", "owner": "bench"},
+            "spec": {
+                "image": DIGEST,
+                "command": ["sleep"],
+                "args": ["100000000"],  # outlives the bench
+                "resources": {"gpus": 1, "cpu": "100m", "memory": "64Mi"},
+                "expected_runtime": "10h",
+                "output": {"store": "prod"},
+            },
+        }
+    )
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -110,6 +133,28 @@ def rss(pid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU (user + system) of one process and its direct children, in seconds (Linux /proc; 0 if
+    gone). `nats` is a wrapper whose child is the nats-server."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def own(stat: str) -> tuple[int, float]:
+        rest = stat.rpartition(")")[2].split()  # after "pid (comm)": state ppid ... utime stime
+        return int(rest[1]), (int(rest[11]) + int(rest[12])) / tick
+
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid, used = own((entry / "stat").read_text())
+        except (OSError, IndexError, ValueError):
+            continue
+        if int(entry.name) == pid or ppid == pid:
+            total += used
+    return total
 
 
 class _At(msgspec.Struct):
@@ -199,7 +244,9 @@ def figures(watch: Watch, sent: dict[str, float], t_first: float) -> dict[str, f
     return out
 
 
-async def burst(client: Client, watch: Watch, n: int, tag: str, timeout: float, start: int = 0) -> dict[str, float]:
+async def burst(
+    client: Client, watch: Watch, n: int, tag: str, timeout: float, start: int = 0
+) -> dict[str, float]:
     """Submit `n` workloads at once; wait for every `attempt-created`; the figures of this burst."""
     sent: dict[str, float] = {}
 
@@ -215,7 +262,9 @@ async def burst(client: Client, watch: Watch, n: int, tag: str, timeout: float, 
     return {**figures(watch, sent, t_first), "publish_s": publish_s}
 
 
-async def steady(client: Client, watch: Watch, rate: float, duration: float, tag: str, timeout: float) -> dict[str, float]:
+async def steady(
+    client: Client, watch: Watch, rate: float, duration: float, tag: str, timeout: float
+) -> dict[str, float]:
     """Submits paced at `rate`/s for `duration` s; latency from each one's publish."""
     n = max(1, int(rate * duration))
     sent: dict[str, float] = {}
@@ -245,11 +294,17 @@ def memory(system: System) -> dict[str, int]:
     return {name: rss(system.procs[name].pid) for name in SERVICES if name in system.procs}
 
 
+def cpu(system: System) -> dict[str, float]:
+    return {name: cpu_seconds(system.procs[name].pid) for name in (*SERVICES, "nats") if name in system.procs}
+
+
 @contextlib.asynccontextmanager
 async def running(root: Path, profile: Path | None = None, nodes: int = NODES) -> Any:
     env = {"GPUORCH_PROFILE": str(profile)} if profile else {}
     root.mkdir(parents=True, exist_ok=True)
-    system = System(state_dir=root / "state", clusters_file=clusters_file(root / "clusters.yaml", nodes), env_extra=env)
+    system = System(
+        state_dir=root / "state", clusters_file=clusters_file(root / "clusters.yaml", nodes), env_extra=env
+    )
     system.start()
     try:
         s = system.settings
@@ -267,34 +322,72 @@ async def running(root: Path, profile: Path | None = None, nodes: int = NODES) -
 
 def _rows(case: str, f: dict[str, float], raw: float) -> list[Row]:
     return [
-        Row("throughput", case, "submit -> Job created", f["rate"], f"workloads/s ({f['rate'] / raw:.4f} of raw)"),
-        Row("throughput", case, "submit -> routed (router)", f["routed_rate"], f"workloads/s ({f['routed_rate'] / raw:.4f} of raw)"),
+        Row(
+            "throughput",
+            case,
+            "submit -> Job created",
+            f["rate"],
+            f"workloads/s ({f['rate'] / raw:.4f} of raw)",
+        ),
+        Row(
+            "throughput",
+            case,
+            "submit -> routed (router)",
+            f["routed_rate"],
+            f"workloads/s ({f['routed_rate'] / raw:.4f} of raw)",
+        ),
         Row("throughput", case, "raw JetStream publish", raw, "msgs/s"),
         Row("throughput", case, "ratio to raw", f["rate"] / raw, "x"),
         Row("throughput", case, "created", f["created"], f"of {f['workloads']:.0f}"),
         Row("throughput", case, "latency p50", f["attempt-created_p50"], "s"),
         Row("throughput", case, "latency p99", f["attempt-created_p99"], "s"),
-        *(Row("throughput", case, f"stage -> {k} p50 / p99", f[f"stage_{k}_p50"], f"s / {f[f'stage_{k}_p99']:.3f} s") for k in STAGES),
+        *(
+            Row(
+                "throughput",
+                case,
+                f"stage -> {k} p50 / p99",
+                f[f"stage_{k}_p50"],
+                f"s / {f[f'stage_{k}_p99']:.3f} s",
+            )
+            for k in STAGES
+        ),
     ]
 
 
-async def scenario_burst(root: Path, n: int, timeout: float, profile: Path | None, nodes: int = NODES) -> list[Row]:
+async def scenario_burst(
+    root: Path, n: int, timeout: float, profile: Path | None, nodes: int = NODES
+) -> list[Row]:
     async with running(root, profile, nodes) as (system, client, watch):
         raw = await raw_rate(watch.admin, min(n, 10_000))
-        before = memory(system)
+        before, used = memory(system), cpu(system)
         f = await burst(client, watch, n, f"t{uuid.uuid4().hex[:6]}", timeout)
-        after = memory(system)
+        after, used = memory(system), {k: v - used.get(k, 0.0) for k, v in cpu(system).items()}
         print(f"# burst {n} (raw {raw:.0f}/s): {f}", file=sys.stderr)
         pending = max(1, int(f["created"]) - gpus(nodes))
         rows = _rows(f"burst {n:,}", f, raw)
         rows += [Row("memory", f"burst {n:,}", f"{name}: per pending workload", (after[name] - before[name]) / pending,
                      f"bytes ({pending:,} pending; RSS {after[name] / 2**20:,.0f} MiB)") for name in after]  # fmt: skip
+        created = max(1.0, f["created"])
+        rows += [Row("cpu", f"burst {n:,}", f"{name}: CPU per workload", 1000 * used[name] / created,
+                     f"ms ({used[name]:.1f} s over the burst)") for name in used]  # fmt: skip
+        total = sum(used.values())
+        rows.append(
+            Row(
+                "cpu",
+                f"burst {n:,}",
+                "all processes: CPU per workload",
+                1000 * total / created,
+                f"ms (so at most {os.cpu_count() or 1} cores / that = {created * (os.cpu_count() or 1) / max(total, 1e-9):,.0f} workloads/s)",
+            )
+        )
     if profile:
         rows += profile_rows(profile, f)
     return rows
 
 
-async def scenario_backlog(root: Path, levels: list[int], probe: int, timeout: float, nodes: int = NODES) -> list[Row]:
+async def scenario_backlog(
+    root: Path, levels: list[int], probe: int, timeout: float, nodes: int = NODES
+) -> list[Row]:
     rows: list[Row] = []
     rates: dict[int, float] = {}
     capacity = gpus(nodes)
@@ -316,11 +409,21 @@ async def scenario_backlog(root: Path, levels: list[int], probe: int, timeout: f
             rows += _rows(f"probe {probe:,} at {pending:,} pending", f, raw)
             pending += int(f["created"])
     lo, hi = min(rates), max(rates)
-    rows.append(Row("throughput", "backlog", f"rate at {hi:,} / rate at {lo:,} pending", rates[hi] / rates[lo], "x (target >= 0.8)"))
+    rows.append(
+        Row(
+            "throughput",
+            "backlog",
+            f"rate at {hi:,} / rate at {lo:,} pending",
+            rates[hi] / rates[lo],
+            "x (target >= 0.8)",
+        )
+    )
     return rows
 
 
-async def scenario_steady(root: Path, rate: float, duration: float, timeout: float, nodes: int = NODES) -> list[Row]:
+async def scenario_steady(
+    root: Path, rate: float, duration: float, timeout: float, nodes: int = NODES
+) -> list[Row]:
     async with running(root, nodes=nodes) as (_system, client, watch):
         raw = await raw_rate(watch.admin, 10_000)
         f = await steady(client, watch, rate, duration, f"s{uuid.uuid4().hex[:6]}", timeout)
@@ -340,8 +443,19 @@ def profile_rows(directory: Path, f: dict[str, float]) -> list[Row]:
     out = io.StringIO()
     stats = pstats.Stats(str(files[-1]), stream=out)
     stats.sort_stats("tottime").print_stats(25)
-    print(f"# profile of the {service} (slowest stage: -> {slowest}), by own time:\n{out.getvalue()}", file=sys.stderr)
-    return [Row("profile", "slowest stage", f"-> {slowest}: {service}", f[f"stage_{slowest}_p50"], f"s p50 (profile: {files[-1]})")]
+    print(
+        f"# profile of the {service} (slowest stage: -> {slowest}), by own time:\n{out.getvalue()}",
+        file=sys.stderr,
+    )
+    return [
+        Row(
+            "profile",
+            "slowest stage",
+            f"-> {slowest}: {service}",
+            f[f"stage_{slowest}_p50"],
+            f"s p50 (profile: {files[-1]})",
+        )
+    ]
 
 
 async def _run(bursts: list[int], backlog: list[int] | None, probe: int, steady_load: tuple[float, float] | None,
@@ -363,23 +477,42 @@ def run(quick: bool = False, bursts: list[int] | None = None, backlog: list[int]
     """`make bench`: the issue's sizes (burst 10,000; backlog 1k/3k/10k; 250/s for 60 s); quick: small ones."""
     if quick:
         return asyncio.run(_run(bursts or [200], None, probe, steady_load or (50.0, 5.0), timeout, profile))
-    return asyncio.run(_run(bursts or [10_000], backlog or [1_000, 3_000, 10_000], probe, steady_load or (250.0, 60.0), timeout, profile))
+    return asyncio.run(
+        _run(
+            bursts or [10_000],
+            backlog or [1_000, 3_000, 10_000],
+            probe,
+            steady_load or (250.0, 60.0),
+            timeout,
+            profile,
+        )
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gpuorch.dev.bench.throughput", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--burst", type=int, action="append", default=[], help="burst size (repeatable; default 10,000)")
+    ap.add_argument(
+        "--burst", type=int, action="append", default=[], help="burst size (repeatable; default 10,000)"
+    )
     ap.add_argument("--no-burst", action="store_true", help="skip the burst scenario")
-    ap.add_argument("--backlog", type=int, action="append", default=[], help="pending level (repeatable; default 1k 3k 10k)")
+    ap.add_argument(
+        "--backlog",
+        type=int,
+        action="append",
+        default=[],
+        help="pending level (repeatable; default 1k 3k 10k)",
+    )
     ap.add_argument("--no-backlog", action="store_true")
     ap.add_argument("--probe", type=int, default=1000, help="probe burst at each backlog level")
     ap.add_argument("--steady", type=float, nargs=2, metavar=("RATE", "SECONDS"), default=None)
     ap.add_argument("--no-steady", action="store_true")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for a scenario's Jobs")
     ap.add_argument("--profile", type=Path, default=None, help="cProfile the services into this directory")
-    ap.add_argument("--nodes", type=int, default=NODES, help="nodes per cluster (8 GPUs each; default 50: 800 GPUs)")
+    ap.add_argument(
+        "--nodes", type=int, default=NODES, help="nodes per cluster (8 GPUs each; default 50: 800 GPUs)"
+    )
     args = ap.parse_args(argv)
     if args.quick:
         rows = run(True, args.burst or None, timeout=args.timeout, profile=args.profile)
