@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import kubernetes_validate
 import pytest
 
@@ -713,3 +714,32 @@ def test_watched_attempts_are_the_owned_live_or_lost_and_not_gone() -> None:
     ]
     got = core.watched(views, {"w1"})  # type: ignore[arg-type]
     assert {c: [a.attempt_id for _v, a in items] for c, items in got.items()} == {"alpha": ["a", "b"]}
+
+
+def test_reconcile_due_is_when_the_clock_alone_can_change_reconciles_answer() -> None:
+    """The dispatcher's upkeep skips a workload whose state asked for nothing until
+    `reconcile_due`: so at every prefix of these histories, an empty answer stays empty at every
+    time before it, and a finite due time is when the answer changes."""
+    e = env()
+    histories = [
+        [routed(1), _created(1, 1), _failed(1, at=100.0), _fence_req(1, at=100.1), _fenced(1, at=100.2), _allowed(1, at=100.2)],
+        [routed(1), _created(1, 1), _lost(), _fence_req(), _fenced(), _confirmed(how="lease-expired"), _allowed(how="lease-expired")],
+        [routed(1), _created(1, 1), _failed(1, at=100.0), _fence_req(1), _fenced(1), _allowed(1), ev.RouteRequested(workload_id=W, at=101.0, attempt_number=2),
+         routed(2), _created(2, 2), _failed(2, at=200.0), _fence_req(2, at=200.0), _fenced(2, new_epoch=3, at=200.1), _allowed(2, at=200.1, epoch=2)],
+        [routed(1), _created(1, 1), _failed(1, at=100.0), _fence_req(1), _fenced(1), _confirmed(1, at=100.5), _cancel_requested()],
+    ]
+    finite = 0
+    for events in histories:
+        for n in range(len(events) + 1):
+            v = backoff_history(*events[:n], backoff="1h").workloads[W]
+            for t in (0.0, 50.0, 100.3, 103.0, 105.9, 200.2, 210.0, 1e6):
+                if core.reconcile(v, t, e):
+                    continue
+                due = core.reconcile_due(v, e)
+                for later in (t, t + 0.5, (t + due) / 2 if due < math.inf else t + 1e5, due - 1e-6):
+                    if t <= later < due:
+                        assert core.reconcile(v, later, e) == [], (n, t, later, due)
+                if due < math.inf:
+                    finite += 1
+                    assert core.reconcile(v, max(due, t), e), f"due at {due} but nothing to do then (prefix {n})"
+    assert finite > 0, "a history with a retry backoff has a finite due time"

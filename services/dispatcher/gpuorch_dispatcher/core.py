@@ -848,6 +848,20 @@ def reconcile(view: WorkloadView, now: float, env: Environment, traceparent: str
     return out
 
 
+def reconcile_due(view: WorkloadView, env: Environment) -> float:
+    """When `reconcile`'s answer for this state can next change by the clock alone (Unix time;
+    `math.inf`: only a new event can change it). Its one clock rule is the retry backoff before a
+    replacement is requested; a caller that got nothing from `reconcile` need not ask again for
+    the same state before then (the dispatcher's upkeep skips such workloads)."""
+    latest = view.latest_attempt
+    if (
+        view.workload is None or view.terminal or view.cancel_requested or latest is None
+        or "replacement-allowed" not in latest.times or not _replacement_due(view, latest)
+    ):
+        return math.inf
+    return replacement_not_before(view, latest, env.time_scale)
+
+
 def _budget_spent(view: WorkloadView, wl: Workload) -> bool:
     return failed_attempts(view) > wl.spec.retry.budget
 

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import structlog
 from kubernetes.client.exceptions import ApiException
 from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
@@ -107,6 +108,31 @@ def resource_version(obj: Any) -> int | None:
         return None
 
 
+class _Meta(msgspec.Struct):
+    resource_version: str | None = msgspec.field(default=None, name="resourceVersion")
+
+
+class _Created(msgspec.Struct):
+    """The one part of a create's response the dispatcher reads."""
+
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+
+
+_decode_created = msgspec.json.Decoder(_Created).decode
+
+
+def created_resource_version(raw: bytes) -> int | None:
+    """The resourceVersion in a raw create response (None where it has none)."""
+    try:
+        rv = _decode_created(raw).metadata.resource_version
+        return int(rv) if rv is not None else None
+    except (msgspec.DecodeError, ValueError):
+        return None
+
+
+FULL_RECONCILE_EVERY = 30  # upkeep passes: every 30th re-checks every owned workload, quiet or not
+
+
 class Dispatcher:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -140,6 +166,8 @@ class Dispatcher:
         # each cluster's gpuorch Jobs and pods, followed by list-then-watch (gpuorch.informer)
         self.informers: dict[str, ClusterInformers] = {name: informers_for(cc) for name, cc in self.clients.items()}
         self.created_rv: dict[str, int] = {}  # attempt id -> resourceVersion of the Job we created
+        # workload id -> (the last_seq that `reconcile` asked nothing for, until when that holds)
+        self.quiet: dict[str, tuple[int, float]] = {}
 
     def environment(self, attempts: Sequence[AttemptView] = ()) -> core.Environment:
         """Where things live, for the core. The registry's part is resolved once; the data
@@ -197,9 +225,13 @@ class Dispatcher:
             raise RuntimeError(f"routed to unknown cluster {act.cluster!r} (not in the kubeconfig)")
         loop, name = asyncio.get_running_loop(), act.manifest["metadata"]["name"]
         try:
-            job = await loop.run_in_executor(
-                self.kube_pool, lambda: cc.batch.create_namespaced_job(act.namespace, act.manifest, _request_timeout=TIMEOUT)  # type: ignore[arg-type]
+            # the response read raw: only its resourceVersion is needed, and building the V1Job
+            # model of every created Job cost more CPU than the request itself
+            raw = await loop.run_in_executor(
+                self.kube_pool,
+                lambda: cc.batch.create_namespaced_job(act.namespace, act.manifest, _request_timeout=TIMEOUT, _preload_content=False).data,  # type: ignore[arg-type]
             )
+            rv = created_resource_version(raw)
             log.info("job.created", cluster=act.cluster, job=name)
         except ApiException as exc:
             if exc.status != 409:
@@ -209,7 +241,7 @@ class Dispatcher:
                 job = await loop.run_in_executor(self.kube_pool, lambda: cc.batch.read_namespaced_job(name, act.namespace, _request_timeout=TIMEOUT))
             except Exception:
                 return
-        rv = resource_version(job)
+            rv = resource_version(job)
         if rv is not None:
             self.created_rv[act.created.attempt_id] = rv
 
@@ -288,11 +320,21 @@ class Dispatcher:
         """Level-triggered upkeep of the workloads we own: whatever is due by time alone (a
         replacement once its retry backoff has passed) or was missed. `core.reconcile` asks for
         nothing the state already shows, so this is a no-op for a workload that is on track."""
+        passes = 0
+
         async def tick() -> None:
+            nonlocal passes
+            passes += 1
+            full = passes % FULL_RECONCILE_EVERY == 0  # now and then every owned workload, whatever
+            now = time.time()
             for wid in list(self.owned):
                 view = self.follower.projection.get(wid)
                 if view is None or view.terminal or view.workload is None or self.busy.get(wid):
+                    self.quiet.pop(wid, None)
                     continue
+                seen = self.quiet.get(wid)
+                if not full and seen is not None and seen[0] == view.last_seq and now < seen[1]:
+                    continue  # this state asked for nothing, and the clock cannot change that yet
                 try:
                     await self.redrive(view)
                 except Exception as exc:  # e.g. a cluster that does not answer a create: next round
@@ -302,15 +344,19 @@ class Dispatcher:
     async def redrive(self, view: WorkloadView) -> None:
         assert self.publisher is not None
         now, tp = time.time(), self.follower.traceparent(view.workload_id)
-        actions = core.reconcile(view, now, self.environment(), tp)
+        seq, env = view.last_seq, self.environment()
+        actions = core.reconcile(view, now, env, tp)
         if core.needs_checkpoints(actions):  # only then read the checkpoints (file I/O)
             actions = core.reconcile(view, now, self.environment(list(view.attempts.values())), tp)
         # an attempt we created ourselves is on its way to our projection: never create it twice
         mine = self.created.get(view.workload_id, set())
         actions = [a for a in actions if not (isinstance(a, core.CreateJob) and a.created.attempt_id in mine)]
-        if actions:
-            log.info("workload.redriven", workload=view.workload_id, actions=len(actions))
-            await self.publisher.publish(await self.execute(actions, view.workload_id), context=self.follower.context(view.workload_id))
+        if not actions:  # on track: skip it until its state changes or `reconcile_due` comes
+            self.quiet[view.workload_id] = (seq, core.reconcile_due(view, env))
+            return
+        self.quiet.pop(view.workload_id, None)
+        log.info("workload.redriven", workload=view.workload_id, actions=len(actions))
+        await self.publisher.publish(await self.execute(actions, view.workload_id), context=self.follower.context(view.workload_id))
 
     # --- handlers --------------------------------------------------------------------------
     async def on_event(self, msg: Incoming) -> Sequence[ev.Base]:
