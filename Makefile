@@ -6,6 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 N ?= 3
 SIM_N ?= 10000
+TEST_WORKERS ?= 2  # pytest-xdist workers; each module (and its embedded system) stays on one worker
 
 .DEFAULT_GOAL := help
 
@@ -30,7 +31,7 @@ schemas: $(STAMP) ## Export the contract as JSON Schema into proto/schemas/
 
 test: $(STAMP) ## Lint, then the whole pytest suite against a real nats-server and local clusters
 	$(MAKE) lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 demo: $(STAMP) ## Start NATS, the four services and local clusters; run the seed's scenario; stop everything
 	$(BIN)/gpuorch demo

@@ -522,11 +522,14 @@ class _Worker:
             return
         if event.workload_id:
             logs.remember_trace(event.workload_id, telemetry.trace_id_hex(span))
-        with structlog.contextvars.bound_contextvars(
-            event_id=event.event_id or None, workload_id=event.workload_id or None, type=type_tag(event),
+        # bound, not a context of its own: `process` bound these keys (to None) and unbinds them
+        structlog.contextvars.bind_contextvars(
+            event_id=event.event_id or None,
+            workload_id=event.workload_id or None,
+            type=type_tag(event),
             attempt_id=getattr(event, "attempt_id", None),
-        ):
-            await self._handle(msg, headers, msg_id, stream, seq, delivered, event, ctx, span)
+        )
+        await self._handle(msg, headers, msg_id, stream, seq, delivered, event, ctx, span)
 
     async def _handle(
         self,

@@ -58,7 +58,9 @@ INSTRUMENTATION = "gpuorch.runtime"
 
 _propagator = TraceContextTextMapPropagator()
 _provider: TracerProvider | None = None
-_tracer: tuple[TracerProvider, Tracer] | None = None  # the tracer of the provider in use (get_tracer costs ~0.2 ms)
+_tracer: tuple[TracerProvider, Tracer] | None = (
+    None  # the tracer of the provider in use (get_tracer costs ~0.2 ms)
+)
 _global_set = False
 _service = ""  # the service that set up tracing in this process
 
@@ -188,7 +190,9 @@ def phase_span(input_type: str, context: Context | None, service: str | None = N
     if phase is None:
         yield None
         return
-    span = tracer().start_span(phase, context=context, kind=SpanKind.INTERNAL, attributes={"gpuorch.phase": phase})
+    span = tracer().start_span(
+        phase, context=context, kind=SpanKind.INTERNAL, attributes={"gpuorch.phase": phase}
+    )
     try:
         with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
             yield span

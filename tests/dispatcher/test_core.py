@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+
 import kubernetes_validate
 import pytest
 
@@ -18,21 +19,43 @@ W = "train-0123456789"
 
 
 def wl(**spec: object) -> Workload:
-    base: dict[str, object] = {"image": DIGEST, "command": ["python", "-m", "gpuorch.workloads.train"], "resources": {"gpus": 8, "gpu_memory_gib": 80}}
+    base: dict[str, object] = {
+        "image": DIGEST,
+        "command": ["python", "-m", "gpuorch.workloads.train"],
+        "resources": {"gpus": 8, "gpu_memory_gib": 80},
+    }
     base.update(spec)
     return workload_from_obj({"metadata": {"name": "train", "owner": "alice"}, "spec": base})
 
 
 def env(**registry: ClusterRegistryEntry) -> core.Environment:
-    reg = registry or {"primary": ClusterRegistryEntry(artifact_stores=["prod", "scratch"], data_locations=["primary-nfs"])}
+    reg = registry or {
+        "primary": ClusterRegistryEntry(artifact_stores=["prod", "scratch"], data_locations=["primary-nfs"])
+    }
     return core.Environment(
-        registry=reg, store_roots={"prod": "/stores/prod", "scratch": "/stores/scratch"},
-        data_roots={"primary-nfs": "/data/primary-nfs"}, cache_roots={c: f"/cache/{c}" for c in reg}, time_scale=600,
+        registry=reg,
+        store_roots={"prod": "/stores/prod", "scratch": "/stores/scratch"},
+        data_roots={"primary-nfs": "/data/primary-nfs"},
+        cache_roots={c: f"/cache/{c}" for c in reg},
+        time_scale=600,
     )
 
 
-def job(w: Workload, cluster: str = "primary", e: core.Environment | None = None, queue: str | None = None) -> dict:
-    return core.build_job(w, W, f"{W}-a1", 1, cluster, queue, e or env(), output_path="/o", checkpoint_path="/c", resume_from=None)
+def job(
+    w: Workload, cluster: str = "primary", e: core.Environment | None = None, queue: str | None = None
+) -> dict:
+    return core.build_job(
+        w,
+        W,
+        f"{W}-a1",
+        1,
+        cluster,
+        queue,
+        e or env(),
+        output_path="/o",
+        checkpoint_path="/c",
+        resume_from=None,
+    )
 
 
 def validate(manifest: dict) -> None:
@@ -43,7 +66,11 @@ def test_job_labels_whole_gpu_limits_and_env() -> None:
     m = job(wl(output={"store": "prod"}))
     validate(m)
     labels = m["metadata"]["labels"]
-    assert labels["gpuorch.io/workload"] == W and labels["gpuorch.io/attempt"] == f"{W}-a1" and labels["gpuorch.io/epoch"] == "1"
+    assert (
+        labels["gpuorch.io/workload"] == W
+        and labels["gpuorch.io/attempt"] == f"{W}-a1"
+        and labels["gpuorch.io/epoch"] == "1"
+    )
     c = m["spec"]["template"]["spec"]["containers"][0]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "8"
     assert c["resources"]["limits"] == c["resources"]["requests"]
@@ -56,7 +83,12 @@ def test_job_labels_whole_gpu_limits_and_env() -> None:
     pod = m["spec"]["template"]["spec"]
     # what the restricted Pod Security Standard of the workload namespace enforces
     assert pod["automountServiceAccountToken"] is False and pod["securityContext"]["runAsNonRoot"] is True
-    assert c["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert c["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
 
 
 def test_multi_worker_gang_is_indexed_and_marked() -> None:
@@ -75,12 +107,26 @@ def test_one_node_gang_is_one_pod_with_all_gpus() -> None:
 
 
 def test_selectors_tolerations_and_memory_affinity() -> None:
-    m = job(wl(requirements={"pools": ["train"], "node_selector": {"zone": "a"}, "tolerations": [{"key": "gpuorch.io/short-only", "operator": "Exists", "effect": "NoSchedule"}]}))
+    m = job(
+        wl(
+            requirements={
+                "pools": ["train"],
+                "node_selector": {"zone": "a"},
+                "tolerations": [
+                    {"key": "gpuorch.io/short-only", "operator": "Exists", "effect": "NoSchedule"}
+                ],
+            }
+        )
+    )
     validate(m)
     pod = m["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"zone": "a"}  # what the workload wrote, unchanged
-    assert pod["tolerations"] == [{"key": "gpuorch.io/short-only", "operator": "Exists", "effect": "NoSchedule"}]
-    expr = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"]
+    assert pod["tolerations"] == [
+        {"key": "gpuorch.io/short-only", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    expr = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ][0]["matchExpressions"]
     assert {"key": "gpuorch.io/pool", "operator": "In", "values": ["train"]} in expr
     # 80 GiB within the router's 2 % tolerance: an H100 80GB node (label 81559 MiB) is accepted
     assert {"key": "nvidia.com/gpu.memory", "operator": "Gt", "values": ["80281"]} in expr
@@ -95,7 +141,9 @@ def test_selectors_tolerations_and_memory_affinity() -> None:
         pytest.param("volcano", "volcano", False, False, id="volcano-gets-schedulerName"),
     ],
 )
-def test_admission_integration_only_where_the_cluster_has_it(admission: str, scheduler: str | None, kueue_label: bool, suspended: bool) -> None:
+def test_admission_integration_only_where_the_cluster_has_it(
+    admission: str, scheduler: str | None, kueue_label: bool, suspended: bool
+) -> None:
     e = env(c=ClusterRegistryEntry(admission=admission, queues=[QueueRegistry(name="training")]))  # type: ignore[arg-type]
     m = job(wl(), cluster="c", e=e, queue="training")
     validate(m)
@@ -106,14 +154,23 @@ def test_admission_integration_only_where_the_cluster_has_it(admission: str, sch
 
 def test_input_staged_where_not_cached_and_read_in_place_where_local() -> None:
     w = wl(inputs=[{"ref": "imagenet@v3", "size_gb": 1350, "locations": ["primary-nfs"]}])
-    e = env(primary=ClusterRegistryEntry(data_locations=["primary-nfs"]), spare=ClusterRegistryEntry(bandwidth_mbps={"primary-nfs": 125}))
+    e = env(
+        primary=ClusterRegistryEntry(data_locations=["primary-nfs"]),
+        spare=ClusterRegistryEntry(bandwidth_mbps={"primary-nfs": 125}),
+    )
     local = job(w, "primary", e)
     assert "initContainers" not in local["spec"]["template"]["spec"]
-    assert {"name": "GPUORCH_INPUT_IMAGENET", "value": "/data/primary-nfs/imagenet@v3"} in local["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "GPUORCH_INPUT_IMAGENET", "value": "/data/primary-nfs/imagenet@v3"} in local["spec"][
+        "template"
+    ]["spec"]["containers"][0]["env"]
     remote = job(w, "spare", e)
     validate(remote)
     init = remote["spec"]["template"]["spec"]["initContainers"][0]
-    assert init["command"][-1] == "gpuorch.workloads.stage" and "imagenet@v3" in init["args"] and "125" in init["args"]
+    assert (
+        init["command"][-1] == "gpuorch.workloads.stage"
+        and "imagenet@v3" in init["args"]
+        and "125" in init["args"]
+    )
 
 
 def routed(n: int, cluster: str = "primary") -> ev.Routed:
@@ -123,7 +180,14 @@ def routed(n: int, cluster: str = "primary") -> ev.Routed:
 
 def history(*events: ev.Base) -> Projection:
     p = Projection()
-    p.apply(ev.Submitted(workload_id=W, at=0.0, workload=wl(checkpoint={"path": "ckpt", "portable": True}, output={"store": "prod"})), 1)
+    p.apply(
+        ev.Submitted(
+            workload_id=W,
+            at=0.0,
+            workload=wl(checkpoint={"path": "ckpt", "portable": True}, output={"store": "prod"}),
+        ),
+        1,
+    )
     for i, e in enumerate(events, start=2):
         p.apply(e, i)  # type: ignore[arg-type]
     return p
@@ -137,28 +201,50 @@ def test_routed_creates_exactly_one_attempt() -> None:
     assert created.attempt_id == f"{W}-a1" and created.epoch == 1 and created.mode == "fresh"
     assert created.output_path == f"/stores/prod/{W}/attempts/{W}-a1"
     p.apply(created, 3)
-    assert core.on_routed(p.workloads[W], routed(1), 3.0, env()) == []  # redelivered decision: no second attempt
+    assert (
+        core.on_routed(p.workloads[W], routed(1), 3.0, env()) == []
+    )  # redelivered decision: no second attempt
 
 
 def _created(n: int, epoch: int, cluster: str = "primary") -> ev.AttemptCreated:
-    return ev.AttemptCreated(workload_id=W, at=1.0, attempt_id=f"{W}-a{n}", epoch=epoch, cluster=cluster, attempt_number=n, job_name=f"{W}-a{n}", output_path="/o", checkpoint_path=f"/c{n}")
+    return ev.AttemptCreated(
+        workload_id=W,
+        at=1.0,
+        attempt_id=f"{W}-a{n}",
+        epoch=epoch,
+        cluster=cluster,
+        attempt_number=n,
+        job_name=f"{W}-a{n}",
+        output_path="/o",
+        checkpoint_path=f"/c{n}",
+    )
 
 
 def test_lost_attempt_is_fenced_and_strict_waits_for_confirmation() -> None:
     a1 = f"{W}-a1"
-    p = history(routed(1), _created(1, 1), ev.Lost(workload_id=W, at=2.0, attempt_id=a1, epoch=1, cluster="primary", reason="partition"))
+    p = history(
+        routed(1),
+        _created(1, 1),
+        ev.Lost(workload_id=W, at=2.0, attempt_id=a1, epoch=1, cluster="primary", reason="partition"),
+    )
     v = p.workloads[W]
-    acts = core.on_event(v, ev.Lost(workload_id=W, at=2.0, attempt_id=a1, epoch=1, cluster="primary", reason="x"), 2.0, env())
+    acts = core.on_event(
+        v, ev.Lost(workload_id=W, at=2.0, attempt_id=a1, epoch=1, cluster="primary", reason="x"), 2.0, env()
+    )
     assert [type(a.event) for a in acts if isinstance(a, core.Emit)] == [ev.FenceRequested]
     fence_req = next(a.event for a in acts if isinstance(a, core.Emit))
     assert isinstance(fence_req, ev.FenceRequested) and not fence_req.stopped  # its pods may still run
     fenced = ev.Fenced(workload_id=W, at=3.0, attempt_id=a1, epoch=1, cluster="primary", new_epoch=2)
     p.apply(fenced, 50)
     assert core.on_event(v, fenced, 3.0, env()) == []  # the fencer decides when: not yet
-    confirmed = ev.CancelConfirmed(workload_id=W, at=4.0, attempt_id=a1, epoch=1, cluster="primary", how="lease-expired")
+    confirmed = ev.CancelConfirmed(
+        workload_id=W, at=4.0, attempt_id=a1, epoch=1, cluster="primary", how="lease-expired"
+    )
     p.apply(confirmed, 51)
     assert core.on_event(v, confirmed, 4.0, env()) == []
-    allowed = ev.ReplacementAllowed(workload_id=W, at=4.0, attempt_id=a1, epoch=1, cluster="primary", how="lease-expired")
+    allowed = ev.ReplacementAllowed(
+        workload_id=W, at=4.0, attempt_id=a1, epoch=1, cluster="primary", how="lease-expired"
+    )
     p.apply(allowed, 52)
     acts = core.on_event(v, allowed, 4.0, env())
     assert len(acts) == 1 and isinstance(acts[0], core.Emit) and isinstance(acts[0].event, ev.RouteRequested)
@@ -167,9 +253,16 @@ def test_lost_attempt_is_fenced_and_strict_waits_for_confirmation() -> None:
 
 def test_replacement_resumes_from_a_portable_checkpoint() -> None:
     a1 = f"{W}-a1"
-    p = history(routed(1), _created(1, 1), ev.Lost(workload_id=W, at=2.0, attempt_id=a1, epoch=1, cluster="primary", reason="x"),
-                ev.Fenced(workload_id=W, at=3.0, attempt_id=a1, epoch=1, cluster="primary", new_epoch=2))
-    e = env(primary=ClusterRegistryEntry(artifact_stores=["prod"]), spare=ClusterRegistryEntry(artifact_stores=["prod"]))
+    p = history(
+        routed(1),
+        _created(1, 1),
+        ev.Lost(workload_id=W, at=2.0, attempt_id=a1, epoch=1, cluster="primary", reason="x"),
+        ev.Fenced(workload_id=W, at=3.0, attempt_id=a1, epoch=1, cluster="primary", new_epoch=2),
+    )
+    e = env(
+        primary=ClusterRegistryEntry(artifact_stores=["prod"]),
+        spare=ClusterRegistryEntry(artifact_stores=["prod"]),
+    )
     e = core.Environment(**{**e.__dict__, "checkpoints": {a1: "/c1/ckpt.npz"}})
     acts = core.on_routed(p.workloads[W], routed(2, "spare"), 5.0, e)
     c = acts[0]
@@ -182,7 +275,10 @@ def test_replacement_resumes_from_a_portable_checkpoint() -> None:
 def test_no_resume_where_the_checkpoint_store_is_unreachable() -> None:
     a1 = f"{W}-a1"
     p = history(routed(1), _created(1, 1))
-    e = env(primary=ClusterRegistryEntry(artifact_stores=["prod"]), short=ClusterRegistryEntry(artifact_stores=["scratch"]))
+    e = env(
+        primary=ClusterRegistryEntry(artifact_stores=["prod"]),
+        short=ClusterRegistryEntry(artifact_stores=["scratch"]),
+    )
     e = core.Environment(**{**e.__dict__, "checkpoints": {a1: "/c1/ckpt.npz"}})
     mode, path, why = core.choose_mode(p.workloads[W], "short", e)
     assert (mode, path) == ("retry", None) and "cannot read checkpoint store 'prod'" in why
@@ -208,7 +304,10 @@ def test_cancel_in_every_state() -> None:
     assert [type(a.event) for a in acts if isinstance(a, core.Emit)] == [ev.CancelRequested, ev.Cancelled]
     running = history(routed(1), _created(1, 1))
     acts = core.on_cancel(running.workloads[W], W, "user", 1.0, env())
-    assert [type(a.event) for a in acts if isinstance(a, core.Emit)] == [ev.CancelRequested, ev.FenceRequested]
+    assert [type(a.event) for a in acts if isinstance(a, core.Emit)] == [
+        ev.CancelRequested,
+        ev.FenceRequested,
+    ]
     assert isinstance(core.on_cancel(None, "nope-1", "user", 1.0, env())[0], core.RefuseMessage)
 
 
@@ -226,28 +325,52 @@ def _kinds(actions: list[core.Action]) -> list[type]:
 
 
 def _lost(n: int = 1) -> ev.Lost:
-    return ev.Lost(workload_id=W, at=2.0, attempt_id=f"{W}-a{n}", epoch=1, cluster="primary", reason="partition")
+    return ev.Lost(
+        workload_id=W, at=2.0, attempt_id=f"{W}-a{n}", epoch=1, cluster="primary", reason="partition"
+    )
 
 
 def _fence_req(n: int = 1, at: float = 2.0) -> ev.FenceRequested:
-    return ev.FenceRequested(workload_id=W, at=at, attempt_id=f"{W}-a{n}", epoch=1, cluster="primary", reason="x", lease_expires_at=at + 60)
+    return ev.FenceRequested(
+        workload_id=W,
+        at=at,
+        attempt_id=f"{W}-a{n}",
+        epoch=1,
+        cluster="primary",
+        reason="x",
+        lease_expires_at=at + 60,
+    )
 
 
 def _fenced(n: int = 1, new_epoch: int = 2, at: float = 3.0) -> ev.Fenced:
-    return ev.Fenced(workload_id=W, at=at, attempt_id=f"{W}-a{n}", epoch=1, cluster="primary", new_epoch=new_epoch)
+    return ev.Fenced(
+        workload_id=W, at=at, attempt_id=f"{W}-a{n}", epoch=1, cluster="primary", new_epoch=new_epoch
+    )
 
 
 def _confirmed(n: int = 1, how: str = "deleted", at: float = 4.0) -> ev.CancelConfirmed:
-    return ev.CancelConfirmed(workload_id=W, at=at, attempt_id=f"{W}-a{n}", epoch=1, cluster="primary", how=how)  # type: ignore[arg-type]
+    return ev.CancelConfirmed(
+        workload_id=W, at=at, attempt_id=f"{W}-a{n}", epoch=1, cluster="primary", how=how
+    )  # type: ignore[arg-type]
 
 
 def _allowed(n: int = 1, how: str = "stopped", at: float = 3.0, epoch: int = 1) -> ev.ReplacementAllowed:
     """The fencer's verdict that a replacement of attempt `n` may start."""
-    return ev.ReplacementAllowed(workload_id=W, at=at, attempt_id=f"{W}-a{n}", epoch=epoch, cluster="primary", how=how, reason=how)  # type: ignore[arg-type]
+    return ev.ReplacementAllowed(
+        workload_id=W, at=at, attempt_id=f"{W}-a{n}", epoch=epoch, cluster="primary", how=how, reason=how
+    )  # type: ignore[arg-type]
 
 
 def _failed(n: int = 1, at: float = 100.0, code: int = 3) -> ev.Failed:
-    return ev.Failed(workload_id=W, at=at, attempt_id=f"{W}-a{n}", epoch=n, cluster="primary", exit_code=code, reason="boom")
+    return ev.Failed(
+        workload_id=W,
+        at=at,
+        attempt_id=f"{W}-a{n}",
+        epoch=n,
+        cluster="primary",
+        exit_code=code,
+        reason="boom",
+    )
 
 
 def _cancel_requested() -> ev.CancelRequested:
@@ -258,14 +381,18 @@ def test_cancel_of_a_lost_attempt_waits_for_its_confirmation_and_asks_no_second_
     p = history(routed(1), _created(1, 1), _lost(), _fence_req(), _fenced())
     v = p.workloads[W]
     acts = core.on_cancel(v, W, "user", 5.0, env())
-    assert _kinds(acts) == [ev.CancelRequested], "already fenced and pursued: no new fence, and not cancelled yet"
+    assert _kinds(acts) == [ev.CancelRequested], (
+        "already fenced and pursued: no new fence, and not cancelled yet"
+    )
     p.apply(_cancel_requested(), 20)
     assert core.reconcile(v, 6.0, env()) == [], "nothing more to ask while the lost attempt is unconfirmed"
     confirmed = _confirmed(how="deleted")
     p.apply(confirmed, 21)
     emitted = _emitted(core.on_event(v, confirmed, 7.0, env()))
     assert [type(e) for e in emitted] == [ev.Cancelled]
-    assert "route-requested" not in [k for _, k, _ in v.history], "never a replacement for a cancelled workload"
+    assert "route-requested" not in [k for _, k, _ in v.history], (
+        "never a replacement for a cancelled workload"
+    )
 
 
 def test_cancel_while_pending_fences_the_attempt_and_ends_on_its_confirmation() -> None:
@@ -284,13 +411,19 @@ def test_cancel_while_pending_fences_the_attempt_and_ends_on_its_confirmation() 
 
 
 def test_cancel_after_success_but_before_promotion_fences_the_attempt_and_a_promotion_still_wins() -> None:
-    succeeded = ev.Succeeded(workload_id=W, at=3.0, attempt_id=A1, epoch=1, cluster="primary", output_path="/o")
+    succeeded = ev.Succeeded(
+        workload_id=W, at=3.0, attempt_id=A1, epoch=1, cluster="primary", output_path="/o"
+    )
     p = history(routed(1), _created(1, 1), succeeded)
     v = p.workloads[W]
     acts = core.on_cancel(v, W, "user", 5.0, env())
-    assert _kinds(acts) == [ev.CancelRequested, ev.FenceRequested], "it could still publish: the fencer decides by CAS"
+    assert _kinds(acts) == [ev.CancelRequested, ev.FenceRequested], (
+        "it could still publish: the fencer decides by CAS"
+    )
     p.apply(_cancel_requested(), 20)
-    promoted = ev.Promoted(workload_id=W, at=6.0, attempt_id=A1, epoch=1, cluster="primary", output_path="/o", result_path="/r")
+    promoted = ev.Promoted(
+        workload_id=W, at=6.0, attempt_id=A1, epoch=1, cluster="primary", output_path="/o", result_path="/r"
+    )
     p.apply(promoted, 21)
     assert _kinds(core.on_event(v, promoted, 6.0, env())) == [ev.Completed]
     # the fencer then deletes its Job: that confirmation must not add a second terminal event
@@ -344,13 +477,17 @@ def test_retry_backoff_doubles_per_failed_attempt_and_is_capped() -> None:
     w = wl(retry={"backoff": "30s"})
     assert [core.retry_backoff(w, n) for n in range(5)] == [0.0, 30.0, 60.0, 120.0, 240.0]
     assert core.retry_backoff(w, 100) == core.BACKOFF_CAP
-    assert core.retry_backoff(wl(retry={"backoff": "2h"}), 3) == 7200.0, "a backoff longer than the cap is the cap"
+    assert core.retry_backoff(wl(retry={"backoff": "2h"}), 3) == 7200.0, (
+        "a backoff longer than the cap is the cap"
+    )
     assert core.retry_backoff(wl(retry={"backoff": "0s"}), 3) == 0.0
 
 
 def test_replacement_after_a_failure_waits_for_the_backoff_then_reconcile_requests_it() -> None:
     e = env()  # time scale 600: 30 simulated seconds are 0.05 real ones; use 1h to see it
-    p = backoff_history(routed(1), _created(1, 1), _failed(1, at=100.0), _fence_req(1, at=100.1), backoff="1h")
+    p = backoff_history(
+        routed(1), _created(1, 1), _failed(1, at=100.0), _fence_req(1, at=100.1), backoff="1h"
+    )
     v = p.workloads[W]
     not_before = core.replacement_not_before(v, v.attempts[A1], e.time_scale)
     assert not_before == pytest.approx(100.0 + 3600 / 600)
@@ -363,7 +500,12 @@ def test_replacement_after_a_failure_waits_for_the_backoff_then_reconcile_reques
     emitted = _emitted(core.reconcile(v, not_before, e))
     assert [type(x) for x in emitted] == [ev.RouteRequested]
     rr = emitted[0]
-    assert isinstance(rr, ev.RouteRequested) and rr.attempt_number == 2 and rr.exclude == [] and "backoff of 1h" in rr.reason
+    assert (
+        isinstance(rr, ev.RouteRequested)
+        and rr.attempt_number == 2
+        and rr.exclude == []
+        and "backoff of 1h" in rr.reason
+    )
     # the same request, whoever asks (the event path after the backoff, or a second reconcile)
     assert _emitted(core.on_event(v, allowed, not_before + 1, e))[0].event_id == rr.event_id
     p.apply(rr, 23)
@@ -373,13 +515,26 @@ def test_replacement_after_a_failure_waits_for_the_backoff_then_reconcile_reques
 def test_second_failure_backs_off_twice_as_long() -> None:
     e = env()
     p = backoff_history(
-        routed(1), _created(1, 1), _failed(1, at=100.0), _fence_req(1), _fenced(1), _allowed(1),
-        ev.RouteRequested(workload_id=W, at=101.0, attempt_number=2), routed(2), _created(2, 2),
-        _failed(2, at=200.0), _fence_req(2, at=200.0), _fenced(2, new_epoch=3, at=200.1), _allowed(2, at=200.1, epoch=2), backoff="10m",
+        routed(1),
+        _created(1, 1),
+        _failed(1, at=100.0),
+        _fence_req(1),
+        _fenced(1),
+        _allowed(1),
+        ev.RouteRequested(workload_id=W, at=101.0, attempt_number=2),
+        routed(2),
+        _created(2, 2),
+        _failed(2, at=200.0),
+        _fence_req(2, at=200.0),
+        _fenced(2, new_epoch=3, at=200.1),
+        _allowed(2, at=200.1, epoch=2),
+        backoff="10m",
     )
     v = p.workloads[W]
     assert core.replacement_not_before(v, v.attempts[A1], e.time_scale) == pytest.approx(100.0 + 600 / 600)
-    assert core.replacement_not_before(v, v.attempts[f"{W}-a2"], e.time_scale) == pytest.approx(200.0 + 2 * 600 / 600)
+    assert core.replacement_not_before(v, v.attempts[f"{W}-a2"], e.time_scale) == pytest.approx(
+        200.0 + 2 * 600 / 600
+    )
     assert core.reconcile(v, 201.9, e) == []
     emitted = _emitted(core.reconcile(v, 202.0, e))
     assert [type(x) for x in emitted] == [ev.RouteRequested] and emitted[0].attempt_number == 3  # type: ignore[attr-defined]
@@ -396,7 +551,15 @@ def test_a_lost_attempt_is_replaced_without_backoff() -> None:
 
 
 def test_cancel_during_backoff_requests_no_replacement() -> None:
-    p = backoff_history(routed(1), _created(1, 1), _failed(1, at=100.0), _fence_req(1), _fenced(1), _confirmed(1, at=100.5), backoff="1h")
+    p = backoff_history(
+        routed(1),
+        _created(1, 1),
+        _failed(1, at=100.0),
+        _fence_req(1),
+        _fenced(1),
+        _confirmed(1, at=100.5),
+        backoff="1h",
+    )
     v = p.workloads[W]
     acts = core.on_cancel(v, W, "user", 101.0, env())
     assert _kinds(acts) == [ev.CancelRequested, ev.Cancelled], "the failed attempt is already confirmed gone"
@@ -421,10 +584,22 @@ NO_NODE = "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/s
     ("message", "impossible"),
     [
         pytest.param(NO_NODE, True, id="selector-matches-no-node"),
-        pytest.param("0/2 nodes are available: 1 node(s) had untolerated taint {dedicated: gpu}, 1 node(s) didn't match Pod's node affinity/selector. preemption: 0/2 nodes are available: 2 Preemption is not helpful for scheduling.", True, id="taint-and-affinity-with-preemption-tail"),
+        pytest.param(
+            "0/2 nodes are available: 1 node(s) had untolerated taint {dedicated: gpu}, 1 node(s) didn't match Pod's node affinity/selector. preemption: 0/2 nodes are available: 2 Preemption is not helpful for scheduling.",
+            True,
+            id="taint-and-affinity-with-preemption-tail",
+        ),
         pytest.param("0/3 nodes are available: 3 Insufficient nvidia.com/gpu.", False, id="busy-gpus-queue"),
-        pytest.param("0/3 nodes are available: 1 Insufficient cpu, 2 node(s) didn't match Pod's node affinity/selector.", False, id="one-node-only-busy"),
-        pytest.param("0/2 nodes are available: 2 Insufficient nvidia.com/gpu. gang gpuorch/x: 1/2 pods fit, the gang is bound all together or not at all.", False, id="gang-waits-for-capacity"),
+        pytest.param(
+            "0/3 nodes are available: 1 Insufficient cpu, 2 node(s) didn't match Pod's node affinity/selector.",
+            False,
+            id="one-node-only-busy",
+        ),
+        pytest.param(
+            "0/2 nodes are available: 2 Insufficient nvidia.com/gpu. gang gpuorch/x: 1/2 pods fit, the gang is bound all together or not at all.",
+            False,
+            id="gang-waits-for-capacity",
+        ),
         pytest.param("no nodes available to schedule pods", True, id="cluster-without-nodes"),
         pytest.param("something else", False, id="unreadable-is-not-permanent"),
     ],
@@ -439,12 +614,20 @@ def test_unplaceable_pods_are_recorded_then_fail_the_attempt_after_the_grace_and
     v = p.workloads[W]
     assert v.status == "dispatched"  # a created Job is not running
     obs = core.JobObservation(exists=True, scheduled=0, unschedulable=NO_NODE)
-    first = [a.event for a in core.on_observation(v, v.attempts[a1], obs, 10.0, unschedulable_grace=30) if isinstance(a, core.Emit)]
+    first = [
+        a.event
+        for a in core.on_observation(v, v.attempts[a1], obs, 10.0, unschedulable_grace=30)
+        if isinstance(a, core.Emit)
+    ]
     assert [type(e) for e in first] == [ev.Unschedulable] and first[0].permanent  # type: ignore[attr-defined]
     p.apply(first[0], 20)  # type: ignore[arg-type]
     assert v.status == "dispatched" and "cannot be placed on primary" in v.reason and NO_NODE in v.reason
     assert core.on_observation(v, v.attempts[a1], obs, 39.0, unschedulable_grace=30) == []  # within the grace
-    late = [a.event for a in core.on_observation(v, v.attempts[a1], obs, 41.0, unschedulable_grace=30) if isinstance(a, core.Emit)]
+    late = [
+        a.event
+        for a in core.on_observation(v, v.attempts[a1], obs, 41.0, unschedulable_grace=30)
+        if isinstance(a, core.Emit)
+    ]
     assert len(late) == 1 and isinstance(late[0], ev.Failed)
     failed = late[0]
     assert failed.placement and failed.retryable and NO_NODE in failed.reason
@@ -467,22 +650,38 @@ def test_pods_waiting_for_capacity_are_recorded_but_never_failed() -> None:
     a1 = f"{W}-a1"
     p = history(routed(1), _created(1, 1))
     v = p.workloads[W]
-    obs = core.JobObservation(exists=True, scheduled=0, unschedulable="0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")
-    first = [a.event for a in core.on_observation(v, v.attempts[a1], obs, 10.0, unschedulable_grace=1) if isinstance(a, core.Emit)]
+    obs = core.JobObservation(
+        exists=True, scheduled=0, unschedulable="0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+    )
+    first = [
+        a.event
+        for a in core.on_observation(v, v.attempts[a1], obs, 10.0, unschedulable_grace=1)
+        if isinstance(a, core.Emit)
+    ]
     assert [type(e) for e in first] == [ev.Unschedulable] and not first[0].permanent  # type: ignore[attr-defined]
     p.apply(first[0], 20)  # type: ignore[arg-type]
     assert "queued on primary" in v.reason
-    assert core.on_observation(v, v.attempts[a1], obs, 10_000.0, unschedulable_grace=1) == []  # no requeue rule given
+    assert (
+        core.on_observation(v, v.attempts[a1], obs, 10_000.0, unschedulable_grace=1) == []
+    )  # no requeue rule given
 
 
 def _queued(estimate: float | None, cluster: str = "primary") -> Projection:
     """Routed to `cluster` with the router's queue-wait estimate (simulated seconds), created at t=1, queued."""
     from gpuorch_proto.routing import ClusterVerdict, Estimate
 
-    verdicts = [ClusterVerdict(cluster=cluster, eligible=True, estimate=Estimate(queue_wait=estimate))] if estimate is not None else []
-    d = RoutingDecision(workload_id=W, decided_at=1.0, outcome="routed", cluster=cluster, summary="because", verdicts=verdicts)
+    verdicts = (
+        [ClusterVerdict(cluster=cluster, eligible=True, estimate=Estimate(queue_wait=estimate))]
+        if estimate is not None
+        else []
+    )
+    d = RoutingDecision(
+        workload_id=W, decided_at=1.0, outcome="routed", cluster=cluster, summary="because", verdicts=verdicts
+    )
     r = ev.Routed(workload_id=W, at=1.0, decision=d, attempt_number=1, event_id=f"{W}.routed.1")
-    pending = ev.Unschedulable(workload_id=W, at=2.0, attempt_id=f"{W}-a1", epoch=1, cluster=cluster, message=BUSY, permanent=False)
+    pending = ev.Unschedulable(
+        workload_id=W, at=2.0, attempt_id=f"{W}-a1", epoch=1, cluster=cluster, message=BUSY, permanent=False
+    )
     return history(r, _created(1, 1, cluster), pending)
 
 
@@ -499,7 +698,9 @@ RQ = core.Requeue(factor=4.0, floor=300.0, most=3600.0)
         pytest.param(10 * 3600.0 * 600, 3600.0, id="huge-estimate-capped"),
     ],
 )
-def test_queued_attempt_is_requeued_after_k_times_the_routers_estimate(estimate: float | None, limit: float) -> None:
+def test_queued_attempt_is_requeued_after_k_times_the_routers_estimate(
+    estimate: float | None, limit: float
+) -> None:
     p = _queued(estimate)
     v = p.workloads[W]
     a = v.attempts[f"{W}-a1"]
@@ -507,11 +708,19 @@ def test_queued_attempt_is_requeued_after_k_times_the_routers_estimate(estimate:
     obs = core.JobObservation(exists=True, scheduled=0, unschedulable=BUSY)
     created = a.times["created"]
     assert core.on_observation(v, a, obs, created + limit - 1, requeue=RQ, time_scale=600) == []
-    late = [x.event for x in core.on_observation(v, a, obs, created + limit, requeue=RQ, time_scale=600) if isinstance(x, core.Emit)]
+    late = [
+        x.event
+        for x in core.on_observation(v, a, obs, created + limit, requeue=RQ, time_scale=600)
+        if isinstance(x, core.Emit)
+    ]
     assert len(late) == 1 and isinstance(late[0], ev.Failed)
     f = late[0]
     assert f.placement and f.retryable and f.exit_code is None
-    assert f.reason.startswith("requeued: 0/1 pods placed on primary") and BUSY in f.reason and f"limit {limit:.0f}s" in f.reason
+    assert (
+        f.reason.startswith("requeued: 0/1 pods placed on primary")
+        and BUSY in f.reason
+        and f"limit {limit:.0f}s" in f.reason
+    )
 
 
 def test_a_requeue_spends_no_retry_budget_and_reroutes_elsewhere_at_once() -> None:
@@ -538,7 +747,10 @@ def test_a_requeue_spends_no_retry_budget_and_reroutes_elsewhere_at_once() -> No
     "obs",
     [
         pytest.param(core.JobObservation(exists=True, scheduled=1, running=1), id="placed-and-running"),
-        pytest.param(core.JobObservation(exists=True, workers=2, scheduled=1, unschedulable=BUSY), id="gang-half-placed-still-waits"),
+        pytest.param(
+            core.JobObservation(exists=True, workers=2, scheduled=1, unschedulable=BUSY),
+            id="gang-half-placed-still-waits",
+        ),
     ],
 )
 def test_requeue_only_while_unplaced_and_never_admitted(obs: core.JobObservation) -> None:
@@ -549,20 +761,38 @@ def test_requeue_only_while_unplaced_and_never_admitted(obs: core.JobObservation
     if obs.scheduled >= obs.workers:
         assert not any(isinstance(x, core.Emit) and isinstance(x.event, ev.Failed) for x in acts)
     else:
-        assert any(isinstance(x, core.Emit) and isinstance(x.event, ev.Failed) and x.event.placement for x in acts)
+        assert any(
+            isinstance(x, core.Emit) and isinstance(x.event, ev.Failed) and x.event.placement for x in acts
+        )
     # once admitted, a later wait is not a queue wait (pods lost mid-run fail the Job instead)
     p.apply(ev.Admitted(workload_id=W, at=3.0, attempt_id=a.attempt_id, epoch=1, cluster="primary"), 40)
-    assert core.on_observation(v, a, core.JobObservation(exists=True, scheduled=0, unschedulable=BUSY), 5000.0, requeue=RQ, time_scale=600) == []
+    assert (
+        core.on_observation(
+            v,
+            a,
+            core.JobObservation(exists=True, scheduled=0, unschedulable=BUSY),
+            5000.0,
+            requeue=RQ,
+            time_scale=600,
+        )
+        == []
+    )
 
 
 def test_suspended_job_the_clusters_admission_never_admits_is_requeued() -> None:
     p = _queued(0.0)
     v = p.workloads[W]
     a = v.attempts[f"{W}-a1"]
-    held = core.JobObservation(exists=True, scheduled=0)  # a suspended Kueue Job: no pods, no scheduler message
+    held = core.JobObservation(
+        exists=True, scheduled=0
+    )  # a suspended Kueue Job: no pods, no scheduler message
     assert core.on_observation(v, a, held, 200.0, requeue=RQ, time_scale=600) == []
     (act,) = core.on_observation(v, a, held, 400.0, requeue=RQ, time_scale=600)
-    assert isinstance(act, core.Emit) and isinstance(act.event, ev.Failed) and "not admitted by the cluster" in act.event.reason
+    assert (
+        isinstance(act, core.Emit)
+        and isinstance(act.event, ev.Failed)
+        and "not admitted by the cluster" in act.event.reason
+    )
 
 
 def test_status_follows_the_attempt_dispatched_admitted_running() -> None:
@@ -580,7 +810,8 @@ def _lost_then_succeeded_after_the_fence() -> Projection:
     a1 = f"{W}-a1"
     base = {"workload_id": W, "attempt_id": a1, "epoch": 1, "cluster": "primary"}
     return history(
-        routed(1), _created(1, 1),
+        routed(1),
+        _created(1, 1),
         ev.Lost(at=2.0, reason="partition", **base),  # type: ignore[arg-type]
         ev.FenceRequested(at=2.0, reason="lost", policy="strict", lease_expires_at=100.0, **base),  # type: ignore[arg-type]
         ev.Fenced(at=3.0, new_epoch=2, **base),  # type: ignore[arg-type]
@@ -598,7 +829,10 @@ def test_strict_attempt_that_succeeds_after_its_fence_is_replaced() -> None:
     v = p.workloads[W]
     assert core.reconcile(v, 5.5, env()) == [], "strict: the fencer has not said it may start"
     # the fencer confirms the old Job gone (strict), and says so
-    p.apply(ev.CancelConfirmed(workload_id=W, at=6.0, attempt_id=a1, epoch=1, cluster="primary", how="deleted"), 40)
+    p.apply(
+        ev.CancelConfirmed(workload_id=W, at=6.0, attempt_id=a1, epoch=1, cluster="primary", how="deleted"),
+        40,
+    )
     allowed = _allowed(1, how="confirmed", at=6.0)
     p.apply(allowed, 41)
     acts = [a.event for a in core.on_event(v, allowed, 6.0, env()) if isinstance(a, core.Emit)]
@@ -632,7 +866,9 @@ def test_a_create_the_cluster_never_answers_becomes_lost_after_the_redeliveries(
     (c,) = core.on_routed(p.workloads[W], routed(1), 2.0, env())
     assert isinstance(c, core.CreateJob)
     assert core.create_unanswered(c, 3.0, "timed out", unreachable=True, delivered=1) is None
-    assert core.create_unanswered(c, 3.0, "409? no: 500", unreachable=False, delivered=10) is None  # it answered: retry
+    assert (
+        core.create_unanswered(c, 3.0, "409? no: 500", unreachable=False, delivered=10) is None
+    )  # it answered: retry
     evs = core.create_unanswered(c, 9.0, "timed out", unreachable=True, delivered=core.CREATE_DELIVERIES)
     assert evs is not None and [type(e) for e in evs] == [ev.AttemptCreated, ev.Lost]
     assert evs[1].attempt_id == c.created.attempt_id and "did not answer the create" in evs[1].reason  # type: ignore[attr-defined]
@@ -644,7 +880,9 @@ def test_a_lost_attempt_seen_running_again_after_its_fence_is_still_replaced() -
     a1 = f"{W}-a1"
     base = {"workload_id": W, "attempt_id": a1, "epoch": 1, "cluster": "primary"}
     p = history(
-        routed(1), _created(1, 1), ev.Lost(at=2.0, reason="partition", **base),  # type: ignore[arg-type]
+        routed(1),
+        _created(1, 1),
+        ev.Lost(at=2.0, reason="partition", **base),  # type: ignore[arg-type]
         ev.FenceRequested(at=2.0, reason="lost", policy="strict", lease_expires_at=100.0, **base),  # type: ignore[arg-type]
         ev.Fenced(at=3.0, new_epoch=2, **base),  # type: ignore[arg-type]
         ev.Running(at=4.0, **base),  # type: ignore[arg-type]  # the partition heals: it still runs
@@ -671,20 +909,30 @@ def test_named_credentials_become_secret_key_refs_never_values() -> None:
     refs = [x for x in c["env"] if "valueFrom" in x]
     assert refs == [
         {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb-key", "key": "token"}}},
-        {"name": "GPUORCH_CREDENTIAL_S3_PROD", "valueFrom": {"secretKeyRef": {"name": "s3", "key": "secret-access-key"}}},
+        {
+            "name": "GPUORCH_CREDENTIAL_S3_PROD",
+            "valueFrom": {"secretKeyRef": {"name": "s3", "key": "secret-access-key"}},
+        },
     ]
     # a literal entry of the same name never shadows the reference; "hf" has no ref here: supplied otherwise
     assert [x["name"] for x in c["env"]].count("WANDB_API_KEY") == 1
     assert not any("HF" in x["name"] for x in c["env"] if x["name"].startswith("GPUORCH_CREDENTIAL_"))
     # the same workload on a cluster without refs: no secret at all
-    assert not any("valueFrom" in x for x in job(wl(requirements={"credentials": ["wandb"]}))["spec"]["template"]["spec"]["containers"][0]["env"])
+    assert not any(
+        "valueFrom" in x
+        for x in job(wl(requirements={"credentials": ["wandb"]}))["spec"]["template"]["spec"]["containers"][
+            0
+        ]["env"]
+    )
 
 
 # --- the rules the shell follows before it decides (moved from the shell) ----------------------
 
 
 def test_a_cancel_waits_while_a_job_is_created_or_the_view_is_behind() -> None:
-    assert core.cancel_wait(None, creating=True, in_log=False, delivered=9) == core.Wait(0.5, "an attempt of this workload is being created")
+    assert core.cancel_wait(None, creating=True, in_log=False, delivered=9) == core.Wait(
+        0.5, "an attempt of this workload is being created"
+    )
     w = core.cancel_wait(None, creating=False, in_log=True, delivered=9)
     assert w is not None and "behind the event log" in w.reason
     unknown = [core.cancel_wait(None, creating=False, in_log=False, delivered=n) for n in (1, 2, 3)]
@@ -708,8 +956,15 @@ def test_watched_attempts_are_the_owned_live_or_lost_and_not_gone() -> None:
         attempts: dict[str, A]
 
     views = [
-        V("w1", {"a": A("a", "alpha", True, "running", False), "b": A("b", "alpha", False, "lost", False),
-                 "c": A("c", "beta", False, "lost", True), "d": A("d", "beta", False, "failed", False)}),
+        V(
+            "w1",
+            {
+                "a": A("a", "alpha", True, "running", False),
+                "b": A("b", "alpha", False, "lost", False),
+                "c": A("c", "beta", False, "lost", True),
+                "d": A("d", "beta", False, "failed", False),
+            },
+        ),
         V("w2", {"e": A("e", "alpha", True, "running", False)}),
     ]
     got = core.watched(views, {"w1"})  # type: ignore[arg-type]
@@ -722,11 +977,47 @@ def test_reconcile_due_is_when_the_clock_alone_can_change_reconciles_answer() ->
     time before it, and a finite due time is when the answer changes."""
     e = env()
     histories = [
-        [routed(1), _created(1, 1), _failed(1, at=100.0), _fence_req(1, at=100.1), _fenced(1, at=100.2), _allowed(1, at=100.2)],
-        [routed(1), _created(1, 1), _lost(), _fence_req(), _fenced(), _confirmed(how="lease-expired"), _allowed(how="lease-expired")],
-        [routed(1), _created(1, 1), _failed(1, at=100.0), _fence_req(1), _fenced(1), _allowed(1), ev.RouteRequested(workload_id=W, at=101.0, attempt_number=2),
-         routed(2), _created(2, 2), _failed(2, at=200.0), _fence_req(2, at=200.0), _fenced(2, new_epoch=3, at=200.1), _allowed(2, at=200.1, epoch=2)],
-        [routed(1), _created(1, 1), _failed(1, at=100.0), _fence_req(1), _fenced(1), _confirmed(1, at=100.5), _cancel_requested()],
+        [
+            routed(1),
+            _created(1, 1),
+            _failed(1, at=100.0),
+            _fence_req(1, at=100.1),
+            _fenced(1, at=100.2),
+            _allowed(1, at=100.2),
+        ],
+        [
+            routed(1),
+            _created(1, 1),
+            _lost(),
+            _fence_req(),
+            _fenced(),
+            _confirmed(how="lease-expired"),
+            _allowed(how="lease-expired"),
+        ],
+        [
+            routed(1),
+            _created(1, 1),
+            _failed(1, at=100.0),
+            _fence_req(1),
+            _fenced(1),
+            _allowed(1),
+            ev.RouteRequested(workload_id=W, at=101.0, attempt_number=2),
+            routed(2),
+            _created(2, 2),
+            _failed(2, at=200.0),
+            _fence_req(2, at=200.0),
+            _fenced(2, new_epoch=3, at=200.1),
+            _allowed(2, at=200.1, epoch=2),
+        ],
+        [
+            routed(1),
+            _created(1, 1),
+            _failed(1, at=100.0),
+            _fence_req(1),
+            _fenced(1),
+            _confirmed(1, at=100.5),
+            _cancel_requested(),
+        ],
     ]
     finite = 0
     for events in histories:
@@ -741,5 +1032,7 @@ def test_reconcile_due_is_when_the_clock_alone_can_change_reconciles_answer() ->
                         assert core.reconcile(v, later, e) == [], (n, t, later, due)
                 if due < math.inf:
                     finite += 1
-                    assert core.reconcile(v, max(due, t), e), f"due at {due} but nothing to do then (prefix {n})"
+                    assert core.reconcile(v, max(due, t), e), (
+                        f"due at {due} but nothing to do then (prefix {n})"
+                    )
     assert finite > 0, "a history with a retry backoff has a finite due time"

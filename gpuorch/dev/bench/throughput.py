@@ -168,6 +168,7 @@ class Watch:
 
     stages: dict[str, dict[str, float]] = field(default_factory=dict)
     created: int = 0
+    kinds: dict[str, int] = field(default_factory=dict)  # events seen, by type (what every follower reads)
     sub: Any = None
     admin: Any = None  # the admin's JetStream context (the raw rate's scratch stream)
     _decode: Callable[[bytes], _At] = msgspec.json.Decoder(_At).decode
@@ -179,6 +180,7 @@ class Watch:
 
     async def on_msg(self, msg: Any) -> None:
         kind = msg.subject.rsplit(".", 1)[-1]
+        self.kinds[kind] = self.kinds.get(kind, 0) + 1
         if kind not in STAGES:
             return
         e = self._decode(msg.data)
@@ -363,6 +365,10 @@ async def scenario_burst(
         f = await burst(client, watch, n, f"t{uuid.uuid4().hex[:6]}", timeout)
         after, used = memory(system), {k: v - used.get(k, 0.0) for k, v in cpu(system).items()}
         print(f"# burst {n} (raw {raw:.0f}/s): {f}", file=sys.stderr)
+        print(
+            f"# events by type during the burst: {dict(sorted(watch.kinds.items(), key=lambda kv: -kv[1]))}",
+            file=sys.stderr,
+        )
         pending = max(1, int(f["created"]) - gpus(nodes))
         rows = _rows(f"burst {n:,}", f, raw)
         rows += [Row("memory", f"burst {n:,}", f"{name}: per pending workload", (after[name] - before[name]) / pending,

@@ -185,7 +185,9 @@ def latest_checkpoint(view: WorkloadView, env: Environment) -> CheckpointRef | N
         if start is not None and end is not None and end > start:
             interval = parse_duration(wl.spec.checkpoint.interval) if wl.spec.checkpoint.interval else 0.0
             held = max(0.0, (end - start) * env.time_scale - interval)
-        return CheckpointRef(attempt_id=a.attempt_id, cluster=a.cluster, store=store, path=path, run_seconds=held)
+        return CheckpointRef(
+            attempt_id=a.attempt_id, cluster=a.cluster, store=store, path=path, run_seconds=held
+        )
     return None
 
 
@@ -193,7 +195,8 @@ def needs_checkpoints(actions: list[Action]) -> bool:
     """Do these actions read `env.checkpoints` (a Job to create, a replacement's route request)?
     The shell finds checkpoint files (file I/O) only then, and decides again with them."""
     return any(
-        isinstance(a, CreateJob) or (isinstance(a, Emit) and isinstance(a.event, ev.RouteRequested)) for a in actions
+        isinstance(a, CreateJob) or (isinstance(a, Emit) and isinstance(a.event, ev.RouteRequested))
+        for a in actions
     )
 
 
@@ -211,7 +214,9 @@ def choose_mode(view: WorkloadView, cluster: str, env: Environment) -> tuple[str
     if ckpt is None:
         return "retry", None, "no valid checkpoint from earlier attempts"
     entry = env.registry.get(cluster, ClusterRegistryEntry())
-    verdict = can_resume(ckpt, portable=wl.spec.checkpoint.portable, cluster=cluster, readable=readable_stores(entry))
+    verdict = can_resume(
+        ckpt, portable=wl.spec.checkpoint.portable, cluster=cluster, readable=readable_stores(entry)
+    )
     # same data version and image: both are immutable in the workload spec of this workload
     return ("resume", ckpt.path, verdict.reason) if verdict.ok else ("retry", None, verdict.reason)
 
@@ -292,14 +297,23 @@ def build_job(
                 "image": spec.image,
                 "command": [env.python, "-m", "gpuorch.workloads.stage"],
                 "args": [
-                    "--dataset", inp.ref,
-                    "--source", env.data_roots.get(source, source),
-                    "--cache", cache_root,
-                    "--size-gb", f"{inp.size_gb:g}",
-                    "--bandwidth-mbps", f"{entry.bandwidth_mbps.get(source, 0.0):g}",
-                    "--time-scale", f"{env.time_scale:g}",
+                    "--dataset",
+                    inp.ref,
+                    "--source",
+                    env.data_roots.get(source, source),
+                    "--cache",
+                    cache_root,
+                    "--size-gb",
+                    f"{inp.size_gb:g}",
+                    "--bandwidth-mbps",
+                    f"{entry.bandwidth_mbps.get(source, 0.0):g}",
+                    "--time-scale",
+                    f"{env.time_scale:g}",
                 ],
-                "resources": {"limits": {"cpu": "1", "memory": "1Gi"}, "requests": {"cpu": "1", "memory": "1Gi"}},
+                "resources": {
+                    "limits": {"cpu": "1", "memory": "1Gi"},
+                    "requests": {"cpu": "1", "memory": "1Gi"},
+                },
                 "securityContext": dict(CONTAINER_SECURITY),
             }
         )
@@ -318,9 +332,13 @@ def build_job(
             {
                 "name": "main",
                 "image": spec.image,
-                "command": [env.python if c in ("python", "python3") and i == 0 else c for i, c in enumerate(spec.command)],
+                "command": [
+                    env.python if c in ("python", "python3") and i == 0 else c
+                    for i, c in enumerate(spec.command)
+                ],
                 "args": list(spec.args),
-                "env": [{"name": k, "value": v} for k, v in sorted(envs.items()) if k not in secret_names] + secrets,
+                "env": [{"name": k, "value": v} for k, v in sorted(envs.items()) if k not in secret_names]
+                + secrets,
                 "resources": {"limits": limits, "requests": dict(limits)},
                 "securityContext": dict(CONTAINER_SECURITY),
             }
@@ -343,7 +361,16 @@ def build_job(
         }
     if spec.requirements.tolerations:
         pod_spec["tolerations"] = [
-            {k: v for k, v in (("key", t.key), ("operator", t.operator), ("value", t.value), ("effect", t.effect)) if v}
+            {
+                k: v
+                for k, v in (
+                    ("key", t.key),
+                    ("operator", t.operator),
+                    ("value", t.value),
+                    ("effect", t.effect),
+                )
+                if v
+            }
             for t in spec.requirements.tolerations
         ]
     if entry.admission in SCHEDULER_FOR:
@@ -355,7 +382,10 @@ def build_job(
         "parallelism": pods,
         "completions": pods,
         "backoffLimit": 0,  # gpuorch owns retries: a failed pod fails the attempt
-        "template": {"metadata": {"labels": dict(labels), "annotations": dict(annotations)}, "spec": pod_spec},
+        "template": {
+            "metadata": {"labels": dict(labels), "annotations": dict(annotations)},
+            "spec": pod_spec,
+        },
     }
     if pods > 1:
         job_spec["completionMode"] = "Indexed"
@@ -386,7 +416,9 @@ def _attempt_paths(env: Environment, wl: Workload, workload_id: str, att_id: str
     )
 
 
-def on_routed(view: WorkloadView, e: ev.Routed, now: float, env: Environment, traceparent: str | None = None) -> list[Action]:
+def on_routed(
+    view: WorkloadView, e: ev.Routed, now: float, env: Environment, traceparent: str | None = None
+) -> list[Action]:
     """A destination was chosen: create the attempt's Job (exactly once per attempt number)."""
     wl = view.workload
     if wl is None or view.terminal or view.cancel_requested or e.decision.cluster is None:
@@ -400,9 +432,19 @@ def on_routed(view: WorkloadView, e: ev.Routed, now: float, env: Environment, tr
     out, ckpt = _attempt_paths(env, wl, view.workload_id, att)
     mode, resume_from, why = choose_mode(view, cluster, env)
     manifest = build_job(
-        wl, view.workload_id, att, view.epoch, cluster, e.decision.queue, env,
-        output_path=out, checkpoint_path=ckpt, resume_from=resume_from, traceparent=traceparent,
-        placement=e.decision.placement, pipeline_env=job_env(view.parameters, view.stage_inputs),
+        wl,
+        view.workload_id,
+        att,
+        view.epoch,
+        cluster,
+        e.decision.queue,
+        env,
+        output_path=out,
+        checkpoint_path=ckpt,
+        resume_from=resume_from,
+        traceparent=traceparent,
+        placement=e.decision.placement,
+        pipeline_env=job_env(view.parameters, view.stage_inputs),
     )
     created = ev.AttemptCreated(
         event_id=event_id(view.workload_id, "attempt-created", e.attempt_number),
@@ -435,16 +477,23 @@ def estimated_queue_wait(view: WorkloadView, a: AttemptView) -> float | None:
     d = view.decision
     if d is None or d.cluster != a.cluster:
         return None
-    return next((v.estimate.queue_wait for v in d.verdicts if v.cluster == a.cluster and v.estimate is not None), None)
+    return next(
+        (v.estimate.queue_wait for v in d.verdicts if v.cluster == a.cluster and v.estimate is not None), None
+    )
 
 
 def requeue_limit(view: WorkloadView, a: AttemptView, requeue: Requeue, time_scale: float) -> float:
     """Real seconds `a` may wait unplaced at its destination (see :class:`Requeue`)."""
     estimate = estimated_queue_wait(view, a) or 0.0
-    return min(max(requeue.factor * estimate / max(time_scale, 1e-9), requeue.floor), max(requeue.most, requeue.floor))
+    return min(
+        max(requeue.factor * estimate / max(time_scale, 1e-9), requeue.floor),
+        max(requeue.most, requeue.floor),
+    )
 
 
-def _requeue(view: WorkloadView, a: AttemptView, obs: JobObservation, now: float, requeue: Requeue, time_scale: float) -> Emit | None:
+def _requeue(
+    view: WorkloadView, a: AttemptView, obs: JobObservation, now: float, requeue: Requeue, time_scale: float
+) -> Emit | None:
     """Requeue `a` (a placement failure: no retry budget spent) once it waited past its limit."""
     since = a.times.get("created")
     if since is None or "admitted" in a.times or a.status != "created" or a.fenced or view.cancel_requested:
@@ -453,7 +502,11 @@ def _requeue(view: WorkloadView, a: AttemptView, obs: JobObservation, now: float
     if waited < limit:
         return None
     estimate = estimated_queue_wait(view, a)
-    told = f"the router estimated {format_duration(estimate)} of queue wait" if estimate is not None else "no queue-wait estimate"
+    told = (
+        f"the router estimated {format_duration(estimate)} of queue wait"
+        if estimate is not None
+        else "no queue-wait estimate"
+    )
     what = f"pods waiting: {obs.unschedulable}" if obs.unschedulable else "not admitted by the cluster"
     why = (
         f"requeued: {obs.scheduled}/{obs.workers} pods placed on {a.cluster} after {waited:.0f}s ({what}); "
@@ -461,15 +514,29 @@ def _requeue(view: WorkloadView, a: AttemptView, obs: JobObservation, now: float
     )
     return Emit(
         ev.Failed(
-            event_id=_eid(a, "failed"), workload_id=view.workload_id, at=now, attempt_id=a.attempt_id, epoch=a.epoch,
-            cluster=a.cluster, exit_code=None, reason=why, retryable=True, placement=True,
+            event_id=_eid(a, "failed"),
+            workload_id=view.workload_id,
+            at=now,
+            attempt_id=a.attempt_id,
+            epoch=a.epoch,
+            cluster=a.cluster,
+            exit_code=None,
+            reason=why,
+            retryable=True,
+            placement=True,
         )
     )
 
 
 def on_observation(
-    view: WorkloadView, a: AttemptView, obs: JobObservation, now: float, *, unschedulable_grace: float = 60.0,
-    requeue: Requeue | None = None, time_scale: float = 1.0,
+    view: WorkloadView,
+    a: AttemptView,
+    obs: JobObservation,
+    now: float,
+    *,
+    unschedulable_grace: float = 60.0,
+    requeue: Requeue | None = None,
+    time_scale: float = 1.0,
 ) -> list[Action]:
     """Translate what the cluster says about an attempt's Job into lifecycle events.
 
@@ -484,21 +551,63 @@ def on_observation(
     """
     if a.status in ("succeeded", "failed") or a.gone or view.workload is None:
         return []
-    base: dict[str, Any] = {"workload_id": view.workload_id, "at": now, "attempt_id": a.attempt_id, "epoch": a.epoch, "cluster": a.cluster}
+    base: dict[str, Any] = {
+        "workload_id": view.workload_id,
+        "at": now,
+        "attempt_id": a.attempt_id,
+        "epoch": a.epoch,
+        "cluster": a.cluster,
+    }
     out: list[Action] = []
     if not obs.exists:
         if a.fenced or view.cancel_requested:
             return []
-        return [Emit(ev.Failed(event_id=_eid(a, "failed"), exit_code=None, reason="job disappeared from the cluster", retryable=True, **base))]
+        return [
+            Emit(
+                ev.Failed(
+                    event_id=_eid(a, "failed"),
+                    exit_code=None,
+                    reason="job disappeared from the cluster",
+                    retryable=True,
+                    **base,
+                )
+            )
+        ]
     if obs.unschedulable and obs.scheduled < obs.workers and not (obs.complete or obs.failed):
         permanent = placement_impossible(obs.unschedulable)
         kind = "unschedulable" if permanent else "pending"
         if kind not in a.times:
-            out.append(Emit(ev.Unschedulable(event_id=_eid(a, kind), message=obs.unschedulable, permanent=permanent, **base)))
-        elif permanent and not a.fenced and not view.cancel_requested and now - a.times[kind] >= unschedulable_grace:
+            out.append(
+                Emit(
+                    ev.Unschedulable(
+                        event_id=_eid(a, kind), message=obs.unschedulable, permanent=permanent, **base
+                    )
+                )
+            )
+        elif (
+            permanent
+            and not a.fenced
+            and not view.cancel_requested
+            and now - a.times[kind] >= unschedulable_grace
+        ):
             why = f"pods unschedulable on {a.cluster} for {now - a.times[kind]:.0f}s: {obs.unschedulable}"
-            out.append(Emit(ev.Failed(event_id=_eid(a, "failed"), exit_code=None, reason=why, retryable=True, placement=True, **base)))
-        elif not permanent and requeue is not None and (late := _requeue(view, a, obs, now, requeue, time_scale)):
+            out.append(
+                Emit(
+                    ev.Failed(
+                        event_id=_eid(a, "failed"),
+                        exit_code=None,
+                        reason=why,
+                        retryable=True,
+                        placement=True,
+                        **base,
+                    )
+                )
+            )
+        elif (
+            not permanent
+            and requeue is not None
+            and (late := _requeue(view, a, obs, now, requeue, time_scale))
+        ):
             out.append(late)
         return out
     if obs.scheduled < obs.workers and not (obs.complete or obs.failed) and requeue is not None:
@@ -510,11 +619,23 @@ def on_observation(
         out.append(Emit(ev.Running(event_id=_eid(a, "running"), workers_running=obs.workers, **base)))
     if obs.complete:
         out.append(Emit(ev.Succeeded(event_id=_eid(a, "succeeded"), output_path=a.output_path, **base)))
-        out.append(Emit(ev.PromoteRequested(event_id=_eid(a, "promote-requested"), output_path=a.output_path, **base)))
+        out.append(
+            Emit(
+                ev.PromoteRequested(event_id=_eid(a, "promote-requested"), output_path=a.output_path, **base)
+            )
+        )
     elif obs.failed:
         code = obs.exit_code
         out.append(
-            Emit(ev.Failed(event_id=_eid(a, "failed"), exit_code=code, reason=obs.reason or "job failed", retryable=retryable(view.workload, code), **base))
+            Emit(
+                ev.Failed(
+                    event_id=_eid(a, "failed"),
+                    exit_code=code,
+                    reason=obs.reason or "job failed",
+                    retryable=retryable(view.workload, code),
+                    **base,
+                )
+            )
         )
     return out
 
@@ -539,7 +660,9 @@ def contact(prev: Contact | None, answered: bool, now: float) -> Contact:
     if answered:
         return Contact(last_ok=now)
     prev = prev or Contact()
-    return Contact(last_ok=prev.last_ok, failing_since=prev.failing_since if prev.failing_since is not None else now)
+    return Contact(
+        last_ok=prev.last_ok, failing_since=prev.failing_since if prev.failing_since is not None else now
+    )
 
 
 def silence(c: Contact, now: float, lost_after: float) -> str | None:
@@ -559,7 +682,9 @@ def silence(c: Contact, now: float, lost_after: float) -> str | None:
 CREATE_DELIVERIES: Final = 4
 
 
-def create_unanswered(c: CreateJob, now: float, error: str, *, unreachable: bool, delivered: int) -> list[ev.Base] | None:
+def create_unanswered(
+    c: CreateJob, now: float, error: str, *, unreachable: bool, delivered: int
+) -> list[ev.Base] | None:
     """A Job create failed. None: try again later (the routed event is redelivered). Else the
     events to publish: after `CREATE_DELIVERIES` tries that the cluster never answered, the Job
     may or may not exist, so the attempt is recorded and declared lost (then fenced, like any)."""
@@ -569,8 +694,13 @@ def create_unanswered(c: CreateJob, now: float, error: str, *, unreachable: bool
     return [
         a,
         ev.Lost(
-            event_id=f"{a.attempt_id}.lost", workload_id=a.workload_id, at=now, attempt_id=a.attempt_id,
-            epoch=a.epoch, cluster=c.cluster, reason=f"cluster did not answer the create: {error}",
+            event_id=f"{a.attempt_id}.lost",
+            workload_id=a.workload_id,
+            at=now,
+            attempt_id=a.attempt_id,
+            epoch=a.epoch,
+            cluster=c.cluster,
+            reason=f"cluster did not answer the create: {error}",
         ),
     ]
 
@@ -578,7 +708,19 @@ def create_unanswered(c: CreateJob, now: float, error: str, *, unreachable: bool
 def lost(view: WorkloadView, a: AttemptView, now: float, reason: str) -> list[Action]:
     if not a.live or a.status == "lost":
         return []
-    return [Emit(ev.Lost(event_id=_eid(a, "lost"), workload_id=view.workload_id, at=now, attempt_id=a.attempt_id, epoch=a.epoch, cluster=a.cluster, reason=reason))]
+    return [
+        Emit(
+            ev.Lost(
+                event_id=_eid(a, "lost"),
+                workload_id=view.workload_id,
+                at=now,
+                attempt_id=a.attempt_id,
+                epoch=a.epoch,
+                cluster=a.cluster,
+                reason=reason,
+            )
+        )
+    ]
 
 
 def _fence(view: WorkloadView, a: AttemptView, now: float, reason: str, time_scale: float) -> Emit:
@@ -587,8 +729,14 @@ def _fence(view: WorkloadView, a: AttemptView, now: float, reason: str, time_sca
     return Emit(
         ev.FenceRequested(
             event_id=_eid(a, "fence-requested"),
-            workload_id=view.workload_id, at=now, attempt_id=a.attempt_id, epoch=a.epoch, cluster=a.cluster,
-            reason=reason, policy=view.workload.spec.fencing, lease_expires_at=now + lease,
+            workload_id=view.workload_id,
+            at=now,
+            attempt_id=a.attempt_id,
+            epoch=a.epoch,
+            cluster=a.cluster,
+            reason=reason,
+            policy=view.workload.spec.fencing,
+            lease_expires_at=now + lease,
             stopped=a.status in ("failed", "succeeded"),  # the cluster said its pods ended
         )
     )
@@ -601,7 +749,8 @@ def failed_attempts(view: WorkloadView, up_to: int | None = None) -> int:
     past the estimate) is not the workload's failure: it spends no budget and backs off nothing.
     """
     return sum(
-        1 for a in view.attempts.values()
+        1
+        for a in view.attempts.values()
         if a.status == "failed" and not a.placement_failed and (up_to is None or a.number <= up_to)
     )
 
@@ -673,7 +822,17 @@ def _request_route(view: WorkloadView, a: AttemptView, now: float, why: str, env
         wait = retry_backoff(view.workload, n_failed)
         if wait > 0:
             why += f"; after a backoff of {format_duration(wait)} (failed attempt {n_failed})"
-    return Emit(ev.RouteRequested(event_id=event_id(view.workload_id, "route-requested", n), workload_id=view.workload_id, at=now, attempt_number=n, exclude=exclude, reason=why, checkpoint=latest_checkpoint(view, env)))
+    return Emit(
+        ev.RouteRequested(
+            event_id=event_id(view.workload_id, "route-requested", n),
+            workload_id=view.workload_id,
+            at=now,
+            attempt_number=n,
+            exclude=exclude,
+            reason=why,
+            checkpoint=latest_checkpoint(view, env),
+        )
+    )
 
 
 def on_event(view: WorkloadView, e: Event, now: float, env: Environment) -> list[Action]:
@@ -690,9 +849,29 @@ def on_event(view: WorkloadView, e: Event, now: float, env: Environment) -> list
             if view.terminal or view.cancel_requested:
                 return out
             if not e.retryable:
-                out.append(Emit(ev.WorkloadFailed(event_id=event_id(view.workload_id, "workload-failed"), workload_id=view.workload_id, at=now, reason=f"permanent failure (exit code {e.exit_code}) in {a.attempt_id}: {e.reason}", attempts=len(view.attempts))))
+                out.append(
+                    Emit(
+                        ev.WorkloadFailed(
+                            event_id=event_id(view.workload_id, "workload-failed"),
+                            workload_id=view.workload_id,
+                            at=now,
+                            reason=f"permanent failure (exit code {e.exit_code}) in {a.attempt_id}: {e.reason}",
+                            attempts=len(view.attempts),
+                        )
+                    )
+                )
             elif failed_attempts(view) > wl.spec.retry.budget:
-                out.append(Emit(ev.WorkloadFailed(event_id=event_id(view.workload_id, "workload-failed"), workload_id=view.workload_id, at=now, reason=f"retry budget of {wl.spec.retry.budget} spent; last: {e.reason}", attempts=len(view.attempts))))
+                out.append(
+                    Emit(
+                        ev.WorkloadFailed(
+                            event_id=event_id(view.workload_id, "workload-failed"),
+                            workload_id=view.workload_id,
+                            at=now,
+                            reason=f"retry budget of {wl.spec.retry.budget} spent; last: {e.reason}",
+                            attempts=len(view.attempts),
+                        )
+                    )
+                )
             return out
         case ev.Lost():
             a = view.attempts.get(e.attempt_id)
@@ -704,14 +883,26 @@ def on_event(view: WorkloadView, e: Event, now: float, env: Environment) -> list
             # any stop; the replacement resumes from the checkpoint (choose_mode). Refused here too
             # for work that is not interruptible (declared preemptible, with a checkpoint).
             a = view.attempts.get(e.attempt_id)
-            if a is None or not a.live or a.fenced or "fence-requested" in a.times or view.terminal or view.cancel_requested:
+            if (
+                a is None
+                or not a.live
+                or a.fenced
+                or "fence-requested" in a.times
+                or view.terminal
+                or view.cancel_requested
+            ):
                 return []
             if not (wl.spec.preemptible and wl.spec.checkpoint.path):
                 return []
             return [_fence(view, a, now, e.reason, env.time_scale)]
         case ev.AttemptCreated():
             a = view.attempts.get(e.attempt_id)
-            if a is None or not (view.cancel_requested or view.terminal) or not a.live or "fence-requested" in a.times:
+            if (
+                a is None
+                or not (view.cancel_requested or view.terminal)
+                or not a.live
+                or "fence-requested" in a.times
+            ):
                 return []
             # created while a cancel was being decided (or after the workload ended): stop it too
             when = f"the workload was {view.status}" if view.terminal else "a cancel was requested"
@@ -733,14 +924,39 @@ def on_event(view: WorkloadView, e: Event, now: float, env: Environment) -> list
             return []
         case ev.OrphanDeleted() | ev.PromotionRejected():
             # the attempt can no longer publish (or is gone): that may have been the last one a cancel waited for
-            return [_cancelled(view, now, "cancelled; every attempt confirmed gone")] if _cancel_complete(view) else []
+            return (
+                [_cancelled(view, now, "cancelled; every attempt confirmed gone")]
+                if _cancel_complete(view)
+                else []
+            )
         case ev.Promoted():
             if view.status == "completed":
                 return []
             a = view.attempts.get(e.attempt_id)
             if view.terminal:  # never a second terminal event; only the Job goes
-                return [DeleteJob(a.cluster, a.namespace, a.job_name, f"promoted after the workload was {view.status}")] if a else []
-            out = [Emit(ev.Completed(event_id=event_id(view.workload_id, "completed"), workload_id=view.workload_id, at=now, attempt_id=e.attempt_id, result_path=e.result_path))]
+                return (
+                    [
+                        DeleteJob(
+                            a.cluster,
+                            a.namespace,
+                            a.job_name,
+                            f"promoted after the workload was {view.status}",
+                        )
+                    ]
+                    if a
+                    else []
+                )
+            out = [
+                Emit(
+                    ev.Completed(
+                        event_id=event_id(view.workload_id, "completed"),
+                        workload_id=view.workload_id,
+                        at=now,
+                        attempt_id=e.attempt_id,
+                        result_path=e.result_path,
+                    )
+                )
+            ]
             if a is not None:
                 out.append(DeleteJob(a.cluster, a.namespace, a.job_name, "completed and promoted"))
             return out
@@ -769,8 +985,10 @@ def to_stop(view: WorkloadView) -> list[AttemptView]:
     cancel does not wait for it.)
     """
     return [
-        a for a in view.attempts.values()
-        if not a.gone and (
+        a
+        for a in view.attempts.values()
+        if not a.gone
+        and (
             a.live
             or a.status == "failed"
             or (a.status == "succeeded" and not a.promoted and not a.promotion_rejected and not a.fenced)
@@ -784,10 +1002,19 @@ def _cancel_complete(view: WorkloadView) -> bool:
 
 
 def _cancelled(view: WorkloadView, now: float, reason: str) -> Emit:
-    return Emit(ev.Cancelled(event_id=event_id(view.workload_id, "cancelled"), workload_id=view.workload_id, at=now, reason=reason))
+    return Emit(
+        ev.Cancelled(
+            event_id=event_id(view.workload_id, "cancelled"),
+            workload_id=view.workload_id,
+            at=now,
+            reason=reason,
+        )
+    )
 
 
-def on_cancel(view: WorkloadView | None, workload_id: str, reason: str, now: float, env: Environment) -> list[Action]:
+def on_cancel(
+    view: WorkloadView | None, workload_id: str, reason: str, now: float, env: Environment
+) -> list[Action]:
     """`gpuorch cancel` in any state: fence every attempt that may still run or publish; done when all are gone.
 
     Unknown id: `rejected`. Finished workload (or one whose result is already promoted): nothing.
@@ -800,7 +1027,16 @@ def on_cancel(view: WorkloadView | None, workload_id: str, reason: str, now: flo
         return []
     out: list[Action] = []
     if not view.cancel_requested:
-        out.append(Emit(ev.CancelRequested(event_id=event_id(workload_id, "cancel-requested"), workload_id=workload_id, at=now, reason=reason)))
+        out.append(
+            Emit(
+                ev.CancelRequested(
+                    event_id=event_id(workload_id, "cancel-requested"),
+                    workload_id=workload_id,
+                    at=now,
+                    reason=reason,
+                )
+            )
+        )
     stopping = to_stop(view)
     for a in stopping:
         if "fence-requested" not in a.times:
@@ -810,7 +1046,9 @@ def on_cancel(view: WorkloadView | None, workload_id: str, reason: str, now: flo
     return out
 
 
-def reconcile(view: WorkloadView, now: float, env: Environment, traceparent: str | None = None) -> list[Action]:
+def reconcile(
+    view: WorkloadView, now: float, env: Environment, traceparent: str | None = None
+) -> list[Action]:
     """Level-triggered: what the workload's state still needs, whatever events were missed.
 
     A dispatcher that takes over a workload (its owner died) calls this to re-drive it, and the
@@ -824,27 +1062,87 @@ def reconcile(view: WorkloadView, now: float, env: Environment, traceparent: str
         return []
     out: list[Action] = []
     for a in view.attempts.values():
-        if a.status == "succeeded" and not a.fenced and "promote-requested" not in a.times and not view.cancel_requested:
-            out.append(Emit(ev.PromoteRequested(event_id=_eid(a, "promote-requested"), workload_id=view.workload_id, at=now, attempt_id=a.attempt_id, epoch=a.epoch, cluster=a.cluster, output_path=a.output_path)))
+        if (
+            a.status == "succeeded"
+            and not a.fenced
+            and "promote-requested" not in a.times
+            and not view.cancel_requested
+        ):
+            out.append(
+                Emit(
+                    ev.PromoteRequested(
+                        event_id=_eid(a, "promote-requested"),
+                        workload_id=view.workload_id,
+                        at=now,
+                        attempt_id=a.attempt_id,
+                        epoch=a.epoch,
+                        cluster=a.cluster,
+                        output_path=a.output_path,
+                    )
+                )
+            )
         if a.promoted and view.status != "completed" and view.result_path:
-            out.append(Emit(ev.Completed(event_id=event_id(view.workload_id, "completed"), workload_id=view.workload_id, at=now, attempt_id=a.attempt_id, result_path=view.result_path)))
+            out.append(
+                Emit(
+                    ev.Completed(
+                        event_id=event_id(view.workload_id, "completed"),
+                        workload_id=view.workload_id,
+                        at=now,
+                        attempt_id=a.attempt_id,
+                        result_path=view.result_path,
+                    )
+                )
+            )
     if view.cancel_requested:
         return out + on_cancel(view, view.workload_id, "cancel (re-driven)", now, env)
     latest = view.latest_attempt
     wanted = max(view.routed_attempts | {0})
-    if wanted and (latest is None or latest.number < wanted) and view.decision is not None and view.decision.cluster:
-        routed = ev.Routed(event_id=event_id(view.workload_id, "routed", wanted), workload_id=view.workload_id, at=now, decision=view.decision, attempt_number=wanted)
+    if (
+        wanted
+        and (latest is None or latest.number < wanted)
+        and view.decision is not None
+        and view.decision.cluster
+    ):
+        routed = ev.Routed(
+            event_id=event_id(view.workload_id, "routed", wanted),
+            workload_id=view.workload_id,
+            at=now,
+            decision=view.decision,
+            attempt_number=wanted,
+        )
         out.extend(on_routed(view, routed, now, env, traceparent))
     elif latest is not None and needs_replacement(latest):
         if "fence-requested" not in latest.times and latest.status != "succeeded":
-            reason = f"attempt failed: {latest.reason}" if latest.status == "failed" else f"lost: {latest.reason}"
+            reason = (
+                f"attempt failed: {latest.reason}" if latest.status == "failed" else f"lost: {latest.reason}"
+            )
             out.append(_fence(view, latest, now, reason, env.time_scale))
-        if latest.status == "failed" and (_budget_spent(view, wl) or (latest.exit_code is not None and not retryable(wl, latest.exit_code))):
-            why = f"retry budget of {wl.spec.retry.budget} spent" if _budget_spent(view, wl) else f"permanent failure (exit code {latest.exit_code})"
-            out.append(Emit(ev.WorkloadFailed(event_id=event_id(view.workload_id, "workload-failed"), workload_id=view.workload_id, at=now, reason=f"{why} in {latest.attempt_id}: {latest.reason}", attempts=len(view.attempts))))
+        if latest.status == "failed" and (
+            _budget_spent(view, wl) or (latest.exit_code is not None and not retryable(wl, latest.exit_code))
+        ):
+            why = (
+                f"retry budget of {wl.spec.retry.budget} spent"
+                if _budget_spent(view, wl)
+                else f"permanent failure (exit code {latest.exit_code})"
+            )
+            out.append(
+                Emit(
+                    ev.WorkloadFailed(
+                        event_id=event_id(view.workload_id, "workload-failed"),
+                        workload_id=view.workload_id,
+                        at=now,
+                        reason=f"{why} in {latest.attempt_id}: {latest.reason}",
+                        attempts=len(view.attempts),
+                    )
+                )
+            )
         elif "replacement-allowed" in latest.times and _replacement_due(view, latest):
             if now >= replacement_not_before(view, latest, env.time_scale):
-                out.append(_request_route(view, latest, now, f"replacing {latest.attempt_id} ({latest.status}), re-driven", env))
+                out.append(
+                    _request_route(
+                        view, latest, now, f"replacing {latest.attempt_id} ({latest.status}), re-driven", env
+                    )
+                )
     return out
 
 
@@ -855,8 +1153,12 @@ def reconcile_due(view: WorkloadView, env: Environment) -> float:
     the same state before then (the dispatcher's upkeep skips such workloads)."""
     latest = view.latest_attempt
     if (
-        view.workload is None or view.terminal or view.cancel_requested or latest is None
-        or "replacement-allowed" not in latest.times or not _replacement_due(view, latest)
+        view.workload is None
+        or view.terminal
+        or view.cancel_requested
+        or latest is None
+        or "replacement-allowed" not in latest.times
+        or not _replacement_due(view, latest)
     ):
         return math.inf
     return replacement_not_before(view, latest, env.time_scale)
@@ -876,7 +1178,9 @@ def claim(current: OwnerLease | None, me: str, now: float, ttl: float) -> OwnerL
 # --- what the shell watches, and when a cancel must wait: rules the shell and the simulation follow
 
 
-def watched(workloads: Iterable[WorkloadView], owned: Container[str]) -> dict[str, list[tuple[WorkloadView, AttemptView]]]:
+def watched(
+    workloads: Iterable[WorkloadView], owned: Container[str]
+) -> dict[str, list[tuple[WorkloadView, AttemptView]]]:
     """The attempts to observe, per cluster: those of workloads this dispatcher owns that are
     live, or lost and not yet confirmed gone (a lost attempt may come back: it is fenced, and
     its pods seen again are reported)."""
@@ -902,7 +1206,12 @@ class Wait:
 
 
 def cancel_wait(
-    view: WorkloadView | None, *, creating: bool, in_log: bool, delivered: int, unknown_retries: int = UNKNOWN_CANCEL_RETRIES,
+    view: WorkloadView | None,
+    *,
+    creating: bool,
+    in_log: bool,
+    delivered: int,
+    unknown_retries: int = UNKNOWN_CANCEL_RETRIES,
 ) -> Wait | None:
     """Whether a cancel must wait before `on_cancel` decides it. `creating`: a Job of this
     workload is being created, or was created and its `attempt-created` is not in our view yet

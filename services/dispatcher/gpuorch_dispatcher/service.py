@@ -52,7 +52,9 @@ def latest_checkpoint(path: str) -> str | None:
     p = Path(path)
     if not p.is_dir():
         return None
-    files = [f for f in p.iterdir() if f.is_file() and not f.name.endswith(".tmp") and not f.name.startswith(".")]
+    files = [
+        f for f in p.iterdir() if f.is_file() and not f.name.endswith(".tmp") and not f.name.startswith(".")
+    ]
     return str(max(files, key=lambda f: f.stat().st_mtime)) if files else None
 
 
@@ -79,11 +81,21 @@ def observe(job: dict[str, Any], pods: list[dict[str, Any]]) -> core.JobObservat
         if (p.get("spec") or {}).get("nodeName"):
             continue
         for c in (p.get("status") or {}).get("conditions") or []:
-            if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
+            if (
+                c.get("type") == "PodScheduled"
+                and c.get("status") == "False"
+                and c.get("reason") == "Unschedulable"
+            ):
                 unschedulable = unschedulable or str(c.get("message") or "Unschedulable")
     return core.JobObservation(
-        exists=True, workers=workers, scheduled=scheduled, running=running,
-        complete="Complete" in conds, failed=failed is not None, exit_code=exit_code, reason=reason,
+        exists=True,
+        workers=workers,
+        scheduled=scheduled,
+        running=running,
+        complete="Complete" in conds,
+        failed=failed is not None,
+        exit_code=exit_code,
+        reason=reason,
         unschedulable=unschedulable,
     )
 
@@ -96,8 +108,12 @@ CLOCK_MARGIN = 1.0
 def informers_for(cc: ClusterClient) -> ClusterInformers:
     """gpuorch's Jobs and pods of one cluster (its label, its namespace), list-then-watch."""
     group = ClusterInformers(cc.name)
-    group.add("jobs", cc.batch.list_namespaced_job, namespace=k8s.NAMESPACE, label_selector=k8s.MANAGED_SELECTOR)
-    group.add("pods", cc.core.list_namespaced_pod, namespace=k8s.NAMESPACE, label_selector=k8s.MANAGED_SELECTOR)
+    group.add(
+        "jobs", cc.batch.list_namespaced_job, namespace=k8s.NAMESPACE, label_selector=k8s.MANAGED_SELECTOR
+    )
+    group.add(
+        "pods", cc.core.list_namespaced_pod, namespace=k8s.NAMESPACE, label_selector=k8s.MANAGED_SELECTOR
+    )
     return group
 
 
@@ -140,7 +156,9 @@ class Dispatcher:
         self._env_base: tuple[int | None, core.Environment] | None = None  # (data dir mtime, environment)
         self.follower = Follower()
         self.registry = load_registry(settings.registry) if settings.registry else None
-        self.clients: dict[str, ClusterClient] = make_clients(settings.kubeconfig) if settings.kubeconfig else {}
+        self.clients: dict[str, ClusterClient] = (
+            make_clients(settings.kubeconfig) if settings.kubeconfig else {}
+        )
         self.contacts: dict[str, core.Contact] = {}  # cluster -> its answers to our list calls
         self.interval = settings.tuning.dispatch_interval
         self.lost_after = settings.tuning.lost_after
@@ -153,7 +171,9 @@ class Dispatcher:
         self.kv_staged: Any = None
         self.kv_owners: Any = None
         self.me = settings.tuning.dispatcher_id
-        self.verifier = Verifier(load_identities(settings.identities)) if settings.identities else None  # who may cancel
+        self.verifier = (
+            Verifier(load_identities(settings.identities)) if settings.identities else None
+        )  # who may cancel
         self.owner_ttl = settings.tuning.owner_ttl
         self.owned: dict[str, int] = {}  # workload id -> revision of our lease in the owners bucket
         self.busy: dict[str, int] = {}  # workload id -> handlers now acting on it (creating its Job, ...)
@@ -162,9 +182,13 @@ class Dispatcher:
         self.created: dict[str, set[str]] = {}  # workload id -> attempts whose Job this process created
         # workloads handled at once (each workload's events still in order): Job creates in flight
         self.concurrency = settings.tuning.dispatch_concurrency
-        self.kube_pool = ThreadPoolExecutor(max_workers=settings.tuning.kube_threads, thread_name_prefix="kube")
+        self.kube_pool = ThreadPoolExecutor(
+            max_workers=settings.tuning.kube_threads, thread_name_prefix="kube"
+        )
         # each cluster's gpuorch Jobs and pods, followed by list-then-watch (gpuorch.informer)
-        self.informers: dict[str, ClusterInformers] = {name: informers_for(cc) for name, cc in self.clients.items()}
+        self.informers: dict[str, ClusterInformers] = {
+            name: informers_for(cc) for name, cc in self.clients.items()
+        }
         self.created_rv: dict[str, int] = {}  # attempt id -> resourceVersion of the Job we created
         # workload id -> (the last_seq that `reconcile` asked nothing for, until when that holds)
         self.quiet: dict[str, tuple[int, float]] = {}
@@ -191,12 +215,18 @@ class Dispatcher:
         data_roots: dict[str, str] = {}
         if stamp is not None:
             data_roots = {p.name: str(p.resolve()) for p in s.data_dir.iterdir() if p.is_dir()}
-        stores = set().union(*(set(e.artifact_stores) | set(e.checkpoint_stores) for e in reg.values())) if reg else set()
+        stores = (
+            set().union(*(set(e.artifact_stores) | set(e.checkpoint_stores) for e in reg.values()))
+            if reg
+            else set()
+        )
         env = core.Environment(
             registry=reg,
             store_roots={st: str(s.store_root(st)) for st in stores},
             data_roots=data_roots,
-            cache_roots={c: e.cache_path or str((s.state_dir / "caches" / c).resolve()) for c, e in reg.items()},
+            cache_roots={
+                c: e.cache_path or str((s.state_dir / "caches" / c).resolve()) for c, e in reg.items()
+            },
             time_scale=self.registry.time_scale if self.registry else 1.0,
         )
         self._env_base = (stamp, env)
@@ -227,10 +257,15 @@ class Dispatcher:
         try:
             # the response read raw: only its resourceVersion is needed, and building the V1Job
             # model of every created Job cost more CPU than the request itself
-            raw = await loop.run_in_executor(
-                self.kube_pool,
-                lambda: cc.batch.create_namespaced_job(act.namespace, act.manifest, _request_timeout=TIMEOUT, _preload_content=False).data,  # type: ignore[arg-type]
-            )
+            def create() -> bytes:
+                # a plain dict body (the client accepts it); `_preload_content=False`: the raw response
+                body: Any = act.manifest
+                resp: Any = cc.batch.create_namespaced_job(
+                    act.namespace, body, _request_timeout=TIMEOUT, _preload_content=False
+                )
+                return bytes(resp.data)
+
+            raw = await loop.run_in_executor(self.kube_pool, create)
             rv = created_resource_version(raw)
             log.info("job.created", cluster=act.cluster, job=name)
         except ApiException as exc:
@@ -238,7 +273,10 @@ class Dispatcher:
                 raise
             log.info("job.exists", cluster=act.cluster, job=name)
             try:  # rare: its resourceVersion, so the watch cache is not read before it holds the Job
-                job = await loop.run_in_executor(self.kube_pool, lambda: cc.batch.read_namespaced_job(name, act.namespace, _request_timeout=TIMEOUT))
+                job = await loop.run_in_executor(
+                    self.kube_pool,
+                    lambda: cc.batch.read_namespaced_job(name, act.namespace, _request_timeout=TIMEOUT),
+                )
             except Exception:
                 return
             rv = resource_version(job)
@@ -250,7 +288,13 @@ class Dispatcher:
         if cc is None:
             return
         try:
-            await asyncio.to_thread(cc.batch.delete_namespaced_job, act.job_name, act.namespace, propagation_policy="Background", _request_timeout=TIMEOUT)
+            await asyncio.to_thread(
+                cc.batch.delete_namespaced_job,
+                act.job_name,
+                act.namespace,
+                propagation_policy="Background",
+                _request_timeout=TIMEOUT,
+            )
         except ApiException as exc:
             if exc.status != 404:
                 log.warning("job.delete_failed", cluster=act.cluster, job=act.job_name, status=exc.status)
@@ -302,11 +346,13 @@ class Dispatcher:
                 except Exception as exc:
                     log.warning("ownership.renew_failed", workload=wid, error=type(exc).__name__)
                     self.owned.pop(wid, None)
+
         await every(stop, self.owner_ttl / 3, tick, name="renew")
 
     async def take_over(self, stop: asyncio.Event) -> None:
         """Workloads whose owner's lease ran out (it died) are claimed and re-driven."""
         assert self.publisher is not None
+
         async def tick() -> None:
             for wid, view in list(self.follower.projection.workloads.items()):
                 if view.terminal or view.workload is None or not view.routed_attempts or wid in self.owned:
@@ -314,6 +360,7 @@ class Dispatcher:
                 if await self._claim(wid) is None:
                     continue
                 await self.redrive(view)
+
         await every(stop, self.owner_ttl / 2, tick, name="take_over")
 
     async def reconcile_owned(self, stop: asyncio.Event) -> None:
@@ -339,6 +386,7 @@ class Dispatcher:
                     await self.redrive(view)
                 except Exception as exc:  # e.g. a cluster that does not answer a create: next round
                     log.warning("reconcile.failed", workload=wid, error=str(exc))
+
         await every(stop, self.reconcile_every, tick, name="reconcile_owned")
 
     async def redrive(self, view: WorkloadView) -> None:
@@ -356,7 +404,9 @@ class Dispatcher:
             return
         self.quiet.pop(view.workload_id, None)
         log.info("workload.redriven", workload=view.workload_id, actions=len(actions))
-        await self.publisher.publish(await self.execute(actions, view.workload_id), context=self.follower.context(view.workload_id))
+        await self.publisher.publish(
+            await self.execute(actions, view.workload_id), context=self.follower.context(view.workload_id)
+        )
 
     # --- handlers --------------------------------------------------------------------------
     async def on_event(self, msg: Incoming) -> Sequence[ev.Base]:
@@ -388,9 +438,16 @@ class Dispatcher:
             except Exception as exc:
                 out: list[ev.Base] = []
                 for c in (a for a in actions if isinstance(a, core.CreateJob)):
-                    evs = core.create_unanswered(c, now, str(exc), unreachable=unreachable(exc), delivered=msg.delivered)
+                    evs = core.create_unanswered(
+                        c, now, str(exc), unreachable=unreachable(exc), delivered=msg.delivered
+                    )
                     if evs is None:
-                        log.warning("job.create_failed", workload=e.workload_id, error=str(exc), delivered=msg.delivered)
+                        log.warning(
+                            "job.create_failed",
+                            workload=e.workload_id,
+                            error=str(exc),
+                            delivered=msg.delivered,
+                        )
                         raise Retry(1.0) from exc
                     out.extend(evs)
                 return out
@@ -416,7 +473,9 @@ class Dispatcher:
         if wait is not None:
             raise Retry(wait.delay, wait.reason)
         if view is not None and view.workload is not None:  # who may cancel it (docs/security.md)
-            refused = cancel_refusal(self.verifier, msg.subject, msg.msg_id, msg.headers, msg.data, view.workload.metadata.owner)
+            refused = cancel_refusal(
+                self.verifier, msg.subject, msg.msg_id, msg.headers, msg.data, view.workload.metadata.owner
+            )
             if refused is not None:
                 raise Reject(f"cancel refused: {refused}", claimed_workload_id=wid)
         actions = core.on_cancel(view, wid, e.reason, time.time(), self.environment())
@@ -480,20 +539,28 @@ class Dispatcher:
         """Each tick, what the informers' caches say about our live attempts (no list calls:
         the API cost does not grow with the attempts), and `lost` for clusters that went silent."""
         assert self.publisher is not None
+
         async def tick() -> None:
             assert self.publisher is not None
             self.fold_contacts()
-            for cluster, items in core.watched(self.follower.projection.workloads.values(), self.owned).items():
+            for cluster, items in core.watched(
+                self.follower.projection.workloads.values(), self.owned
+            ).items():
                 inf = self.informers.get(cluster)
                 if inf is None:
                     continue
                 now = time.time()
                 if inf.failing or not inf.synced:
-                    why = core.silence(self.contacts.get(cluster) or core.contact(None, False, now), now, self.lost_after)
+                    why = core.silence(
+                        self.contacts.get(cluster) or core.contact(None, False, now), now, self.lost_after
+                    )
                     if why is not None:
                         for view, a in items:
                             acts = core.lost(view, a, now, f"{cluster} {why} ({inf.error or 'not synced'})")
-                            await self.publisher.publish(await self.execute(acts, view.workload_id), context=self.follower.context(view.workload_id))
+                            await self.publisher.publish(
+                                await self.execute(acts, view.workload_id),
+                                context=self.follower.context(view.workload_id),
+                            )
                     continue
                 jobs, pods = self.cached(cluster)
                 job_cache = inf["jobs"]
@@ -501,17 +568,29 @@ class Dispatcher:
                     job = jobs.get(a.job_name)
                     if job is None and not self.absent_for_sure(job_cache, a):
                         continue  # created a moment ago (by us, or by a dispatcher we took over from): not in the cache yet
-                    obs = observe(job, pods.get(a.attempt_id, [])) if job else core.JobObservation(exists=False)
-                    acts = core.on_observation(
-                        view, a, obs, now, unschedulable_grace=self.unschedulable_grace,
-                        requeue=self.requeue, time_scale=self.registry.time_scale if self.registry else 1.0,
+                    obs = (
+                        observe(job, pods.get(a.attempt_id, [])) if job else core.JobObservation(exists=False)
                     )
-                    seen = progress.compute_started(view.workload_id, a, now)  # the program's first step, if reported
+                    acts = core.on_observation(
+                        view,
+                        a,
+                        obs,
+                        now,
+                        unschedulable_grace=self.unschedulable_grace,
+                        requeue=self.requeue,
+                        time_scale=self.registry.time_scale if self.registry else 1.0,
+                    )
+                    seen = progress.compute_started(
+                        view.workload_id, a, now
+                    )  # the program's first step, if reported
                     if acts or seen:
                         wid = view.workload_id
-                        await self.publisher.publish([*seen, *await self.execute(acts, wid)], context=self.follower.context(wid))
+                        await self.publisher.publish(
+                            [*seen, *await self.execute(acts, wid)], context=self.follower.context(wid)
+                        )
                     if a.status in ("succeeded", "failed") or a.gone:
                         self.created_rv.pop(a.attempt_id, None)
+
         await every(stop, self.interval, tick, name="watch")
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -525,7 +604,14 @@ class Dispatcher:
             self.kv_owners = await js.key_value(self.names.kv_owners)
             self.publisher = Publisher(js, self.names)
             durable = self.names.durable("dispatcher", f"events-{self.me}")
-            snapshots = Snapshots(js, self.names, f"dispatcher.{self.me}", durable, lambda: follower_body(self.follower.projection, self.follower.traceparents), interval=self.settings.tuning.snapshot_interval)
+            snapshots = Snapshots(
+                js,
+                self.names,
+                f"dispatcher.{self.me}",
+                durable,
+                lambda: follower_body(self.follower.projection, self.follower.traceparents),
+                interval=self.settings.tuning.snapshot_interval,
+            )
             start, _ = await restore_follower(snapshots, self.follower)
             n = await self.follower.catch_up(js, self.names.stream_evt, self.names.evt_all, start_seq=start)
             log.info("dispatcher.caught_up", events=n, instance=self.me, from_seq=start)
@@ -533,18 +619,48 @@ class Dispatcher:
                 if not view.terminal and view.routed_attempts and await self._claim(wid) is not None:
                     try:
                         await self.redrive(view)  # whatever a crash interrupted
-                    except Exception as exc:  # e.g. a cluster that does not answer: the reconcile loop retries
+                    except (
+                        Exception
+                    ) as exc:  # e.g. a cluster that does not answer: the reconcile loop retries
                         log.warning("redrive.failed", workload=wid, error=str(exc))
-            await run_until_stopped("dispatcher", stop, [
-                self.renew(stop),
-                self.take_over(stop),
-                self.reconcile_owned(stop),
-                consume(js, stream=self.names.stream_evt, durable=self.names.durable("dispatcher", f"events-{self.me}"), filter_subject=self.names.evt_all, handler=self.on_event, publisher=self.publisher, names=self.names, stop=stop, concurrency=self.concurrency),
-                consume(js, stream=self.names.stream_cmd, durable=self.names.durable("dispatcher", "cancel"), filter_subject=self.names.cmd_cancel, handler=self.on_command, publisher=self.publisher, names=self.names, stop=stop, max_deliver=40),
-                guard_commands(js, names=self.names, publisher=self.publisher, stop=stop),  # unknown cmd.* subjects get a rejection
-                self.watch(stop),
-                snapshots.run(stop),
-            ], clusters=sorted(self.clients), instance=self.me)
+            await run_until_stopped(
+                "dispatcher",
+                stop,
+                [
+                    self.renew(stop),
+                    self.take_over(stop),
+                    self.reconcile_owned(stop),
+                    consume(
+                        js,
+                        stream=self.names.stream_evt,
+                        durable=self.names.durable("dispatcher", f"events-{self.me}"),
+                        filter_subject=self.names.evt_all,
+                        handler=self.on_event,
+                        publisher=self.publisher,
+                        names=self.names,
+                        stop=stop,
+                        concurrency=self.concurrency,
+                    ),
+                    consume(
+                        js,
+                        stream=self.names.stream_cmd,
+                        durable=self.names.durable("dispatcher", "cancel"),
+                        filter_subject=self.names.cmd_cancel,
+                        handler=self.on_command,
+                        publisher=self.publisher,
+                        names=self.names,
+                        stop=stop,
+                        max_deliver=40,
+                    ),
+                    guard_commands(
+                        js, names=self.names, publisher=self.publisher, stop=stop
+                    ),  # unknown cmd.* subjects get a rejection
+                    self.watch(stop),
+                    snapshots.run(stop),
+                ],
+                clusters=sorted(self.clients),
+                instance=self.me,
+            )
             await snapshots.final()
         finally:
             for inf in self.informers.values():
