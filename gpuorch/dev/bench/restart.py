@@ -134,12 +134,6 @@ def _router(names: Names) -> Router:
     return Router(Settings(prefix=names.prefix))
 
 
-def _learn_all(r: Router) -> None:
-    for view in r.follower.projection.workloads.values():
-        if view.status == "completed":
-            r.learn(view)
-
-
 def _folder(r: Router, f: Follower) -> Callable[[Event, int], None]:
     def fold(e: Event, seq: int) -> None:  # as the router's and a follower's consumers fold it
         r.fold(e, seq)
@@ -166,8 +160,6 @@ async def _run(n: int, tail: int, replay_full: bool = True) -> list[Row]:
 
             with no_gc():
                 msgs, secs = await publish_history(ajs, n, "a", None if replay_full else fold_both)
-            if not replay_full:
-                _learn_all(r0)
             info = await ajs.stream_info(NAMES.stream_evt)
             print(f"# restart: published {msgs:,} events in {secs:.1f}s; stream {info.state.bytes / 2**20:,.0f} MiB", file=sys.stderr)
             rows.append(Row("restart", case, "events in the log", float(info.state.messages), "events"))
@@ -185,8 +177,7 @@ async def _run(n: int, tail: int, replay_full: bool = True) -> list[Row]:
                 t0 = time.perf_counter()
                 if who == "router":
                     r = _router(NAMES)
-                    await r.catch_up(js)
-                    _learn_all(r)
+                    await r.catch_up(js)  # folds and learns from every completed workload
                     full[who] = time.perf_counter() - t0
                     t0 = time.perf_counter()
                     bodies[who], seqs[who] = r.dump_snapshot(), r.follower.projection.last_seq
@@ -233,15 +224,14 @@ async def _run(n: int, tail: int, replay_full: bool = True) -> list[Row]:
                     r = _router(NAMES)
                     start, folded = await restore_follower(snaps, r.follower, router_core.load_router)
                     assert folded is not None, "the router's snapshot did not restore"
-                    r.state, r.gate = folded
-                    replayed = await r.catch_up(js, start)
-                    _learn_all(r)
-                    held = len(r.follower.projection.workloads)
+                    r.state, r.gate, r.history = folded  # as `Router.run`: the history learnt is in the snapshot
+                    replayed = await r.catch_up(js, start)  # learns from what completed after it
+                    held = len(r.follower.projection)
                 else:
                     f = Follower()
                     start, _ = await restore_follower(snaps, f)
                     replayed = await f.catch_up(js, NAMES.stream_evt, NAMES.evt_all, start_seq=start)
-                    held = len(f.projection.workloads)
+                    held = len(f.projection)
                 restart = time.perf_counter() - t0
                 per_wl = (rss_bytes() - rss0) / max(1, held)
                 assert start == head.seq + 1, f"{service}: restarted from {start}, the snapshot covers {head.seq}"
