@@ -74,6 +74,7 @@ class Tuning:
     cmd_max_bytes: int = _knob("GPUORCH_CMD_MAX_BYTES", 256 << 20, "command stream: byte limit")
     evt_max_bytes: int = _knob("GPUORCH_EVT_MAX_BYTES", 4 << 30, "event stream: byte limit")
     inventory_max_bytes: int = _knob("GPUORCH_INVENTORY_MAX_BYTES", 64 << 20, "inventory stream: byte limit")
+    retire_finished: str = _knob("GPUORCH_RETIRE_FINISHED", "settled", "router, dispatcher, fencer: 'settled' keeps a finished workload as a compact record once none of its attempts can still run or awaits the fencer; 'never' keeps every whole view (docs/operations.md)")
     snapshot_interval: float = _knob("GPUORCH_SNAPSHOT_INTERVAL", 60.0, "router, dispatcher, fencer: seconds between state snapshots (and one at a clean stop)")
     log_level: str = _knob("GPUORCH_LOG_LEVEL", "INFO", "every service: log level")
     restart_initial: float = _knob("GPUORCH_RESTART_INITIAL", 0.5, "supervisor: seconds before the first restart of a crashed process")

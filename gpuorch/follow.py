@@ -20,6 +20,7 @@ from typing import Any
 import structlog
 from opentelemetry.context import Context
 
+from gpuorch.config import SettingError, Tuning
 from gpuorch.observe import metrics
 from gpuorch.projection import Projection
 from gpuorch.runtime import telemetry
@@ -27,15 +28,34 @@ from gpuorch.runtime.shell import replay
 from gpuorch.runtime.snapshot import no_gc, settle_heap
 
 
+def _services_projection() -> Projection:
+    return Projection(retire=True)  # settled finished workloads as compact records (gpuorch.projection)
+
+
+RETIRE = ("settled", "never")  # `Tuning.retire_finished`
+
+
 @dataclass
 class Follower:
-    projection: Projection = field(default_factory=Projection)
+    projection: Projection = field(default_factory=_services_projection)
     traceparents: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, tuning: Tuning) -> Follower:
+        """A service's follower, retiring finished workloads as `tuning.retire_finished` says."""
+        if tuning.retire_finished not in RETIRE:
+            raise SettingError(f"GPUORCH_RETIRE_FINISHED={tuning.retire_finished!r}: one of {', '.join(RETIRE)}")
+        return cls(Projection(retire=tuning.retire_finished == "settled"))
 
     def __post_init__(self) -> None:
         metrics.watch_projection(self.projection)  # gauges of workloads and attempts, read at scrape time
 
     def remember(self, workload_id: str, headers: dict[str, str] | None) -> None:
+        """Keep the workload's trace context (called after its event is folded): none for a
+        retired workload (`gpuorch.projection`), whose work is over."""
+        if workload_id in self.projection.retired:
+            self.traceparents.pop(workload_id, None)
+            return
         if headers and "traceparent" in headers and workload_id not in self.traceparents:
             self.traceparents[workload_id] = {
                 k: v for k, v in headers.items() if k in ("traceparent", "tracestate")
@@ -52,6 +72,9 @@ class Follower:
     def restore(self, projection: Projection, traceparents: dict[str, dict[str, str]]) -> None:
         """Start from a state snapshot's projection (gpuorch.runtime.snapshot), before `catch_up`."""
         self.projection.workloads, self.projection.last_seq = projection.workloads, projection.last_seq
+        self.projection.retired = projection.retired
+        if self.projection.retire:
+            self.projection.retire_settled()  # a snapshot of a release that kept every view whole
         self.traceparents.update(traceparents)
 
     async def catch_up(self, js: Any, stream: str, subject: str, *, start_seq: int = 0) -> int:

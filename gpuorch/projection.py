@@ -8,10 +8,24 @@ builds one to answer `get`/`list`, and the invariant checker reads the same fold
 `apply` is idempotent by stream sequence: replaying an event that was already
 applied changes nothing, so a service may replay the log and then resume a
 durable consumer that redelivers the tail.
+
+Retirement (services only: `Projection(retire=True)`; the CLI, the web view and the invariant
+checker keep every view whole). A finished workload is kept whole only until it is *settled*
+(`settled`: terminal, and none of its attempts can still run or still has a pursuit of the fencer
+ahead of it); then, in the fold of the event that settled it, its view becomes a compact
+`Retired` record: status, reason, epoch, promoted attempt and result, the attempts without their
+checkpoint paths, and of the document only what the services' decisions still read
+(`RetiredDoc`: owner, store, lease, fencing, queue, demand, and a digest of the whole document
+for the duplicate-submit check). The routing decision, the history, the rest of the document
+are dropped. `get` (and `apply`, for a late event) gives the view back from the record
+(`Retired.view`); a late event that unsettles it keeps the view whole again until it settles.
+Retirement is a function of each workload's own events, so a full replay and a snapshot plus
+the rest retire the same workloads (tests/snapshot).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +34,7 @@ import msgspec
 
 from gpuorch_proto import Event, RoutingDecision, Workload, k8s
 from gpuorch_proto import events as ev
+from gpuorch_proto.workload import Metadata, OutputPolicy, Resources, RetryPolicy, WorkloadSpecBody
 
 LIVE_ATTEMPT = frozenset({"created", "admitted", "running", "lost"})
 TERMINAL = ev.TERMINAL_STATUSES
@@ -90,6 +105,10 @@ class WorkloadView:
     held: ev.Held | None = None  # the latest `held` (explain shows its numbers)
     history: list[tuple[int, str, float]] = field(default_factory=list)  # (seq, type, at)
     last_seq: int = 0  # the stream sequence of the last event folded in
+    # rebuilt from a `Retired` record: `workload` is a stand-in (`RetiredDoc.workload`), `digest`
+    # the whole document's (`same_document`)
+    retired: bool = False
+    digest: bytes = b""
 
     @property
     def terminal(self) -> bool:
@@ -114,6 +133,8 @@ class WorkloadView:
 class Projection:
     workloads: dict[str, WorkloadView] = field(default_factory=dict)
     last_seq: int = 0
+    retire: bool = False  # keep settled finished workloads as `Retired` records (the services)
+    retired: dict[str, Retired] = field(default_factory=dict)
 
     @classmethod
     def of(cls, events: Iterable[tuple[int, Event]]) -> Projection:
@@ -124,7 +145,26 @@ class Projection:
         return p
 
     def get(self, workload_id: str) -> WorkloadView | None:
-        return self.workloads.get(workload_id)
+        """The workload's view (a retired one's rebuilt from its record: a copy, see the module doc)."""
+        view = self.workloads.get(workload_id)
+        if view is None and (r := self.retired.get(workload_id)) is not None:
+            return r.view(workload_id)
+        return view
+
+    def __contains__(self, workload_id: str) -> bool:
+        return workload_id in self.workloads or workload_id in self.retired
+
+    def __len__(self) -> int:
+        """Workloads known, retired included."""
+        return len(self.workloads) + len(self.retired)
+
+    def _view(self, workload_id: str) -> WorkloadView:
+        """The live view to fold into: a retired one is taken back whole from its record."""
+        view = self.workloads.get(workload_id)
+        if view is None:
+            r = self.retired.pop(workload_id, None)
+            view = self.workloads[workload_id] = r.view(workload_id) if r is not None else WorkloadView(workload_id)
+        return view
 
     def apply(self, evt: Event, seq: int) -> WorkloadView | None:
         """Fold one event; returns the workload's view (None for events about no workload).
@@ -132,29 +172,216 @@ class Projection:
         Idempotent by stream sequence *per workload*: an event at or below the last sequence
         applied to its workload changes nothing. A workload's events are in stream order, so a
         consumer may apply different workloads' events concurrently (out of global order).
+
+        With `retire`, the view returned for the event that settles a workload is its whole view
+        (what the caller decides on), though the projection keeps its `Retired` record from then on.
         """
         if seq:
             self.last_seq = max(self.last_seq, seq)
         if not evt.workload_id:
             return None
-        view = self.workloads.get(evt.workload_id)
+        wid = evt.workload_id
+        if seq and (r := self.retired.get(wid)) is not None and seq <= r.last_seq:
+            return r.view(wid)
+        view = self.workloads.get(wid)
         if view is None:
-            view = self.workloads[evt.workload_id] = WorkloadView(evt.workload_id)
+            view = self._view(wid)
         elif seq and seq <= view.last_seq:
             return view
         if seq:
             view.last_seq = seq
         if isinstance(evt, ev.PipelineExpanded):
             for c in evt.children:  # each child knows where it came from (the router's own record)
-                child = self.workloads.get(c.workload_id)
-                if child is None:
-                    child = self.workloads[c.workload_id] = WorkloadView(c.workload_id)
+                child = self._view(c.workload_id)
                 child.pipeline, child.stage, child.parameters = evt.workload_id, c.stage, dict(c.parameters)
                 if child.status == "submitted":
                     child.reason = "waiting for its dependencies" if c.depends_on else "waiting for the pipeline's admission"
+                self._maybe_retire(child)
         _fold(view, evt)
         view.history.append((seq, ev.type_tag(evt), evt.at))
+        self._maybe_retire(view)
         return view
+
+    def _maybe_retire(self, view: WorkloadView) -> None:
+        if self.retire and settled(view):
+            del self.workloads[view.workload_id]
+            self.retired[view.workload_id] = retired_record(view)
+
+    def retire_settled(self) -> int:
+        """Retire every settled view now (a projection folded without `retire`, or restored
+        from an older snapshot); returns how many."""
+        done = [v for v in self.workloads.values() if settled(v)]
+        for v in done:
+            del self.workloads[v.workload_id]
+            self.retired[v.workload_id] = retired_record(v)
+        return len(done)
+
+
+def settled(view: WorkloadView) -> bool:
+    """Finished, and nothing of it can still act: no attempt may still run (live, lost and not
+    confirmed gone), and none that was fenced or refused promotion waits for the fencer to see it
+    gone (the fencer resumes those pursuits from the projection after a restart)."""
+    if not view.terminal:
+        return False
+    for a in view.attempts.values():
+        if a.live or (not a.gone and (a.fenced or a.promotion_rejected)):
+            return False
+    return True
+
+
+class RetiredDoc(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """What the services still read of a finished workload's document: who owns it (who may
+    cancel it), the store its result is in (the fencer refuses a late promote by its records),
+    lease and fencing policy (a late attempt is still fenced), its queue, demand and expected
+    run time (fair share counts finished work over its window), and a digest of the whole
+    document (a re-sent submit is a duplicate only if it is the same document). Equal ones are
+    shared (`_intern`): a sweep's trials, a template's runs."""
+
+    owner: str
+    store: str
+    lease: str
+    fencing: str
+    policy_queue: str | None
+    gpus: float
+    workers: int
+    cpu: str
+    memory: str
+    expected_runtime: str | None
+    priority: int
+
+    def workload(self) -> Workload:
+        """A stand-in document with these facts (and nothing else: no image, no inputs)."""
+        return Workload(
+            metadata=Metadata(name="", owner=self.owner),
+            spec=WorkloadSpecBody(
+                image="", resources=Resources(gpus=self.gpus, workers=self.workers, cpu=self.cpu, memory=self.memory),
+                output=OutputPolicy(store=self.store), lease=self.lease, fencing=self.fencing,  # type: ignore[arg-type]
+                policy_queue=self.policy_queue, expected_runtime=self.expected_runtime, priority=self.priority,
+                retry=RetryPolicy(),
+            ),
+        )  # fmt: skip
+
+
+class RetiredAttempt(msgspec.Struct, array_like=True, gc=False):
+    attempt_id: str
+    number: int
+    epoch: int
+    cluster: str
+    job_name: str
+    namespace: str
+    queue: str | None
+    output_path: str
+    mode: str
+    status: str
+    exit_code: int | None
+    reason: str
+    fenced: bool
+    cancel_confirmed: str | None
+    promoted: bool
+    promotion_rejected: bool
+    orphan_deleted: bool
+    placement_failed: bool
+    times: dict[str, float]
+
+
+class Retired(msgspec.Struct, array_like=True, gc=False):
+    """A settled finished workload as a service keeps it (see the module doc)."""
+
+    status: str
+    reason: str
+    epoch: int
+    promoted_attempt: str | None
+    result_path: str | None
+    cancel_requested: bool
+    doc: RetiredDoc | None
+    digest: bytes
+    routed_attempts: list[int]
+    route_requested: list[int]
+    pipeline: str | None
+    stage: str | None
+    last_seq: int
+    attempts: list[RetiredAttempt]
+    decided: bool = False  # it had a routing decision (a verdict binds a record without a submit)
+
+    def view(self, workload_id: str) -> WorkloadView:
+        """The view back: what was kept, the stand-in document (`RetiredDoc.workload`), no decision,
+        no history, no attempt's checkpoint path."""
+        v = WorkloadView(
+            workload_id, workload=self.doc.workload() if self.doc is not None else None, status=self.status,
+            reason=self.reason, routed_attempts=set(self.routed_attempts), route_requested=set(self.route_requested),
+            epoch=self.epoch, promoted_attempt=self.promoted_attempt, result_path=self.result_path,
+            cancel_requested=self.cancel_requested, pipeline=self.pipeline, stage=self.stage, last_seq=self.last_seq,
+            retired=True, digest=self.digest,
+        )  # fmt: skip
+        if self.decided and self.doc is None:  # what `rejection_binds` and a later submit read of it
+            v.decision = RoutingDecision(workload_id=workload_id, decided_at=0.0, outcome="rejected", summary=self.reason)
+        for a in self.attempts:
+            v.attempts[a.attempt_id] = AttemptView(
+                a.attempt_id, a.number, a.epoch, a.cluster, job_name=a.job_name, namespace=a.namespace, queue=a.queue,
+                output_path=a.output_path, mode=a.mode, status=a.status, exit_code=a.exit_code, reason=a.reason,
+                fenced=a.fenced, cancel_confirmed=a.cancel_confirmed, promoted=a.promoted,
+                promotion_rejected=a.promotion_rejected, orphan_deleted=a.orphan_deleted,
+                placement_failed=a.placement_failed, times=dict(a.times),
+            )  # fmt: skip
+        return v
+
+
+_DOC_ENCODER = msgspec.msgpack.Encoder()
+_INTERNED: dict[RetiredDoc, RetiredDoc] = {}
+_INTERN_MAX = 65536  # distinct stand-ins shared at once (beyond it each record keeps its own)
+
+
+def _intern(doc: RetiredDoc) -> RetiredDoc:
+    got = _INTERNED.get(doc)
+    if got is None:
+        if len(_INTERNED) >= _INTERN_MAX:
+            return doc
+        got = _INTERNED[doc] = doc
+    return got
+
+
+_DOC_DECODER = msgspec.msgpack.Decoder(Workload)
+
+
+def document_digest(wl: Workload) -> bytes:
+    """16 bytes that tell two documents apart: blake2b of its msgpack once through the decoder
+    (canonical: a `gpus: 1` built in Python and the `1.0` decoded from the log are one document)."""
+    canonical = _DOC_ENCODER.encode(_DOC_DECODER.decode(_DOC_ENCODER.encode(wl)))
+    return hashlib.blake2b(canonical, digest_size=16).digest()
+
+
+def same_document(view: WorkloadView, wl: Workload) -> bool:
+    """Is `wl` the document this workload was accepted with (a retired view compares digests)?"""
+    if view.retired:
+        return view.digest == document_digest(wl)
+    return view.workload == wl
+
+
+def retired_doc(wl: Workload) -> RetiredDoc:
+    s, r = wl.spec, wl.spec.resources
+    return _intern(RetiredDoc(
+        wl.metadata.owner, s.output.store, s.lease, s.fencing, s.policy_queue, r.gpus, r.workers, r.cpu, r.memory,
+        s.expected_runtime, s.priority,
+    ))  # fmt: skip
+
+
+def retired_record(view: WorkloadView) -> Retired:
+    """The compact record of a (settled) view."""
+    wl = view.workload
+    if view.retired:
+        doc, digest = (retired_doc(wl) if wl is not None else None), view.digest
+    else:
+        doc, digest = (retired_doc(wl), document_digest(wl)) if wl is not None else (None, b"")
+    return Retired(
+        view.status, view.reason, view.epoch, view.promoted_attempt, view.result_path, view.cancel_requested, doc, digest,
+        sorted(view.routed_attempts), sorted(view.route_requested), view.pipeline, view.stage, view.last_seq,
+        [RetiredAttempt(
+            a.attempt_id, a.number, a.epoch, a.cluster, a.job_name, a.namespace, a.queue, a.output_path, a.mode, a.status,
+            a.exit_code, a.reason, a.fenced, a.cancel_confirmed, a.promoted, a.promotion_rejected, a.orphan_deleted,
+            a.placement_failed, a.times,
+        ) for a in view.attempts.values()],
+        view.decision is not None,
+    )  # fmt: skip
 
 
 _PROJECTION_ENCODER = msgspec.msgpack.Encoder()
@@ -169,8 +396,13 @@ def dump_projection(p: Projection) -> bytes:
 
 def load_projection(data: bytes) -> Projection:
     """A projection back from `dump_projection` (fields a newer release added take their defaults,
-    unknown ones are skipped; raises `msgspec.DecodeError` / `ValidationError` on bad bytes)."""
-    return _PROJECTION_DECODER.decode(data)
+    unknown ones are skipped; raises `msgspec.DecodeError` / `ValidationError` on bad bytes).
+    Equal retired documents are shared again, as the fold shares them."""
+    p = _PROJECTION_DECODER.decode(data)
+    for r in p.retired.values():
+        if r.doc is not None:
+            r.doc = _intern(r.doc)
+    return p
 
 
 def _current(view: WorkloadView, a: AttemptView) -> bool:
@@ -213,6 +445,7 @@ def _fold(view: WorkloadView, e: Event) -> None:
                 view.status = "submitted"
                 view.times.pop("rejected", None)
             view.workload = e.workload
+            view.retired, view.digest = False, b""  # the whole document again, not a stand-in
             view.idempotency_key = e.idempotency_key
             if view.status == "submitted" and view.pipeline is None:
                 view.reason = "submitted; waiting for a routing decision"

@@ -121,6 +121,13 @@ class _ProjectionCollector(Collector):
                 for a in list(v.attempts.values()):
                     key = (a.cluster, a.status)
                     by_attempt[key] = by_attempt.get(key, 0) + 1
+            for r in list(getattr(p, "retired", {}).values()):  # finished workloads kept compact
+                if r.doc is None:
+                    continue
+                by_status[r.status] = by_status.get(r.status, 0) + 1
+                for ra in r.attempts:
+                    key = (ra.cluster, ra.status)
+                    by_attempt[key] = by_attempt.get(key, 0) + 1
             for status, n in sorted(by_status.items()):
                 workloads.add_metric([status], n)
             for (cluster, state), n in sorted(by_attempt.items()):

@@ -172,7 +172,8 @@ def encode_body(body: Body) -> bytes:
 
 def follower_body(projection: Projection, traceparents: dict[str, dict[str, str]], core: bytes = b"") -> bytes:
     """A follower's body: its projection, the trace context of workloads not finished, `core`."""
-    live = {w: tp for w, tp in traceparents.items() if (v := projection.get(w)) is None or not v.terminal}
+    retired, views = projection.retired, projection.workloads
+    live = {w: tp for w, tp in traceparents.items() if w not in retired and ((v := views.get(w)) is None or not v.terminal)}
     return encode_body(Body(projection=dump_projection(projection), traceparents=live, core=core))
 
 

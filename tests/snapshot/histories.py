@@ -79,6 +79,8 @@ MAKERS: dict[str, Maker] = {
     "fence-requested": _attempt(ev.FenceRequested),
     "fenced": _attempt(ev.Fenced),
     "cancel-confirmed": _attempt(ev.CancelConfirmed),
+    "promote-requested": _attempt(ev.PromoteRequested),
+    "orphan-deleted": _attempt(ev.OrphanDeleted),
     "promoted": _attempt(ev.Promoted),
     "promotion-rejected": _attempt(ev.PromotionRejected),
     "completed": lambda wid, w, n, at: ev.Completed(workload_id=wid, at=at, attempt_id=_aid(wid, n), result_path=f"/res/{wid}"),

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from gpuorch.projection import AttemptView, Projection, WorkloadView
+from gpuorch.projection import AttemptView, Projection, WorkloadView, same_document
 from gpuorch_dispatcher import core as dcore
 from gpuorch_fencer import core as fcore
 from gpuorch_inventory import core as icore
@@ -159,7 +159,7 @@ class RouterSim(Service):
 
     def __init__(self, w: World, name: str, consumers: dict[str, SimConsumer]) -> None:
         super().__init__(w, name)
-        self.projection = Projection()
+        self.projection = Projection(retire=True)  # as the services' (gpuorch.follow.Follower)
         self.state = rcore.RouterState()
         self.gate = Gate()  # the admission gate: every workload is released before it is routed
         self.policy = AdmissionPolicy()
@@ -198,7 +198,7 @@ class RouterSim(Service):
         wid = e.workload_id or workload_id_for(key, e.workload.metadata.name)
         view = self.projection.get(wid)
         if view is not None and view.workload is not None:  # shell logic: a re-send, or another body
-            if view.workload != e.workload:
+            if not same_document(view, e.workload):
                 raise Reject(f"submit names workload {wid}, which exists with a different body", claimed_workload_id=wid)
             return []
         now = self.w.now
@@ -291,7 +291,7 @@ class DispatcherSim(Service):
         super().__init__(w, name)
         self.me = me
         self.c = consumers
-        self.projection = Projection()
+        self.projection = Projection(retire=True)  # as the services' (gpuorch.follow.Follower)
         self.contacts: dict[str, dcore.Contact] = {}
         self.owned: dict[str, int] = {}
         self.busy: dict[str, int] = {}
@@ -533,7 +533,7 @@ class FencerSim(Service):
     def __init__(self, w: World, name: str, consumers: dict[str, SimConsumer]) -> None:
         super().__init__(w, name)
         self.c = consumers
-        self.projection = Projection()
+        self.projection = Projection(retire=True)  # as the services' (gpuorch.follow.Follower)
         self.pursuits: dict[str, Pursuit] = {}
         self.kv = w.fence
         self.published: dict[str, str] = {}  # result path -> output path (publish_dir)

@@ -154,7 +154,7 @@ class Dispatcher:
         self.settings = settings
         self.names = settings.names
         self._env_base: tuple[int | None, core.Environment] | None = None  # (data dir mtime, environment)
-        self.follower = Follower()
+        self.follower = Follower.of(settings.tuning)  # finished workloads retired (gpuorch.projection)
         self.registry = load_registry(settings.registry) if settings.registry else None
         self.clients: dict[str, ClusterClient] = (
             make_clients(settings.kubeconfig) if settings.kubeconfig else {}

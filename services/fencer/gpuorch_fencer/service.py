@@ -87,7 +87,7 @@ class Fencer:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.names = settings.names
-        self.follower = Follower()
+        self.follower = Follower.of(settings.tuning)  # finished workloads retired (gpuorch.projection)
         self.clients: dict[str, ClusterClient] = make_clients(settings.kubeconfig) if settings.kubeconfig else {}
         self.pursuits: dict[str, core.Pursuit] = {}
         self.kv: Any = None

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
+from types import MappingProxyType
 from typing import Any, Protocol
 
 import msgspec
@@ -119,11 +120,17 @@ class RouterState:
             self.planned[wid] = self.planned.get(wid, 0) + 1
         elif isinstance(e, ev.Completed | ev.Cancelled | ev.WorkloadFailed) or (isinstance(e, ev.Rejected) and e.decision is not None):
             self.done.add(wid)
-            self.stage_inputs.pop(wid, None)  # never routed again
+            self._forget(wid)
         elif isinstance(e, ev.Admitted | ev.Running):
             self.placed[wid] = max(self.placed.get(wid, 0.0), e.at)
         elif isinstance(e, ev.StageReady) and e.inputs:
             self.stage_inputs[wid] = list(e.inputs)
+
+    def _forget(self, wid: str) -> None:
+        """A finished workload is never routed, re-published or preempted again: of it the router
+        keeps that it is done (a preemptor's end lets its victims go) and its sequence only."""
+        for table in (self.stage_inputs, self.requests, self.published, self.unroutable, self.placed, self.plans, self.planned, self.preempted):
+            table.pop(wid, None)
 
     def note_published(self, events: list[ev.Base]) -> None:
         """Remember decisions this router is publishing before the log echoes them back."""
@@ -188,19 +195,54 @@ def load_gate(data: bytes) -> Gate:
     return g
 
 
+class _History(msgspec.Struct, frozen=True):
+    overlap: dict[str, float] = {}
+    run_seconds: dict[str, dict[str, float]] = {}
+    output_seconds: dict[str, float] = {}
+    samples: dict[str, int] = {}
+    default_overlap: float = 0.0
+
+
+def dump_history(h: RoutingHistory | None) -> bytes:
+    """What the router learnt from measured timelines (`history.RoutingHistory`), for its snapshot:
+    a restarted router starts from it instead of learning again from every completed workload."""
+    if h is None:
+        return b""
+    return msgspec.msgpack.encode(_History(
+        dict(h.overlap), {k: dict(v) for k, v in h.run_seconds.items()}, dict(h.output_seconds), dict(h.samples), h.default_overlap,
+    ))  # fmt: skip
+
+
+def load_history(data: bytes) -> RoutingHistory | None:
+    if not data:
+        return None
+    h = msgspec.msgpack.decode(data, type=_History)
+    return RoutingHistory(
+        overlap=MappingProxyType(h.overlap), run_seconds=MappingProxyType({k: MappingProxyType(v) for k, v in h.run_seconds.items()}),
+        output_seconds=MappingProxyType(h.output_seconds), samples=MappingProxyType(h.samples), default_overlap=h.default_overlap,
+    )  # fmt: skip
+
+
+def same_history(a: RoutingHistory | None, b: RoutingHistory | None) -> bool:
+    """Equal learnt values (histories compare by identity: `history.RoutingHistory`)."""
+    return dump_history(a) == dump_history(b)
+
+
 class _RouterParts(msgspec.Struct, frozen=True):
     state: bytes
     gate: bytes = b""
+    history: bytes = b""
 
 
-def dump_router(state: RouterState, gate: Gate) -> bytes:
-    """The router core's folded state (`RouterState` and the pipeline `Gate`) for its snapshot."""
-    return msgspec.msgpack.encode(_RouterParts(dump_state(state), dump_gate(gate)))
+def dump_router(state: RouterState, gate: Gate, history: RoutingHistory | None = None) -> bytes:
+    """The router core's folded state (`RouterState`, the pipeline `Gate`, the learnt routing
+    history) for its snapshot."""
+    return msgspec.msgpack.encode(_RouterParts(dump_state(state), dump_gate(gate), dump_history(history)))
 
 
-def load_router(data: bytes) -> tuple[RouterState, Gate]:
+def load_router(data: bytes) -> tuple[RouterState, Gate, RoutingHistory | None]:
     parts = msgspec.msgpack.decode(data, type=_RouterParts)
-    return load_state(parts.state), load_gate(parts.gate) if parts.gate else Gate()
+    return load_state(parts.state), load_gate(parts.gate) if parts.gate else Gate(), load_history(parts.history)
 
 
 def exclusions(

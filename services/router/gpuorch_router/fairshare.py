@@ -274,6 +274,33 @@ def uses_of(views: Iterable[Any], policy: AdmissionPolicy) -> list[Use]:
     return out
 
 
+def retired_uses(records: Iterable[Any], policy: AdmissionPolicy) -> list[Use]:
+    """`uses_of` for finished workloads a service keeps as retired records
+    (`gpuorch.projection.Retired`: the document's owner, queue, demand and expected run time, the
+    attempts' times): the same uses their whole views give."""
+    out: list[Use] = []
+    facts: dict[Any, tuple[str, Vec, float]] = {}  # per (shared) retired document
+    for r in records:
+        d = r.doc
+        if d is None:
+            continue
+        got = facts.get(d)
+        if got is None:
+            q = policy.queue(d.policy_queue)
+            queue = q.name if q is not None else (d.policy_queue or policy.default_queue)
+            n = d.workers
+            vec = Vec(d.gpus * n, parse_quantity(d.cpu) * n, parse_quantity(d.memory) * n / _GIB)
+            got = facts[d] = (queue, vec, parse_duration(d.expected_runtime) if d.expected_runtime else 0.0)
+        queue, vec, expected = got
+        for a in r.attempts:
+            start = a.times.get("running")
+            if start is None:
+                continue
+            ends = [a.times[k] for k in ("finished", "cancel-confirmed", "orphan-deleted") if k in a.times]
+            out.append(Use(d.owner, queue, vec, start, min(ends) if ends else None, expected))
+    return out
+
+
 class _Demands(Mapping[str, Vec]):
     """Each workload's demand (`demand_of`), read from the views only when asked for."""
 
@@ -293,10 +320,13 @@ class _Demands(Mapping[str, Vec]):
         return len(self._views)
 
 
-def usage_of(views: Mapping[str, Any], policy: AdmissionPolicy, snapshots: Iterable[ClusterSnapshot]) -> Usage | None:
+def usage_of(
+    views: Mapping[str, Any], policy: AdmissionPolicy, snapshots: Iterable[ClusterSnapshot], retired: Iterable[Any] = ()
+) -> Usage | None:
     """What the router's admission needs for fair share (None: no queue has fair share): every
-    attempt's use on any cluster (`uses_of`), all clusters' capacity (`capacity_of`) and each
-    candidate's demand in GPUs, CPU and memory. `views`: the projection's workloads by id."""
+    attempt's use on any cluster (`uses_of`, `retired_uses`), all clusters' capacity (`capacity_of`)
+    and each candidate's demand in GPUs, CPU and memory. `views`: the projection's workloads by id;
+    `retired`: its retired records."""
     if not any(q.fair_share is not None for q in policy.queues):
         return None
-    return Usage(uses_of(views.values(), policy), capacity_of(snapshots), _Demands(views))
+    return Usage(uses_of(views.values(), policy) + retired_uses(retired, policy), capacity_of(snapshots), _Demands(views))

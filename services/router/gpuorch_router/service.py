@@ -21,7 +21,7 @@ from nats.js.api import DeliverPolicy
 
 from gpuorch.config import Settings, load_registry
 from gpuorch.follow import Follower, run_until_stopped
-from gpuorch.projection import WorkloadView
+from gpuorch.projection import WorkloadView, same_document
 from gpuorch.runtime import bus
 from gpuorch.runtime.shell import Incoming, Publisher, Reject, Retry, consume, replay, run_service, submit_key
 from gpuorch.runtime.snapshot import Snapshots, follower_body, no_gc, restore_follower, settle_heap
@@ -73,7 +73,7 @@ class Router:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.names = settings.names
-        self.follower = Follower()
+        self.follower = Follower.of(settings.tuning)  # finished workloads retired (gpuorch.projection)
         self.snapshots: dict[str, ClusterSnapshot] = {}
         self.indexes: dict[str, SnapshotIndex] = {}  # built once per snapshot, not per decision
         self.memo = RoutingMemo()  # the policy's fast path: its caches are this router's
@@ -100,9 +100,13 @@ class Router:
         return core.decide(self.state, wl, wid, attempt_number, self.indexes, now, history=self.history, memo=self.memo)
 
     def fold(self, e: Event, seq: int) -> None:
-        self.follower.projection.apply(e, seq)
+        """One event of the replay at start-up: as `on_event` folds it (and learns from it)."""
+        fresh = not seq or seq > self.state.seqs.get(e.workload_id, 0)
+        view = self.follower.projection.apply(e, seq)
         self.state.apply(e, seq)
         self.gate.apply(e, seq)
+        if isinstance(e, ev.Completed) and fresh and view is not None:
+            self.learn(view)
 
     def gate_round(self, now: float, *, force: bool = False) -> pl.GateRound:
         """The gate's round (`core.gate_round`), released work routed at once. With replicas, one
@@ -113,7 +117,8 @@ class Router:
             return pl.GateRound()
         usage = None  # fair share's: computed only when the round may admit (it reads every workload)
         if self.gate.may_admit(force):
-            usage = fairshare.usage_of(self.follower.projection.workloads, self.policy, self.snapshots.values())  # None: no fair share
+            p = self.follower.projection
+            usage = fairshare.usage_of(p.workloads, self.policy, self.snapshots.values(), p.retired.values())  # None: no fair share
         r = core.gate_round(self.gate, self.policy, self.state, lambda wl, wid: self.decide(wl, wid, 1, now), now, force=force, usage=usage)
         for e in r.events:
             if isinstance(e, ev.Released | ev.Held | ev.StageBlocked | ev.PipelineFinished | ev.Rejected):
@@ -209,7 +214,7 @@ class Router:
             raise Reject(f"workload {wid}: node constraints its queue does not allow", bad, claimed_workload_id=wid)
         view = self.follower.projection.get(wid)
         if view is not None and view.workload is not None:
-            if view.workload != e.workload:  # not a re-send: a message never changes an existing workload
+            if not same_document(view, e.workload):  # not a re-send: a message never changes an existing workload
                 raise Reject(f"submit names workload {wid}, which exists with a different body", [ev.FieldError(path="workload", message=f"differs from the accepted submit of {wid}; that workload is not changed")], claimed_workload_id=wid)
             log.info("submit.duplicate", workload=wid, idempotency_key=key)
             return []
@@ -312,9 +317,9 @@ class Router:
         return published
 
     def dump_snapshot(self) -> bytes:
-        """The router's state snapshot: projection, trace contexts, `RouterState` and the pipeline
-        gate (gpuorch.runtime.snapshot)."""
-        return follower_body(self.follower.projection, self.follower.traceparents, core.dump_router(self.state, self.gate))
+        """The router's state snapshot: projection, trace contexts, `RouterState`, the pipeline
+        gate and the learnt routing history (gpuorch.runtime.snapshot)."""
+        return follower_body(self.follower.projection, self.follower.traceparents, core.dump_router(self.state, self.gate, self.history))
 
     async def on_snapshot(self, msg: Any) -> None:
         try:
@@ -357,11 +362,8 @@ class Router:
             snapshots = Snapshots(js, self.names, snapshot_owner("router", me), events_durable(self.names, "router", me), self.dump_snapshot, interval=self.settings.tuning.snapshot_interval)
             start, folded = await restore_follower(snapshots, self.follower, core.load_router)
             if folded is not None:
-                self.state, self.gate = folded
-            n = await self.catch_up(js, start)
-            for view in self.follower.projection.workloads.values():
-                if view.status == "completed":
-                    self.learn(view)
+                self.state, self.gate, self.history = folded
+            n = await self.catch_up(js, start)  # learns from what completed after the snapshot
             log.info("router.caught_up", events=n)
             sub = await js.subscribe(
                 self.names.inventory_all, cb=self.on_snapshot, ordered_consumer=True,
