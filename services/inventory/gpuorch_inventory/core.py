@@ -13,6 +13,7 @@ the docstrings below are the precise rules.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -335,25 +336,84 @@ def _fits_node(pod: _Pod, node: _Node) -> bool:
 # --------------------------------------------------------------------------- queue-wait model
 
 
-def _node_earliest(
-    capacity: int, intervals: Sequence[tuple[float, float, int]], gpus: int, duration: float
-) -> tuple[float, int] | None:
-    """Earliest t (0 or when something ends) with `gpus` free on this node over [t, t+duration),
-    and how many GPUs are left free at t after taking them."""
-    points = sorted({0.0, *(s for s, _, _ in intervals), *(e for _, e, _ in intervals if math.isfinite(e))})
-    used = [sum(g for s, e, g in intervals if s <= p < e) for p in points]
-    ends = {0.0, *(e for _, e, _ in intervals if math.isfinite(e))}
-    for i, t in enumerate(points):
-        if t not in ends:
-            continue
-        peak = 0
-        for j in range(i, len(points)):
-            if points[j] >= t + duration:
-                break
-            peak = max(peak, used[j])
-        if capacity - peak >= gpus:
-            return t, capacity - used[i] - gpus
-    return None
+class _Timeline:
+    """One node's GPUs in use over (simulated) time, as `earliest_start` books them: a step
+    function over the sorted points 0, every booking's start and every finite end.
+
+    `earliest(gpus, duration)` is the earliest t among 0 and the ends with `gpus` free over
+    [t, t+duration), and the GPUs left free at t after taking them. One pass over the points
+    finds it: a point whose use is over ``capacity - gpus`` rules out every candidate up to it
+    whose window reaches it. The answer is kept per (gpus, duration), and after a booking the
+    next ask goes on from it rather than from 0: a booking only adds use, so no time before the
+    last answer can fit afterwards (had one, the last point over the limit before it ends at an
+    end, a candidate whose window would have fitted before). `tests/inventory/reference.py` is
+    the plain version (nested sums) it must equal.
+    """
+
+    __slots__ = ("_asked", "capacity", "ends", "times", "used")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.times: list[float] = [0.0]  # sorted points
+        self.used: list[int] = [0]  # GPUs in use from times[i] to times[i+1] (to the end, for the last)
+        self.ends: set[float] = {0.0}  # the candidates: 0 and every finite end
+        #: (gpus, duration) -> (the earliest fitting candidate, None: none; still the answer?)
+        self._asked: dict[tuple[int, float], tuple[float | None, bool]] = {}
+
+    def book(self, start: float, end: float, gpus: int) -> None:
+        """`gpus` in use over [start, end) (end may be inf); 0 <= start < end, gpus > 0."""
+        times, used = self.times, self.used
+        i = bisect_left(times, start)
+        if i == len(times) or times[i] != start:
+            times.insert(i, start)
+            used.insert(i, used[i - 1] if i > 0 else 0)
+        j = len(times)
+        if math.isfinite(end):
+            j = bisect_left(times, end, i)
+            if j == len(times) or times[j] != end:
+                times.insert(j, end)
+                used.insert(j, used[j - 1])
+            self.ends.add(end)
+        for k in range(i, j):
+            used[k] += gpus
+        for shape, (at, _) in self._asked.items():
+            self._asked[shape] = (at, False)
+
+    def _scan(self, i: int, limit: int, duration: float) -> float | None:
+        """The first candidate at or after index i whose window [t, t+duration) fits."""
+        times, used, ends = self.times, self.used, self.ends
+        n = len(times)
+        b = i  # the first point at or after i whose use is over the limit
+        while i < n:
+            t = times[i]
+            if t not in ends:
+                i += 1
+                continue
+            if b < i:
+                b = i
+            while b < n and used[b] <= limit:
+                b += 1
+            if b == n or times[b] >= t + duration:
+                return t
+            i = b + 1  # every candidate up to b has b in its window
+        return None
+
+    def earliest(self, gpus: int, duration: float) -> tuple[float, int] | None:
+        """Earliest t (0 or when something ends) with `gpus` free on this node over
+        [t, t+duration), and how many GPUs are left free at t after taking them."""
+        limit = self.capacity - gpus
+        if limit < 0:
+            return None
+        shape = (gpus, duration)
+        asked = self._asked.get(shape)
+        if asked is None:
+            at = self._scan(0, limit, duration)
+        elif asked[1] or asked[0] is None:
+            at = asked[0]
+        else:
+            at = self._scan(bisect_left(self.times, asked[0]), limit, duration)
+        self._asked[shape] = (at, True)
+        return None if at is None else (at, limit - self.used[bisect_left(self.times, at)])
 
 
 @dataclass(frozen=True)
@@ -399,19 +459,21 @@ def earliest_start(
     are simulated (bounded cost; beyond it the estimate is optimistic). Returns None when the request cannot
     be placed within what is known (unknown durations, or no node with that many GPUs).
     """
-    usage: dict[str, list[tuple[float, float, int]]] = {n: [] for n in capacity}
+    usage = {n: _Timeline(c) for n, c in capacity.items()}
     for h in holds:
         if h.node in usage and h.gpus > 0:
             end = math.inf if h.remaining is None else max(0.0, h.remaining)
             if end > 0:
-                usage[h.node].append((0.0, end, h.gpus))
+                usage[h.node].book(0.0, end, h.gpus)
+    everywhere = sorted(capacity)
+    in_order: dict[frozenset[str], list[str]] = {}  # each eligible set, sorted once
 
     def place(gpus: int, duration: float, nodes: Iterable[str]) -> tuple[float, str] | None:
         best: tuple[float, int, str] | None = None
         for n in nodes:
             if n not in capacity or capacity[n] < gpus:
                 continue
-            found = _node_earliest(capacity[n], usage[n], gpus, duration)
+            found = usage[n].earliest(gpus, duration)
             if found is not None and (best is None or (found[0], found[1], n) < best):
                 best = (found[0], found[1], n)  # earliest, then best fit (fewest GPUs left), then name
         return None if best is None else (best[0], best[2])
@@ -420,10 +482,11 @@ def earliest_start(
         if d.gpus <= 0:
             continue
         duration = math.inf if d.duration is None else max(0.0, d.duration)
-        spot = place(d.gpus, duration, sorted(capacity) if d.nodes is None else sorted(d.nodes))
+        nodes = everywhere if d.nodes is None else in_order.get(d.nodes) or in_order.setdefault(d.nodes, sorted(d.nodes))
+        spot = place(d.gpus, duration, nodes)
         if spot is not None and duration > 0:
-            usage[spot[1]].append((spot[0], spot[0] + duration, d.gpus))
-    spot = place(max(1, request_gpus), math.inf, sorted(capacity))
+            usage[spot[1]].book(spot[0], spot[0] + duration, d.gpus)
+    spot = place(max(1, request_gpus), math.inf, everywhere)
     return None if spot is None else spot[0]
 
 
