@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -49,6 +49,7 @@ __all__ = [
     "LABEL_QUEUE",
     "Demand",
     "Hold",
+    "Memo",
     "PodStart",
     "QueueHistory",
     "WaitEstimate",
@@ -257,7 +258,53 @@ def _parse_pod(obj: Mapping[str, Any]) -> _Pod:
 
 def _queue_of(pod: _Pod, known: Iterable[str]) -> str:
     """The registry queue a pod belongs to; unlabelled or unknown queues fold into "default"."""
-    return pod.queue if pod.queue is not None and pod.queue in set(known) else DEFAULT_QUEUE
+    names = known if isinstance(known, (set, frozenset)) else set(known)
+    return pod.queue if pod.queue is not None and pod.queue in names else DEFAULT_QUEUE
+
+
+@dataclass
+class Memo:
+    """What the shell keeps for one cluster from one round to the next, so that what did not
+    change is not worked out again: each pod and node parsed once per resourceVersion (by uid,
+    or namespace/name: with it, a resourceVersion names one version of one object, the store's
+    revision at its last write), and each pending pod's eligible nodes
+    while the nodes' labels and taints stay the same. An optional argument of the functions
+    below; their results are the same with or without it (tests/inventory/test_memo.py). Only
+    objects with a resourceVersion are kept, and only while they are listed.
+    """
+
+    pods: dict[str, tuple[str, _Pod]] = field(default_factory=dict)
+    nodes: dict[str, tuple[str, _Node]] = field(default_factory=dict)
+    #: the schedulable nodes' (name, labels, taints) the eligibility below was worked out for
+    placement: tuple[Any, ...] | None = None
+    eligible: dict[str, tuple[_Pod, frozenset[str]]] = field(default_factory=dict)
+
+
+def _version(obj: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(uid, or namespace/name; resourceVersion), None without a resourceVersion."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping) or not meta.get("resourceVersion"):
+        return None
+    key = meta.get("uid") or f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
+    return str(key), str(meta["resourceVersion"])
+
+
+def _parse_pods(objs: Iterable[Mapping[str, Any]], memo: Memo | None) -> list[_Pod]:
+    if memo is None:
+        return [_parse_pod(o) for o in objs]
+    old, new = memo.pods, {}
+    out: list[_Pod] = []
+    for o in objs:
+        version = _version(o)
+        if version is None:
+            out.append(_parse_pod(o))
+            continue
+        hit = old.get(version[0])
+        pod = hit[1] if hit is not None and hit[0] == version[1] else _parse_pod(o)
+        new[version[0]] = (version[1], pod)
+        out.append(pod)
+    memo.pods = new
+    return out
 
 
 # --------------------------------------------------------------------------- nodes
@@ -319,6 +366,24 @@ def _parse_node(obj: Mapping[str, Any]) -> _Node:
         cpu=_qty(allocatable.get("cpu")),
         memory=_qty(allocatable.get("memory")),
     )
+
+
+def _parse_nodes(objs: Iterable[Mapping[str, Any]], memo: Memo | None) -> list[_Node]:
+    if memo is None:
+        return [_parse_node(o) for o in objs]
+    old, new = memo.nodes, {}
+    out: list[_Node] = []
+    for o in objs:
+        version = _version(o)
+        if version is None:
+            out.append(_parse_node(o))
+            continue
+        hit = old.get(version[0])
+        node = hit[1] if hit is not None and hit[0] == version[1] else _parse_node(o)
+        new[version[0]] = (version[1], node)
+        out.append(node)
+    memo.nodes = new
+    return out
 
 
 def _fits_node(pod: _Pod, node: _Node) -> bool:
@@ -538,17 +603,17 @@ def observe_pod_starts(
     *,
     time_scale: float,
     seen: frozenset[str] = frozenset(),
+    memo: Memo | None = None,
 ) -> tuple[list[PodStart], frozenset[str]]:
     """Pods with a ``status.startTime`` that are not in `seen`, and the new `seen`.
 
     The returned set keeps only the keys of pods still listed (a pod that is gone never comes
     back), so it does not grow without bound.
     """
-    known = _queue_names(registry)
+    known = set(_queue_names(registry))
     out: list[PodStart] = []
     now_seen: set[str] = set()
-    for obj in pods:
-        pod = _parse_pod(obj)
+    for pod in _parse_pods(pods, memo):
         if pod.started is None or pod.created is None:
             continue
         now_seen.add(pod.key)
@@ -610,6 +675,7 @@ def estimate_queue_waits(
     history: QueueHistory | None = None,
     reference_gpus: int = REFERENCE_GPUS,
     unknown_wait_s: float = UNKNOWN_WAIT_S,
+    memo: Memo | None = None,
 ) -> dict[str, WaitEstimate]:
     """Estimated wait (simulated seconds) of a new `reference_gpus`-GPU request in each queue.
 
@@ -623,28 +689,74 @@ def estimate_queue_waits(
        delays for (cluster, queue): "history".
     3. Otherwise `unknown_wait_s`: "default".
     """
-    parsed_nodes = [_parse_node(n) for n in nodes]
+    return _waits(
+        cluster, _parse_nodes(nodes, memo), _parse_pods(pods, memo), registry, now=now, time_scale=time_scale,
+        history=history, reference_gpus=reference_gpus, unknown_wait_s=unknown_wait_s, memo=memo,
+    )  # fmt: skip
+
+
+def _eligibility(schedulable: Sequence[_Node], memo: Memo | None) -> Callable[[_Pod], frozenset[str]]:
+    """Each pending pod's eligible nodes among `schedulable` (remembered in `memo` while the
+    nodes' names, labels and taints, all that `_fits_node` reads, stay the same)."""
+
+    def work_out(p: _Pod) -> frozenset[str]:
+        return frozenset(n.info.name for n in schedulable if _fits_node(p, n))
+
+    if memo is None:
+        return work_out
+    placement = tuple((n.info.name, tuple(n.info.labels.items()), tuple(n.info.taints)) for n in schedulable)
+    if placement != memo.placement:
+        memo.placement, memo.eligible = placement, {}
+    old = memo.eligible
+    new: dict[str, tuple[_Pod, frozenset[str]]] = {}
+    memo.eligible = new
+
+    def remembered(p: _Pod) -> frozenset[str]:
+        hit = old.get(p.key) or new.get(p.key)
+        if hit is not None and hit[0] is p:  # the same parsed version (`Memo.pods` keeps it alive)
+            new[p.key] = hit
+            return hit[1]
+        found = work_out(p)
+        new[p.key] = (p, found)
+        return found
+
+    return remembered
+
+
+def _waits(
+    cluster: str,
+    parsed_nodes: Sequence[_Node],
+    parsed: Sequence[_Pod],
+    registry: ClusterRegistryEntry,
+    *,
+    now: float,
+    time_scale: float,
+    history: QueueHistory | None,
+    reference_gpus: int,
+    unknown_wait_s: float,
+    memo: Memo | None,
+) -> dict[str, WaitEstimate]:
     schedulable = [n for n in parsed_nodes if n.schedulable and n.gpus > 0]
     capacity = {n.info.name: n.gpus for n in schedulable}
-    parsed = [_parse_pod(p) for p in pods]
     holds = [Hold(p.node, p.gpus, _remaining(p, now, time_scale)) for p in parsed if p.holds and p.node]
     known = _queue_names(registry)
+    known_set = set(known)
     pending = sorted(
         (p for p in parsed if p.pending and p.gpus > 0),
         key=lambda p: (-p.priority, p.created if p.created is not None else math.inf, p.name),
     )
+    eligible = _eligibility(schedulable, memo)
 
     def demand(p: _Pod) -> Demand:
-        eligible = frozenset(n.info.name for n in schedulable if _fits_node(p, n))
-        return Demand(gpus=p.gpus, duration=p.expected, nodes=eligible)
+        return Demand(gpus=p.gpus, duration=p.expected, nodes=eligible(p))
 
     out: dict[str, WaitEstimate] = {}
     starts: dict[tuple[str, ...], float | None] = {}  # queues with the same demand ahead share a result
     for queue in known:
-        ahead = pending if registry.admission == "none" else [p for p in pending if _queue_of(p, known) == queue]
+        ahead = pending if registry.admission == "none" else [p for p in pending if _queue_of(p, known_set) == queue]
         line = tuple(p.key for p in ahead)
         if line not in starts:
-            starts[line] = earliest_start(capacity, holds, [demand(p) for p in ahead], reference_gpus)
+            starts[line] = earliest_start(capacity, holds, [demand(p) for p in ahead[:MAX_AHEAD]], reference_gpus)
         start = starts[line]
         if start is not None:
             out[queue] = WaitEstimate(start, "free" if start == 0 else "runtime")
@@ -724,15 +836,16 @@ def build_snapshot(
     history: QueueHistory | None = None,
     reference_gpus: int = REFERENCE_GPUS,
     unknown_wait_s: float = UNKNOWN_WAIT_S,
+    memo: Memo | None = None,
 ) -> ClusterSnapshot:
     """One cluster's snapshot from listed nodes and pods (see the module and docs/inventory.md).
 
     Free GPUs/CPU/memory of a node = allocatable minus what its bound, non-terminated pods
     hold (GPU limits, CPU/memory requests); a node that is not Ready or is cordoned has none
-    free. Pending = not bound, not finished, not deleting.
+    free. Pending = not bound, not finished, not deleting. `memo`: see `Memo`.
     """
-    parsed_nodes = [_parse_node(n) for n in nodes]
-    parsed_pods = [_parse_pod(p) for p in pods]
+    parsed_nodes = _parse_nodes(nodes, memo)
+    parsed_pods = _parse_pods(pods, memo)
     used: dict[str, list[float]] = {}
     for p in parsed_pods:
         if p.holds and p.node is not None:
@@ -753,22 +866,27 @@ def build_snapshot(
             )
         )
     known = _queue_names(registry)
+    known_set = set(known)
     owners = {q.name: list(q.owners) for q in registry.queues}
-    waits = estimate_queue_waits(
+    waits = _waits(
         cluster,
-        nodes,
-        pods,
+        parsed_nodes,
+        parsed_pods,
         registry,
         now=now,
         time_scale=time_scale,
         history=history,
         reference_gpus=reference_gpus,
         unknown_wait_s=unknown_wait_s,
+        memo=memo,
     )
     pending = [p for p in parsed_pods if p.pending]
+    by_queue: dict[str, list[_Pod]] = {q: [] for q in known}
+    for p in pending:
+        by_queue[_queue_of(p, known_set)].append(p)
     queues: list[QueueInfo] = []
     for q in known:
-        mine = [p for p in pending if _queue_of(p, known) == q]
+        mine = by_queue[q]
         queues.append(
             QueueInfo(
                 name=q,
