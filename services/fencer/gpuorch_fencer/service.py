@@ -19,6 +19,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,28 @@ def informers_for(cc: ClusterClient) -> ClusterInformers:
     return group
 
 
+@dataclass(frozen=True)
+class SeenJob:
+    """What the orphan collector reads of one version of a managed Job (its cache entry)."""
+
+    name: str
+    namespace: str
+    deleting: bool  # deletionTimestamp set: already going
+    found: core.FoundJob  # the workload, attempt and epoch its labels claim
+    created: float | None  # creationTimestamp, unix seconds
+
+    @staticmethod
+    def of(cluster: str, job: dict[str, Any]) -> SeenJob:
+        meta = job["metadata"]
+        name, ns = meta["name"], meta.get("namespace", NAMESPACE)
+        stamp = meta.get("creationTimestamp")
+        return SeenJob(
+            name=name, namespace=ns, deleting=bool(meta.get("deletionTimestamp")),
+            found=core.found_job(meta.get("labels") or {}, cluster, ns, name),
+            created=datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else None,
+        )
+
+
 class Records:
     """Fence records by compare-and-set, remembering each one this replica last read or wrote.
 
@@ -177,6 +200,8 @@ class Fencer:
         #: (cluster, namespace, job) confirmed gone -> when: the informer's cache may still hold
         #: it for a moment after; it is not judged again until the cache is complete past then
         self.gone: dict[tuple[str, str, str], float] = {}
+        #: cluster -> (namespace, job) -> (resourceVersion, what was read of it)
+        self.seen_jobs: dict[str, dict[tuple[str, str], tuple[str | None, SeenJob]]] = {}
         self.publisher: Publisher | None = None
         self.interval = settings.tuning.fence_interval
         self.orphan_grace = settings.tuning.orphan_grace
@@ -375,19 +400,31 @@ class Fencer:
     async def collect_orphans(self, stop: asyncio.Event) -> None:
         """When a cluster answers, every Job of a stale epoch, an unknown attempt or a finished
         workload is deleted (and recorded as `orphan-deleted`). The Jobs are the informers'
-        caches (no list call per round); a cluster whose latest call failed is skipped."""
-        async def tick() -> None:
-            for cluster, inf in self.informers.items():
-                if inf.failing or not inf.synced:
-                    continue
-                jobs = inf["jobs"]
-                self.forget_gone(cluster, jobs.complete_at)
-                for j in jobs.items():
-                    try:
-                        await self.judge(cluster, j)
-                    except Exception as exc:
-                        log.warning("orphan.judge_failed", cluster=cluster, job=(j.get("metadata") or {}).get("name"), error=str(exc))
-        await every(stop, max(2.0, self.interval * 4), tick, name="collect_orphans")
+        caches (no list call per round), each read once per resourceVersion (`SeenJob`); a
+        cluster whose latest call failed is skipped."""
+        await every(stop, max(2.0, self.interval * 4), self.collect_once, name="collect_orphans")
+
+    async def collect_once(self) -> None:
+        """One round of `collect_orphans`."""
+        for cluster, inf in self.informers.items():
+            if inf.failing or not inf.synced:
+                continue
+            jobs = inf["jobs"]
+            self.forget_gone(cluster, jobs.complete_at)
+            before = self.seen_jobs.get(cluster, {})
+            now_seen: dict[tuple[str, str], tuple[str | None, SeenJob]] = {}
+            self.seen_jobs[cluster] = now_seen
+            now = time.time()
+            for j in jobs.items():
+                try:
+                    meta = j["metadata"]
+                    key, rv = (meta.get("namespace", NAMESPACE), meta["name"]), meta.get("resourceVersion")
+                    hit = before.get(key)
+                    seen = hit[1] if hit is not None and rv is not None and hit[0] == rv else SeenJob.of(cluster, j)
+                    now_seen[key] = (rv, seen)
+                    await self.judge(cluster, seen, now)
+                except Exception as exc:
+                    log.warning("orphan.judge_failed", cluster=cluster, job=(j.get("metadata") or {}).get("name"), error=str(exc))
 
     def forget_gone(self, cluster: str, complete_at: float | None) -> None:
         """Jobs confirmed gone before the cache was last complete: if the cache still holds one,
@@ -397,24 +434,20 @@ class Fencer:
         for k in [k for k, at in self.gone.items() if k[0] == cluster and at < complete_at]:
             del self.gone[k]
 
-    async def judge(self, cluster: str, job: dict[str, Any]) -> None:
+    async def judge(self, cluster: str, job: SeenJob, now: float) -> None:
         """One managed Job found on a cluster: leave it, or start pursuing it as an orphan."""
-        meta = job["metadata"]
-        name, ns = meta["name"], meta.get("namespace", NAMESPACE)
-        if meta.get("deletionTimestamp"):
+        name, ns, found = job.name, job.namespace, job.found
+        if job.deleting:
             return  # already going
         if (cluster, ns, name) in self.gone:
             return  # confirmed gone: the cache has not seen its deletion yet
-        found = core.found_job(meta.get("labels") or {}, cluster, ns, name)
         wid, aid, epoch = found.workload_id, found.attempt_id, found.epoch
         if aid in self.pursuits:
             return
-        now = time.time()
         view = self.follower.projection.get(wid)
         known_attempt = view is not None and aid in view.attempts
         known_workload = known_attempt or (view is not None and view.workload is not None) or await self.in_log(wid)
-        stamp = meta.get("creationTimestamp")
-        created = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else now
+        created = job.created if job.created is not None else now
         reason = core.orphan_reason(
             await self.record(wid) if known_attempt else None, aid, epoch,  # (the record matters only then)
             known_attempt=known_attempt, known_workload=known_workload, age=now - created,
