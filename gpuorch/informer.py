@@ -17,6 +17,11 @@ synchronous) does what client-go's reflector does:
 4. on any other failure (no answer, or an API error), wait with exponential backoff and try
    again from the last resourceVersion.
 
+Both the list and the watch events are decoded once, by msgspec, into plain dicts (no model
+objects, no ``sanitize_for_serialization``, no re-encoding: the official ``Watch`` turns every
+event into a model through a ``json.dumps``/``json.loads`` round trip unless told there is no
+model type, which :class:`RawWatch` does).
+
 Readers (the services' asyncio loops) read the cache without any API call: :meth:`items`,
 :meth:`get`, :meth:`covers`. The cost against the cluster is one list at start (and after a
 410) plus one watch per ``timeout_seconds``, whatever the number of objects or live attempts.
@@ -36,12 +41,12 @@ the cache to hold an object this process has just created.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 
@@ -69,6 +74,37 @@ def _rv(value: Any) -> int | None:
         return int(str(value))
     except (TypeError, ValueError):
         return None
+
+
+_decode = msgspec.json.Decoder()  # JSON as plain dicts, lists, str, int, float, bool, None
+
+
+class RawWatch(watch.Watch):
+    """``kubernetes.watch.Watch`` that yields each event as the server sent it, decoded once.
+
+    With no return type the official ``unmarshal_event`` already skips the model
+    (``json.dumps`` of the object and a deserialization into a model, then thrown away by us);
+    here the one ``json.loads`` is msgspec's too. ``ERROR`` events keep ``raw_object``, which
+    ``Watch.stream`` reads to raise ``ApiException(410)``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+
+    def get_return_type(self, func: Any) -> None:
+        return None
+
+    def unmarshal_event(self, data: str, return_type: Any) -> dict[str, Any] | None:
+        if not data or data.isspace():
+            return None
+        try:
+            js = _decode.decode(data)
+        except msgspec.DecodeError:
+            return None
+        if not isinstance(js, dict):
+            return None
+        js["raw_object"] = js.get("object")
+        return js
 
 
 def describe(exc: BaseException) -> str:
@@ -202,7 +238,7 @@ class Informer:
         began = self.clock()
         resp = self.list_fn(*self._args(), **self._selector(), _preload_content=False, _request_timeout=TIMEOUT)
         try:
-            doc = json.loads(resp.data)
+            doc = _decode.decode(resp.data)
         finally:
             resp.release_conn()
         items = {_key(o): o for o in doc.get("items") or []}
@@ -217,7 +253,7 @@ class Informer:
         self._contact(True)
 
     def _watch_once(self) -> None:
-        w = self._watch = watch.Watch(return_type=object)  # type: ignore[no-untyped-call]  # raw dicts, no models
+        w = self._watch = RawWatch()  # raw dicts, no models
         self.watches += 1
         try:
             stream = w.stream(  # type: ignore[no-untyped-call]

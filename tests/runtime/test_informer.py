@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpuorch.informer import ClusterInformers, Informer
+from gpuorch.informer import ClusterInformers, Informer, RawWatch
 from gpuorch.kube import ClusterClient, make_client, request_kind
 from gpuorch_localkube import LocalClusters
 from gpuorch_proto import k8s
@@ -71,6 +71,19 @@ def test_request_kinds_of_the_calls_counted() -> None:
     assert request_kind("POST", "https://h/apis/batch/v1/namespaces/gpuorch/jobs") == ("create", "jobs")
     assert request_kind("DELETE", "https://h/apis/batch/v1/namespaces/gpuorch/jobs/j") == ("delete", "jobs")
     assert request_kind("GET", "https://h/api/v1/nodes") == ("list", "nodes")
+
+
+def test_a_watch_event_is_decoded_once_into_plain_dicts() -> None:
+    w = RawWatch()
+    line = '{"type":"MODIFIED","object":{"kind":"Job","metadata":{"name":"a","resourceVersion":"7","labels":{"x":"1"}}}}'
+    event = w.unmarshal_event(line, None)
+    assert event is not None and event["type"] == "MODIFIED"
+    assert event["raw_object"] is event["object"], "no model: the object is the server's JSON"
+    assert event["object"] == {"kind": "Job", "metadata": {"name": "a", "resourceVersion": "7", "labels": {"x": "1"}}}
+    gone = w.unmarshal_event('{"type":"ERROR","object":{"kind":"Status","code":410,"reason":"Expired","message":"too old"}}', None)
+    assert gone is not None and gone["raw_object"]["code"] == 410, "what Watch.stream reads to raise ApiException(410)"
+    assert w.unmarshal_event("", None) is None and w.unmarshal_event("not json", None) is None
+    assert w.get_return_type(object()) is None
 
 
 async def test_the_cache_follows_creates_updates_and_deletes_with_one_list(cluster: tuple[LocalClusters, ClusterClient]) -> None:

@@ -1,5 +1,16 @@
 """The fencer's shell: epochs and promotion in a KV bucket by compare-and-set, cancellation
-pursued until confirmed, orphaned Jobs garbage-collected (DESIGN §7)."""
+pursued until confirmed, orphaned Jobs garbage-collected (DESIGN §7).
+
+What it costs per workload does not grow with the backlog:
+
+* managed Jobs are followed by an informer per cluster (``gpuorch.informer``: list once, watch
+  from the list's resourceVersion, re-list on 410 Gone); the orphan collector judges the
+  informer's cache, it does not list every Job of every cluster at each round;
+* the fence records this replica last read or wrote are kept (`Records`): the collector reads a
+  record from the bucket only the first time it needs it, and a compare-and-set writes with the
+  revision it knows (one round trip, not a read and a write); when another replica wrote in
+  between, the write fails and the usual read-decide-write runs on what is there now.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +19,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -15,10 +27,11 @@ from typing import Any
 import msgspec
 import structlog
 from kubernetes.client.exceptions import ApiException
-from nats.js.errors import KeyNotFoundError, NotFoundError
+from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
 
 from gpuorch.config import Settings, load_registry
 from gpuorch.follow import Follower, every, run_until_stopped
+from gpuorch.informer import ClusterInformers
 from gpuorch.kube import TIMEOUT, ClusterClient, make_clients, unreachable
 from gpuorch.runtime import bus, kv
 from gpuorch.runtime.shell import Incoming, Publisher, Reject, consume, run_service
@@ -26,7 +39,7 @@ from gpuorch.runtime.snapshot import Snapshots, follower_body, restore_follower
 from gpuorch.security.model import events_durable, snapshot_owner
 from gpuorch_proto import FenceRecord, decode_fence, encode
 from gpuorch_proto import events as ev
-from gpuorch_proto.k8s import LABEL_MANAGED, NAMESPACE
+from gpuorch_proto.k8s import MANAGED_SELECTOR, NAMESPACE
 from gpuorch_proto.subjects import valid_token
 
 from . import core
@@ -83,6 +96,97 @@ def _registry_stores(settings: Settings) -> list[str] | None:
     return sorted({st for c in reg.clusters.values() for st in (*c.artifact_stores, *c.checkpoint_stores)})
 
 
+def informers_for(cc: ClusterClient) -> ClusterInformers:
+    """gpuorch's Jobs of one cluster (its label, its namespace), list-then-watch: what the
+    orphan collector judges."""
+    group = ClusterInformers(cc.name)
+    group.add("jobs", cc.batch.list_namespaced_job, namespace=NAMESPACE, label_selector=MANAGED_SELECTOR)
+    return group
+
+
+@dataclass(frozen=True)
+class SeenJob:
+    """What the orphan collector reads of one version of a managed Job (its cache entry)."""
+
+    name: str
+    namespace: str
+    deleting: bool  # deletionTimestamp set: already going
+    found: core.FoundJob  # the workload, attempt and epoch its labels claim
+    created: float | None  # creationTimestamp, unix seconds
+
+    @staticmethod
+    def of(cluster: str, job: dict[str, Any]) -> SeenJob:
+        meta = job["metadata"]
+        name, ns = meta["name"], meta.get("namespace", NAMESPACE)
+        stamp = meta.get("creationTimestamp")
+        return SeenJob(
+            name=name, namespace=ns, deleting=bool(meta.get("deletionTimestamp")),
+            found=core.found_job(meta.get("labels") or {}, cluster, ns, name),
+            created=datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else None,
+        )
+
+
+class Records:
+    """Fence records by compare-and-set, remembering each one this replica last read or wrote.
+
+    Every change of a record is made while a fencer handles an event, and every replica handles
+    every event (each folds the log through its own durable), so what is remembered is never
+    ahead of the bucket, only behind it until this replica handles the next event of that
+    workload. Two uses, neither of which needs more:
+
+    * `cas` decides first on the remembered record (or on none, for a workload never seen) and
+      writes with the revision it was read or written at (``create`` when none): if that write
+      lands, nobody wrote in between, so the decision was taken on the current record, which is
+      what compare-and-set means; if it does not, or the decision writes nothing (which needs
+      the current record to be sure), the usual read-decide-write (`gpuorch.runtime.kv`) runs;
+    * `known` gives the orphan collector the remembered record, read from the bucket only the
+      first time. A record behind the bucket can only make a Job look less orphaned (epochs only
+      grow, a promotion is never undone): such a Job is judged again at the next round, after
+      this replica has handled the event that moved the record.
+    """
+
+    def __init__(self, bucket: Any) -> None:
+        self.bucket = bucket
+        self._known: dict[str, tuple[FenceRecord | None, int]] = {}  # workload -> (record, revision; 0 = none)
+
+    async def read(self, workload_id: str) -> FenceRecord | None:
+        """The record in the bucket now (and remembered)."""
+        value, rev = await kv.read(self.bucket, workload_id)
+        rec = decode_fence(value) if value is not None else None
+        self._known[workload_id] = (rec, rev)
+        return rec
+
+    async def known(self, workload_id: str) -> FenceRecord | None:
+        """The record as this replica last read or wrote it (read now if it never did)."""
+        got = self._known.get(workload_id)
+        return got[0] if got is not None else await self.read(workload_id)
+
+    async def cas(self, workload_id: str, decide: Callable[[FenceRecord | None], core.Decision]) -> core.Decision:
+        rec, rev = self._known.get(workload_id, (None, 0))
+        first = decide(rec)
+        if first.record is not None:
+            new = encode(first.record)
+            try:
+                written = await (self.bucket.create(workload_id, new) if rev == 0 else self.bucket.update(workload_id, new, last=rev))
+            except KeyWrongLastSequenceError:
+                pass  # written since (by another replica, or before a restart): decide on what is there
+            else:
+                self._known[workload_id] = (first.record, int(written))
+                return first
+        seen: list[FenceRecord | None] = []
+
+        def step(value: bytes | None) -> tuple[core.Decision, bytes | None]:
+            current = decode_fence(value) if value is not None else None
+            seen.append(current)
+            d = decide(current)
+            return d, (encode(d.record) if d.record is not None else None)
+
+        w = await kv.compare_and_set(self.bucket, workload_id, step)
+        d = w.decision
+        self._known[workload_id] = (d.record if w.value is not None else seen[-1], w.revision)
+        return d
+
+
 class Fencer:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -91,6 +195,13 @@ class Fencer:
         self.clients: dict[str, ClusterClient] = make_clients(settings.kubeconfig) if settings.kubeconfig else {}
         self.pursuits: dict[str, core.Pursuit] = {}
         self.kv: Any = None
+        self.records: Records | None = None
+        self.informers: dict[str, ClusterInformers] = {name: informers_for(cc) for name, cc in self.clients.items()}
+        #: (cluster, namespace, job) confirmed gone -> when: the informer's cache may still hold
+        #: it for a moment after; it is not judged again until the cache is complete past then
+        self.gone: dict[tuple[str, str, str], float] = {}
+        #: cluster -> (namespace, job) -> (resourceVersion, what was read of it)
+        self.seen_jobs: dict[str, dict[tuple[str, str], tuple[str | None, SeenJob]]] = {}
         self.publisher: Publisher | None = None
         self.interval = settings.tuning.fence_interval
         self.orphan_grace = settings.tuning.orphan_grace
@@ -101,19 +212,14 @@ class Fencer:
 
     # --- compare-and-set on the fence record ------------------------------------------------
     async def cas(self, workload_id: str, decide: Callable[[FenceRecord | None], core.Decision]) -> core.Decision:
-        """The fence record changes only by compare-and-set (`gpuorch.runtime.kv`)."""
-
-        def step(value: bytes | None) -> tuple[core.Decision, bytes | None]:
-            d = decide(decode_fence(value) if value is not None else None)
-            return d, (encode(d.record) if d.record is not None else None)
-
-        return (await kv.compare_and_set(self.kv, workload_id, step)).decision
+        """The fence record changes only by compare-and-set (`Records.cas`)."""
+        assert self.records is not None
+        return await self.records.cas(workload_id, decide)
 
     async def record(self, workload_id: str) -> FenceRecord | None:
-        try:
-            return decode_fence((await self.kv.get(workload_id)).value)
-        except KeyNotFoundError:
-            return None
+        """The record as this replica last read or wrote it (`Records.known`)."""
+        assert self.records is not None
+        return await self.records.known(workload_id)
 
     async def in_log(self, workload_id: str) -> bool:
         """Does the event log hold this workload's `submitted`? (True when it cannot tell: the
@@ -287,42 +393,63 @@ class Fencer:
         evts = core.pursuit_confirmed(p, how, now)
         log.info("pursuit.confirmed", attempt=p.attempt_id, how=how, orphan=bool(p.orphan_reason))
         await self.publisher.publish(evts, context=self.follower.context(p.workload_id))
+        if p.cluster in self.informers:
+            self.gone[(p.cluster, p.namespace, p.job_name)] = now
         self.pursuits.pop(key, None)  # only once it is on record
 
     async def collect_orphans(self, stop: asyncio.Event) -> None:
         """When a cluster answers, every Job of a stale epoch, an unknown attempt or a finished
-        workload is deleted (and recorded as `orphan-deleted`)."""
-        async def tick() -> None:
-            for cluster, cc in self.clients.items():
-                try:
-                    listed = await asyncio.to_thread(cc.batch.list_namespaced_job, NAMESPACE, label_selector=f"{LABEL_MANAGED}=true", _request_timeout=TIMEOUT)
-                except Exception:
-                    continue
-                for j in cc.sanitize(listed).get("items") or []:
-                    try:
-                        await self.judge(cluster, j)
-                    except Exception as exc:
-                        log.warning("orphan.judge_failed", cluster=cluster, job=(j.get("metadata") or {}).get("name"), error=str(exc))
-        await every(stop, max(2.0, self.interval * 4), tick, name="collect_orphans")
+        workload is deleted (and recorded as `orphan-deleted`). The Jobs are the informers'
+        caches (no list call per round), each read once per resourceVersion (`SeenJob`); a
+        cluster whose latest call failed is skipped."""
+        await every(stop, max(2.0, self.interval * 4), self.collect_once, name="collect_orphans")
 
-    async def judge(self, cluster: str, job: dict[str, Any]) -> None:
+    async def collect_once(self) -> None:
+        """One round of `collect_orphans`."""
+        for cluster, inf in self.informers.items():
+            if inf.failing or not inf.synced:
+                continue
+            jobs = inf["jobs"]
+            self.forget_gone(cluster, jobs.complete_at)
+            before = self.seen_jobs.get(cluster, {})
+            now_seen: dict[tuple[str, str], tuple[str | None, SeenJob]] = {}
+            self.seen_jobs[cluster] = now_seen
+            now = time.time()
+            for j in jobs.items():
+                try:
+                    meta = j["metadata"]
+                    key, rv = (meta.get("namespace", NAMESPACE), meta["name"]), meta.get("resourceVersion")
+                    hit = before.get(key)
+                    seen = hit[1] if hit is not None and rv is not None and hit[0] == rv else SeenJob.of(cluster, j)
+                    now_seen[key] = (rv, seen)
+                    await self.judge(cluster, seen, now)
+                except Exception as exc:
+                    log.warning("orphan.judge_failed", cluster=cluster, job=(j.get("metadata") or {}).get("name"), error=str(exc))
+
+    def forget_gone(self, cluster: str, complete_at: float | None) -> None:
+        """Jobs confirmed gone before the cache was last complete: if the cache still holds one,
+        it is a new Job of that name, to be judged as any other."""
+        if complete_at is None:
+            return
+        for k in [k for k, at in self.gone.items() if k[0] == cluster and at < complete_at]:
+            del self.gone[k]
+
+    async def judge(self, cluster: str, job: SeenJob, now: float) -> None:
         """One managed Job found on a cluster: leave it, or start pursuing it as an orphan."""
-        meta = job["metadata"]
-        name, ns = meta["name"], meta.get("namespace", NAMESPACE)
-        if meta.get("deletionTimestamp"):
+        name, ns, found = job.name, job.namespace, job.found
+        if job.deleting:
             return  # already going
-        found = core.found_job(meta.get("labels") or {}, cluster, ns, name)
+        if (cluster, ns, name) in self.gone:
+            return  # confirmed gone: the cache has not seen its deletion yet
         wid, aid, epoch = found.workload_id, found.attempt_id, found.epoch
         if aid in self.pursuits:
             return
-        now = time.time()
         view = self.follower.projection.get(wid)
         known_attempt = view is not None and aid in view.attempts
         known_workload = known_attempt or (view is not None and view.workload is not None) or await self.in_log(wid)
-        stamp = meta.get("creationTimestamp")
-        created = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else now
+        created = job.created if job.created is not None else now
         reason = core.orphan_reason(
-            await self.record(wid) if known_workload else None, aid, epoch,
+            await self.record(wid) if known_attempt else None, aid, epoch,  # (the record matters only then)
             known_attempt=known_attempt, known_workload=known_workload, age=now - created,
             workload_status=view.status if view is not None else None,
             grace=self.orphan_grace, grace_unknown=self.orphan_grace_unknown,
@@ -343,6 +470,7 @@ class Fencer:
             js = self.js = nc.jetstream()
             await bus.await_topology(js, self.names)  # created by the admin identity
             self.kv = await js.key_value(self.names.kv_fence)
+            self.records = Records(self.kv)
             self.publisher = Publisher(js, self.names)
             me = self.settings.tuning.instance  # a replica folds every event through its own durable
             snapshots = Snapshots(js, self.names, snapshot_owner("fencer", me), events_durable(self.names, "fencer", me), lambda: follower_body(self.follower.projection, self.follower.traceparents), interval=self.settings.tuning.snapshot_interval)
@@ -350,6 +478,8 @@ class Fencer:
             n = await self.follower.catch_up(js, self.names.stream_evt, self.names.evt_all, start_seq=start)
             self.resume_pursuits()
             log.info("fencer.caught_up", events=n, pursuits=len(self.pursuits))
+            for inf in self.informers.values():
+                inf.start()
             await run_until_stopped("fencer", stop, [
                 consume(js, stream=self.names.stream_evt, durable=events_durable(self.names, "fencer", me), filter_subject=self.names.evt_all, handler=self.on_event, publisher=self.publisher, names=self.names, stop=stop),
                 self.pursue_loop(stop),
@@ -358,6 +488,8 @@ class Fencer:
             ], clusters=sorted(self.clients))
             await snapshots.final()
         finally:
+            for inf in self.informers.values():
+                await asyncio.to_thread(inf.stop)
             await nc.close()
 
 

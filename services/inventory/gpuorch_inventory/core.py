@@ -13,7 +13,8 @@ the docstrings below are the precise rules.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -48,6 +49,7 @@ __all__ = [
     "LABEL_QUEUE",
     "Demand",
     "Hold",
+    "Memo",
     "PodStart",
     "QueueHistory",
     "WaitEstimate",
@@ -256,7 +258,53 @@ def _parse_pod(obj: Mapping[str, Any]) -> _Pod:
 
 def _queue_of(pod: _Pod, known: Iterable[str]) -> str:
     """The registry queue a pod belongs to; unlabelled or unknown queues fold into "default"."""
-    return pod.queue if pod.queue is not None and pod.queue in set(known) else DEFAULT_QUEUE
+    names = known if isinstance(known, (set, frozenset)) else set(known)
+    return pod.queue if pod.queue is not None and pod.queue in names else DEFAULT_QUEUE
+
+
+@dataclass
+class Memo:
+    """What the shell keeps for one cluster from one round to the next, so that what did not
+    change is not worked out again: each pod and node parsed once per resourceVersion (by uid,
+    or namespace/name: with it, a resourceVersion names one version of one object, the store's
+    revision at its last write), and each pending pod's eligible nodes
+    while the nodes' labels and taints stay the same. An optional argument of the functions
+    below; their results are the same with or without it (tests/inventory/test_memo.py). Only
+    objects with a resourceVersion are kept, and only while they are listed.
+    """
+
+    pods: dict[str, tuple[str, _Pod]] = field(default_factory=dict)
+    nodes: dict[str, tuple[str, _Node]] = field(default_factory=dict)
+    #: the schedulable nodes' (name, labels, taints) the eligibility below was worked out for
+    placement: tuple[Any, ...] | None = None
+    eligible: dict[str, tuple[_Pod, frozenset[str]]] = field(default_factory=dict)
+
+
+def _version(obj: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(uid, or namespace/name; resourceVersion), None without a resourceVersion."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping) or not meta.get("resourceVersion"):
+        return None
+    key = meta.get("uid") or f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
+    return str(key), str(meta["resourceVersion"])
+
+
+def _parse_pods(objs: Iterable[Mapping[str, Any]], memo: Memo | None) -> list[_Pod]:
+    if memo is None:
+        return [_parse_pod(o) for o in objs]
+    old, new = memo.pods, {}
+    out: list[_Pod] = []
+    for o in objs:
+        version = _version(o)
+        if version is None:
+            out.append(_parse_pod(o))
+            continue
+        hit = old.get(version[0])
+        pod = hit[1] if hit is not None and hit[0] == version[1] else _parse_pod(o)
+        new[version[0]] = (version[1], pod)
+        out.append(pod)
+    memo.pods = new
+    return out
 
 
 # --------------------------------------------------------------------------- nodes
@@ -320,6 +368,24 @@ def _parse_node(obj: Mapping[str, Any]) -> _Node:
     )
 
 
+def _parse_nodes(objs: Iterable[Mapping[str, Any]], memo: Memo | None) -> list[_Node]:
+    if memo is None:
+        return [_parse_node(o) for o in objs]
+    old, new = memo.nodes, {}
+    out: list[_Node] = []
+    for o in objs:
+        version = _version(o)
+        if version is None:
+            out.append(_parse_node(o))
+            continue
+        hit = old.get(version[0])
+        node = hit[1] if hit is not None and hit[0] == version[1] else _parse_node(o)
+        new[version[0]] = (version[1], node)
+        out.append(node)
+    memo.nodes = new
+    return out
+
+
 def _fits_node(pod: _Pod, node: _Node) -> bool:
     """nodeSelector, required node affinity, and NoSchedule/NoExecute taints: Kubernetes'
     semantics as written once in `gpuorch_proto.kubesem` (the router and the local clusters use
@@ -335,25 +401,84 @@ def _fits_node(pod: _Pod, node: _Node) -> bool:
 # --------------------------------------------------------------------------- queue-wait model
 
 
-def _node_earliest(
-    capacity: int, intervals: Sequence[tuple[float, float, int]], gpus: int, duration: float
-) -> tuple[float, int] | None:
-    """Earliest t (0 or when something ends) with `gpus` free on this node over [t, t+duration),
-    and how many GPUs are left free at t after taking them."""
-    points = sorted({0.0, *(s for s, _, _ in intervals), *(e for _, e, _ in intervals if math.isfinite(e))})
-    used = [sum(g for s, e, g in intervals if s <= p < e) for p in points]
-    ends = {0.0, *(e for _, e, _ in intervals if math.isfinite(e))}
-    for i, t in enumerate(points):
-        if t not in ends:
-            continue
-        peak = 0
-        for j in range(i, len(points)):
-            if points[j] >= t + duration:
-                break
-            peak = max(peak, used[j])
-        if capacity - peak >= gpus:
-            return t, capacity - used[i] - gpus
-    return None
+class _Timeline:
+    """One node's GPUs in use over (simulated) time, as `earliest_start` books them: a step
+    function over the sorted points 0, every booking's start and every finite end.
+
+    `earliest(gpus, duration)` is the earliest t among 0 and the ends with `gpus` free over
+    [t, t+duration), and the GPUs left free at t after taking them. One pass over the points
+    finds it: a point whose use is over ``capacity - gpus`` rules out every candidate up to it
+    whose window reaches it. The answer is kept per (gpus, duration), and after a booking the
+    next ask goes on from it rather than from 0: a booking only adds use, so no time before the
+    last answer can fit afterwards (had one, the last point over the limit before it ends at an
+    end, a candidate whose window would have fitted before). `tests/inventory/reference.py` is
+    the plain version (nested sums) it must equal.
+    """
+
+    __slots__ = ("_asked", "capacity", "ends", "times", "used")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.times: list[float] = [0.0]  # sorted points
+        self.used: list[int] = [0]  # GPUs in use from times[i] to times[i+1] (to the end, for the last)
+        self.ends: set[float] = {0.0}  # the candidates: 0 and every finite end
+        #: (gpus, duration) -> (the earliest fitting candidate, None: none; still the answer?)
+        self._asked: dict[tuple[int, float], tuple[float | None, bool]] = {}
+
+    def book(self, start: float, end: float, gpus: int) -> None:
+        """`gpus` in use over [start, end) (end may be inf); 0 <= start < end, gpus > 0."""
+        times, used = self.times, self.used
+        i = bisect_left(times, start)
+        if i == len(times) or times[i] != start:
+            times.insert(i, start)
+            used.insert(i, used[i - 1] if i > 0 else 0)
+        j = len(times)
+        if math.isfinite(end):
+            j = bisect_left(times, end, i)
+            if j == len(times) or times[j] != end:
+                times.insert(j, end)
+                used.insert(j, used[j - 1])
+            self.ends.add(end)
+        for k in range(i, j):
+            used[k] += gpus
+        for shape, (at, _) in self._asked.items():
+            self._asked[shape] = (at, False)
+
+    def _scan(self, i: int, limit: int, duration: float) -> float | None:
+        """The first candidate at or after index i whose window [t, t+duration) fits."""
+        times, used, ends = self.times, self.used, self.ends
+        n = len(times)
+        b = i  # the first point at or after i whose use is over the limit
+        while i < n:
+            t = times[i]
+            if t not in ends:
+                i += 1
+                continue
+            if b < i:
+                b = i
+            while b < n and used[b] <= limit:
+                b += 1
+            if b == n or times[b] >= t + duration:
+                return t
+            i = b + 1  # every candidate up to b has b in its window
+        return None
+
+    def earliest(self, gpus: int, duration: float) -> tuple[float, int] | None:
+        """Earliest t (0 or when something ends) with `gpus` free on this node over
+        [t, t+duration), and how many GPUs are left free at t after taking them."""
+        limit = self.capacity - gpus
+        if limit < 0:
+            return None
+        shape = (gpus, duration)
+        asked = self._asked.get(shape)
+        if asked is None:
+            at = self._scan(0, limit, duration)
+        elif asked[1] or asked[0] is None:
+            at = asked[0]
+        else:
+            at = self._scan(bisect_left(self.times, asked[0]), limit, duration)
+        self._asked[shape] = (at, True)
+        return None if at is None else (at, limit - self.used[bisect_left(self.times, at)])
 
 
 @dataclass(frozen=True)
@@ -399,19 +524,21 @@ def earliest_start(
     are simulated (bounded cost; beyond it the estimate is optimistic). Returns None when the request cannot
     be placed within what is known (unknown durations, or no node with that many GPUs).
     """
-    usage: dict[str, list[tuple[float, float, int]]] = {n: [] for n in capacity}
+    usage = {n: _Timeline(c) for n, c in capacity.items()}
     for h in holds:
         if h.node in usage and h.gpus > 0:
             end = math.inf if h.remaining is None else max(0.0, h.remaining)
             if end > 0:
-                usage[h.node].append((0.0, end, h.gpus))
+                usage[h.node].book(0.0, end, h.gpus)
+    everywhere = sorted(capacity)
+    in_order: dict[frozenset[str], list[str]] = {}  # each eligible set, sorted once
 
     def place(gpus: int, duration: float, nodes: Iterable[str]) -> tuple[float, str] | None:
         best: tuple[float, int, str] | None = None
         for n in nodes:
             if n not in capacity or capacity[n] < gpus:
                 continue
-            found = _node_earliest(capacity[n], usage[n], gpus, duration)
+            found = usage[n].earliest(gpus, duration)
             if found is not None and (best is None or (found[0], found[1], n) < best):
                 best = (found[0], found[1], n)  # earliest, then best fit (fewest GPUs left), then name
         return None if best is None else (best[0], best[2])
@@ -420,10 +547,11 @@ def earliest_start(
         if d.gpus <= 0:
             continue
         duration = math.inf if d.duration is None else max(0.0, d.duration)
-        spot = place(d.gpus, duration, sorted(capacity) if d.nodes is None else sorted(d.nodes))
+        nodes = everywhere if d.nodes is None else in_order.get(d.nodes) or in_order.setdefault(d.nodes, sorted(d.nodes))
+        spot = place(d.gpus, duration, nodes)
         if spot is not None and duration > 0:
-            usage[spot[1]].append((spot[0], spot[0] + duration, d.gpus))
-    spot = place(max(1, request_gpus), math.inf, sorted(capacity))
+            usage[spot[1]].book(spot[0], spot[0] + duration, d.gpus)
+    spot = place(max(1, request_gpus), math.inf, everywhere)
     return None if spot is None else spot[0]
 
 
@@ -475,17 +603,17 @@ def observe_pod_starts(
     *,
     time_scale: float,
     seen: frozenset[str] = frozenset(),
+    memo: Memo | None = None,
 ) -> tuple[list[PodStart], frozenset[str]]:
     """Pods with a ``status.startTime`` that are not in `seen`, and the new `seen`.
 
     The returned set keeps only the keys of pods still listed (a pod that is gone never comes
     back), so it does not grow without bound.
     """
-    known = _queue_names(registry)
+    known = set(_queue_names(registry))
     out: list[PodStart] = []
     now_seen: set[str] = set()
-    for obj in pods:
-        pod = _parse_pod(obj)
+    for pod in _parse_pods(pods, memo):
         if pod.started is None or pod.created is None:
             continue
         now_seen.add(pod.key)
@@ -547,6 +675,7 @@ def estimate_queue_waits(
     history: QueueHistory | None = None,
     reference_gpus: int = REFERENCE_GPUS,
     unknown_wait_s: float = UNKNOWN_WAIT_S,
+    memo: Memo | None = None,
 ) -> dict[str, WaitEstimate]:
     """Estimated wait (simulated seconds) of a new `reference_gpus`-GPU request in each queue.
 
@@ -560,28 +689,74 @@ def estimate_queue_waits(
        delays for (cluster, queue): "history".
     3. Otherwise `unknown_wait_s`: "default".
     """
-    parsed_nodes = [_parse_node(n) for n in nodes]
+    return _waits(
+        cluster, _parse_nodes(nodes, memo), _parse_pods(pods, memo), registry, now=now, time_scale=time_scale,
+        history=history, reference_gpus=reference_gpus, unknown_wait_s=unknown_wait_s, memo=memo,
+    )  # fmt: skip
+
+
+def _eligibility(schedulable: Sequence[_Node], memo: Memo | None) -> Callable[[_Pod], frozenset[str]]:
+    """Each pending pod's eligible nodes among `schedulable` (remembered in `memo` while the
+    nodes' names, labels and taints, all that `_fits_node` reads, stay the same)."""
+
+    def work_out(p: _Pod) -> frozenset[str]:
+        return frozenset(n.info.name for n in schedulable if _fits_node(p, n))
+
+    if memo is None:
+        return work_out
+    placement = tuple((n.info.name, tuple(n.info.labels.items()), tuple(n.info.taints)) for n in schedulable)
+    if placement != memo.placement:
+        memo.placement, memo.eligible = placement, {}
+    old = memo.eligible
+    new: dict[str, tuple[_Pod, frozenset[str]]] = {}
+    memo.eligible = new
+
+    def remembered(p: _Pod) -> frozenset[str]:
+        hit = old.get(p.key) or new.get(p.key)
+        if hit is not None and hit[0] is p:  # the same parsed version (`Memo.pods` keeps it alive)
+            new[p.key] = hit
+            return hit[1]
+        found = work_out(p)
+        new[p.key] = (p, found)
+        return found
+
+    return remembered
+
+
+def _waits(
+    cluster: str,
+    parsed_nodes: Sequence[_Node],
+    parsed: Sequence[_Pod],
+    registry: ClusterRegistryEntry,
+    *,
+    now: float,
+    time_scale: float,
+    history: QueueHistory | None,
+    reference_gpus: int,
+    unknown_wait_s: float,
+    memo: Memo | None,
+) -> dict[str, WaitEstimate]:
     schedulable = [n for n in parsed_nodes if n.schedulable and n.gpus > 0]
     capacity = {n.info.name: n.gpus for n in schedulable}
-    parsed = [_parse_pod(p) for p in pods]
     holds = [Hold(p.node, p.gpus, _remaining(p, now, time_scale)) for p in parsed if p.holds and p.node]
     known = _queue_names(registry)
+    known_set = set(known)
     pending = sorted(
         (p for p in parsed if p.pending and p.gpus > 0),
         key=lambda p: (-p.priority, p.created if p.created is not None else math.inf, p.name),
     )
+    eligible = _eligibility(schedulable, memo)
 
     def demand(p: _Pod) -> Demand:
-        eligible = frozenset(n.info.name for n in schedulable if _fits_node(p, n))
-        return Demand(gpus=p.gpus, duration=p.expected, nodes=eligible)
+        return Demand(gpus=p.gpus, duration=p.expected, nodes=eligible(p))
 
     out: dict[str, WaitEstimate] = {}
     starts: dict[tuple[str, ...], float | None] = {}  # queues with the same demand ahead share a result
     for queue in known:
-        ahead = pending if registry.admission == "none" else [p for p in pending if _queue_of(p, known) == queue]
+        ahead = pending if registry.admission == "none" else [p for p in pending if _queue_of(p, known_set) == queue]
         line = tuple(p.key for p in ahead)
         if line not in starts:
-            starts[line] = earliest_start(capacity, holds, [demand(p) for p in ahead], reference_gpus)
+            starts[line] = earliest_start(capacity, holds, [demand(p) for p in ahead[:MAX_AHEAD]], reference_gpus)
         start = starts[line]
         if start is not None:
             out[queue] = WaitEstimate(start, "free" if start == 0 else "runtime")
@@ -661,15 +836,16 @@ def build_snapshot(
     history: QueueHistory | None = None,
     reference_gpus: int = REFERENCE_GPUS,
     unknown_wait_s: float = UNKNOWN_WAIT_S,
+    memo: Memo | None = None,
 ) -> ClusterSnapshot:
     """One cluster's snapshot from listed nodes and pods (see the module and docs/inventory.md).
 
     Free GPUs/CPU/memory of a node = allocatable minus what its bound, non-terminated pods
     hold (GPU limits, CPU/memory requests); a node that is not Ready or is cordoned has none
-    free. Pending = not bound, not finished, not deleting.
+    free. Pending = not bound, not finished, not deleting. `memo`: see `Memo`.
     """
-    parsed_nodes = [_parse_node(n) for n in nodes]
-    parsed_pods = [_parse_pod(p) for p in pods]
+    parsed_nodes = _parse_nodes(nodes, memo)
+    parsed_pods = _parse_pods(pods, memo)
     used: dict[str, list[float]] = {}
     for p in parsed_pods:
         if p.holds and p.node is not None:
@@ -690,22 +866,27 @@ def build_snapshot(
             )
         )
     known = _queue_names(registry)
+    known_set = set(known)
     owners = {q.name: list(q.owners) for q in registry.queues}
-    waits = estimate_queue_waits(
+    waits = _waits(
         cluster,
-        nodes,
-        pods,
+        parsed_nodes,
+        parsed_pods,
         registry,
         now=now,
         time_scale=time_scale,
         history=history,
         reference_gpus=reference_gpus,
         unknown_wait_s=unknown_wait_s,
+        memo=memo,
     )
     pending = [p for p in parsed_pods if p.pending]
+    by_queue: dict[str, list[_Pod]] = {q: [] for q in known}
+    for p in pending:
+        by_queue[_queue_of(p, known_set)].append(p)
     queues: list[QueueInfo] = []
     for q in known:
-        mine = [p for p in pending if _queue_of(p, known) == q]
+        mine = by_queue[q]
         queues.append(
             QueueInfo(
                 name=q,

@@ -121,6 +121,7 @@ class ClusterState:
     last_published: ClusterSnapshot | None = None
     last_published_at: float = float("-inf")  # monotonic
     seen_started: frozenset[str] = frozenset()
+    memo: core.Memo = field(default_factory=core.Memo)  # parsed pods and nodes, from round to round
     published_once: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -170,7 +171,7 @@ class Inventory:
     ) -> ClusterSnapshot:
         entry = self.entry(state.name)
         starts, state.seen_started = core.observe_pod_starts(
-            pods, entry, time_scale=self.registry.time_scale, seen=state.seen_started
+            pods, entry, time_scale=self.registry.time_scale, seen=state.seen_started, memo=state.memo
         )
         for start in starts:
             if start.gpus > 0:  # CPU pods do not wait for GPUs
@@ -187,6 +188,7 @@ class Inventory:
             time_scale=self.registry.time_scale,
             staged=core.staged_refs(self.staged, state.name),
             history=self.history,
+            memo=state.memo,
         )
 
     async def poll_once(self, state: ClusterState, cc: ClusterClient) -> ClusterSnapshot | None:
