@@ -88,8 +88,11 @@ def counting_every(ticks: Ticks) -> Callable[..., Awaitable[None]]:
     return every
 
 
-async def dispatcher(js: JetStreamContext, names: Names, me: str, projection: Projection) -> tuple[Dispatcher, Counting]:
-    d = Dispatcher(Settings(prefix=names.prefix, tuning=Tuning(dispatcher_id=me, owner_ttl=TTL)))
+async def dispatcher(
+    js: JetStreamContext, names: Names, me: str, projection: Projection, ttl: float = TTL
+) -> tuple[Dispatcher, Counting]:
+    """A dispatcher shell `me` on the test's bucket (counted), with `projection`, its lease written."""
+    d = Dispatcher(Settings(prefix=names.prefix, tuning=Tuning(dispatcher_id=me, owner_ttl=ttl)))
     counting = Counting(await js.key_value(names.kv_owners))
     d.kv_owners = counting
     d.publisher = Publisher(js, names)

@@ -489,7 +489,10 @@ class DispatcherSim(Service):
             prev = yield from self._claim(wid)
             if prev is None:
                 continue
-            yield from self.redrive(view)
+            try:
+                yield from self.redrive(view)
+            except (Unreachable, RuntimeError):
+                pass  # the reconcile loop retries
 
     def reconcile_owned(self) -> Gen:
         for wid in list(self.owned):

@@ -401,54 +401,54 @@ class Dispatcher:
         return True
 
     async def renew(self, stop: asyncio.Event) -> None:
+        await every(stop, self.owner_ttl / 3, self.renew_once, name="renew")
+
+    async def renew_once(self) -> None:
         """One write per period whatever we own: our instance lease (compare-and-set; on a
         conflict someone ended it, and the next generation starts)."""
-
-        async def tick() -> None:
-            for wid in [w for w in self.records if self._done(w)]:
-                self.records.pop(wid, None)
-                self._owned.pop(wid, None)
-            if self.lease is None:
-                await self.start_ownership()
-                return
-            try:
-                if not await self._write_lease(core.renewed(self.lease, self.me, time.time(), self.owner_ttl), self.lease_rev):
-                    await self.start_ownership()  # ended by someone who saw it run out: the next generation
-            except Exception as exc:  # the bucket did not answer: `owned` empties when the lease runs out
-                log.warning("ownership.renew_failed", instance=self.me, error=type(exc).__name__)
-
-        await every(stop, self.owner_ttl / 3, tick, name="renew")
+        for wid in [w for w in self.records if self._done(w)]:
+            self.records.pop(wid, None)
+            self._owned.pop(wid, None)
+        if self.lease is None:
+            await self.start_ownership()
+            return
+        try:
+            if not await self._write_lease(core.renewed(self.lease, self.me, time.time(), self.owner_ttl), self.lease_rev):
+                await self.start_ownership()  # ended by someone who saw it run out: the next generation
+        except Exception as exc:  # the bucket did not answer: `owned` empties when the lease runs out
+            log.warning("ownership.renew_failed", instance=self.me, error=type(exc).__name__)
 
     def _done(self, workload_id: str) -> bool:
         view = self.follower.projection.get(workload_id)
         return view is not None and view.terminal
 
     async def take_over(self, stop: asyncio.Event) -> None:
+        await every(stop, self.owner_ttl / 2, self.take_over_once, name="take_over")
+
+    async def take_over_once(self) -> None:
         """Workloads whose owner's generation is over (it died) are claimed and re-driven.
 
-        Per period one read per other instance our records name (and a compare-and-set ending
-        a lease that ran out); a workload costs a round trip only when its record is not known
-        yet (once) or its owner's generation is over."""
-        assert self.publisher is not None
-
-        async def tick() -> None:
-            now = time.time()
-            generations: dict[str, int] = {}
-            for r in self.records.values():
-                if r.owner != self.me:
-                    generations[r.owner] = max(generations.get(r.owner, 0), r.generation)
-            for instance, generation in sorted(generations.items()):
-                await self._check_instance(instance, generation, now)
-            for wid, view in list(self.follower.projection.workloads.items()):
-                if view.terminal or view.workload is None or not view.routed_attempts or wid in self._owned:
-                    continue
-                if core.claim(self.records.get(wid), self.me, self.generation, self._over) is None:
-                    continue
-                if await self._claim(wid) is None:
-                    continue
+        One read per other instance our records name (and a compare-and-set ending a lease that
+        ran out); a workload costs a round trip only when its record is not known yet (once) or
+        its owner's generation is over."""
+        now = time.time()
+        generations: dict[str, int] = {}
+        for r in self.records.values():
+            if r.owner != self.me:
+                generations[r.owner] = max(generations.get(r.owner, 0), r.generation)
+        for instance, generation in sorted(generations.items()):
+            await self._check_instance(instance, generation, now)
+        for wid, view in list(self.follower.projection.workloads.items()):
+            if view.terminal or view.workload is None or not view.routed_attempts or wid in self._owned:
+                continue
+            if core.claim(self.records.get(wid), self.me, self.generation, self._over) is None:
+                continue
+            if await self._claim(wid) is None:
+                continue
+            try:
                 await self.redrive(view)
-
-        await every(stop, self.owner_ttl / 2, tick, name="take_over")
+            except Exception as exc:  # e.g. a cluster that does not answer: the reconcile loop retries
+                log.warning("redrive.failed", workload=wid, error=str(exc))
 
     async def _check_instance(self, instance: str, generation: int, now: float) -> None:
         """Read another instance's lease; if it ran out, end it (compare-and-set: it races with
