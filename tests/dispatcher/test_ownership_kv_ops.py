@@ -143,7 +143,7 @@ async def test_ownership_kv_operations_do_not_grow_with_owned_workloads(
     idle = await window(js, names, 0, ticks)
     busy = await window(js, names, OWNED, ticks)
     rates = {k: {who: f"{ops} ops in {dt:.2f}s = {ops / dt:.1f}/s" for who, (ops, dt) in w.items()} for k, w in (("0 owned", idle), (f"{OWNED} owned", busy))}
-    print(f"ownership KV operations: {rates}")  # the figures in docs/performance.md
+    print(f"ownership KV operations: {rates}")  # the figures in docs/operations.md (Dispatch ownership)
     for who in ("a", "b"):
         assert busy[who][0] <= idle[who][0] + 4, (who, idle, busy)  # per period, not per workload
         assert busy[who][0] < OWNED // 10, (who, busy)
