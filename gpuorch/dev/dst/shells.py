@@ -331,7 +331,10 @@ class DispatcherSim(Service):
             if not view.terminal and view.routed_attempts:
                 prev = yield from self._claim(wid)
                 if prev is not None:
-                    yield from self.redrive(view)
+                    try:
+                        yield from self.redrive(view)  # whatever a crash interrupted
+                    except (Unreachable, RuntimeError):
+                        pass  # as the service: logged, and the reconcile loop retries
         self.spawn("events", self.consume(self.c["events"], self.on_event))
         self.spawn("cancel", self.consume(self.c["cancel"], self.on_command, max_deliver=40))
         self.spawn("renew", self.every(self.owner_ttl / 3, self.renew, "renew"))
