@@ -8,6 +8,7 @@ from .codec import (
     ContractError,
     decode_event,
     decode_fence,
+    decode_instance_lease,
     decode_owner,
     decode_snapshot,
     encode,
@@ -19,12 +20,13 @@ from .codec import (
 from .events import EVENT_TYPES, TERMINAL_TYPES, Base, Event, FieldError, event_id, type_tag
 from .inventory import ClusterRegistryEntry, ClusterSnapshot, NodeInfo, QueueInfo, Taint
 from .routing import Check, ClusterVerdict, Estimate, RoutingDecision
-from .state import FenceRecord, OwnerLease
+from .state import INSTANCE_KEY_PREFIX, FenceRecord, InstanceLease, OwnerRecord, instance_key
 from .subjects import Names, kv_buckets, streams
 from .workload import SCHEMA_VERSION, Workload
 
 __all__ = [
     "EVENT_TYPES",
+    "INSTANCE_KEY_PREFIX",
     "SCHEMA_VERSION",
     "TERMINAL_TYPES",
     "Base",
@@ -37,19 +39,22 @@ __all__ = [
     "Event",
     "FenceRecord",
     "FieldError",
+    "InstanceLease",
     "Names",
     "NodeInfo",
-    "OwnerLease",
+    "OwnerRecord",
     "QueueInfo",
     "RoutingDecision",
     "Taint",
     "Workload",
     "decode_event",
     "decode_fence",
+    "decode_instance_lease",
     "decode_owner",
     "decode_snapshot",
     "encode",
     "event_id",
+    "instance_key",
     "k8s",
     "kv_buckets",
     "load_workload_yaml",

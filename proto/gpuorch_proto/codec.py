@@ -12,7 +12,7 @@ import yaml
 
 from .events import MESSAGE_REF_PREFIX, Base, Cancel, Event, FieldError, Submit
 from .inventory import ClusterSnapshot
-from .state import FenceRecord, OwnerLease
+from .state import FenceRecord, InstanceLease, OwnerRecord
 from .subjects import valid_token
 from .validate import validate_workload
 from .workload import SCHEMA_VERSION, Workload
@@ -26,7 +26,8 @@ _json_event = msgspec.json.Decoder(Event)
 _mp_event = msgspec.msgpack.Decoder(Event)
 _json_snapshot = msgspec.json.Decoder(ClusterSnapshot)
 _json_fence = msgspec.json.Decoder(FenceRecord)
-_json_owner = msgspec.json.Decoder(OwnerLease)
+_json_owner = msgspec.json.Decoder(OwnerRecord)
+_json_instance = msgspec.json.Decoder(InstanceLease)
 _json_workload = msgspec.json.Decoder(Workload)
 
 _PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
@@ -193,8 +194,14 @@ def decode_fence(data: bytes) -> FenceRecord:
     return _json_fence.decode(data)
 
 
-def decode_owner(data: bytes) -> OwnerLease:
+def decode_owner(data: bytes) -> OwnerRecord:
+    """A workload's ownership record (key = workload id in the owners bucket)."""
     return _json_owner.decode(data)
+
+
+def decode_instance_lease(data: bytes) -> InstanceLease:
+    """A dispatcher instance's lease (key `instance.<id>` in the owners bucket)."""
+    return _json_instance.decode(data)
 
 
 _WORKLOAD_INFO = msgspec.inspect.type_info(Workload)

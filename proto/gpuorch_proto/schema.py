@@ -14,7 +14,7 @@ from .events import Event
 from .inventory import ClusterRegistryEntry, ClusterSnapshot
 from .policy import AdmissionPolicy
 from .routing import RoutingDecision
-from .state import FenceRecord, OwnerLease
+from .state import FenceRecord, InstanceLease, OwnerRecord
 from .workload import Workload
 
 EXPORTS: dict[str, Any] = {
@@ -24,7 +24,8 @@ EXPORTS: dict[str, Any] = {
     "cluster-registry-entry.schema.json": ClusterRegistryEntry,
     "routing-decision.schema.json": RoutingDecision,
     "fence-record.schema.json": FenceRecord,
-    "owner-lease.schema.json": OwnerLease,
+    "owner-record.schema.json": OwnerRecord,
+    "instance-lease.schema.json": InstanceLease,
     "admission-policy.schema.json": AdmissionPolicy,
 }
 

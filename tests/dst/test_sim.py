@@ -13,7 +13,7 @@ from gpuorch.dev.dst.bus import KVConflict, SimConsumer, SimKV, SimStream
 from gpuorch.dev.dst.checks import check_owners
 from gpuorch.dev.dst.cluster import SimCluster, SimNode, Unreachable
 from gpuorch.dev.dst.sim import Simulation, run
-from gpuorch_proto import OwnerLease
+from gpuorch_proto import InstanceLease, OwnerRecord
 from gpuorch_proto import events as ev
 from gpuorch_proto.k8s import GPU_RESOURCE, LABEL_GPU_MEMORY, LABEL_GPU_PRODUCT
 
@@ -122,14 +122,26 @@ def test_kv_compare_and_set() -> None:
     assert kv.get("k") == ("v2", 2)
 
 
-def test_owner_check_flags_a_lease_taken_before_it_expired() -> None:
+def test_owner_check_flags_a_workload_taken_while_its_owners_instance_lease_ran() -> None:
     kv = SimKV("owners")
-    r = kv.create("w", OwnerLease(owner="0", expires_at=10.0), 4.0)
-    kv.update("w", OwnerLease(owner="1", expires_at=16.0), r, 10.5)  # expired: a takeover
+    l0 = kv.create("instance.0", InstanceLease(instance="0", generation=1, expires_at=10.0), 4.0)
+    kv.create("instance.1", InstanceLease(instance="1", generation=1, expires_at=16.0), 4.0)
+    r = kv.create("w", OwnerRecord(owner="0", generation=1), 4.5)
+    kv.update("instance.0", InstanceLease(instance="0", generation=1, expires_at=10.0, ended=True), l0, 10.5)  # ran out: ended
+    r = kv.update("w", OwnerRecord(owner="1", generation=1), r, 10.6)  # a takeover
     assert not check_owners(kv.writes)
-    kv.update("w", OwnerLease(owner="0", expires_at=18.0), 2, 12.0)  # 1's lease had 4 s left
+    kv.update("w", OwnerRecord(owner="0", generation=2), r, 12.0)  # 1's lease had 4 s left
     (v,) = check_owners(kv.writes)
-    assert v.invariant == "one-owner" and v.workload_id == "w"
+    assert v.invariant == "one-owner" and v.workload_id == "w" and "4.0s left" in v.detail
+
+
+def test_owner_check_flags_a_lease_ended_early_and_an_ended_generation_renewed() -> None:
+    kv = SimKV("owners")
+    r = kv.create("instance.0", InstanceLease(instance="0", generation=3, expires_at=10.0), 4.0)
+    r = kv.update("instance.0", InstanceLease(instance="0", generation=3, expires_at=10.0, ended=True), r, 8.0)
+    kv.update("instance.0", InstanceLease(instance="0", generation=3, expires_at=14.0), r, 8.5)
+    early, revived = check_owners(kv.writes)
+    assert "with 2.0s left" in early.detail and "renewed generation 3" in revived.detail
 
 
 # ---- the simulated cluster ------------------------------------------------------------------

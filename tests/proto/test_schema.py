@@ -65,9 +65,9 @@ def test_a_changed_schema_is_detected(tmp_path: Path, fname: str, change: object
 def test_a_missing_schema_file_is_detected(tmp_path: Path) -> None:
     copy = tmp_path / "schemas"
     shutil.copytree(SCHEMAS, copy)
-    (copy / "owner-lease.schema.json").unlink()
+    (copy / "instance-lease.schema.json").unlink()
     result = check(copy)
-    assert result.returncode == 1 and "owner-lease.schema.json" in result.stderr
+    assert result.returncode == 1 and "instance-lease.schema.json" in result.stderr
 
 
 def test_event_schema_is_a_tagged_union_of_every_event() -> None:

@@ -26,7 +26,7 @@ from gpuorch.client import Client
 from gpuorch.security import EVENT_PUBLISHERS
 from gpuorch.security.identity import sign_headers
 from gpuorch.system import System
-from gpuorch_proto import ClusterSnapshot, encode, event_id
+from gpuorch_proto import INSTANCE_KEY_PREFIX, ClusterSnapshot, encode, event_id, instance_key
 from gpuorch_proto import events as ev
 from tests.e2e.workloads import train
 from tests.security.conftest import Actor, connect_as
@@ -93,8 +93,10 @@ async def world(system: System, admin: Actor, kube: dict, wid: str) -> dict[str,
         out[bucket] = entries
     owners = await js.key_value(names.kv_owners)
     out["owners"] = {}
-    with contextlib.suppress(nats.js.errors.NoKeysError):  # leases are renewed: compare who, not revisions
-        out["owners"] = {k: json.loads((await owners.get(k)).value)["owner"] for k in await owners.keys()}
+    with contextlib.suppress(nats.js.errors.NoKeysError):  # instance leases are renewed: compare who, not revisions
+        for k in await owners.keys():
+            doc = json.loads((await owners.get(k)).value)
+            out["owners"][k] = (doc["instance"], doc["generation"]) if k.startswith(INSTANCE_KEY_PREFIX) else doc["owner"]
     for stream in (names.stream_cmd, names.stream_evt, names.stream_inventory):
         info = await js.stream_info(stream)
         cfg = info.config
@@ -254,7 +256,8 @@ async def test_only_the_fencer_writes_fencing_state_and_only_dispatchers_leases(
     for who in ("client", "mallory", "router", "dispatcher", "inventory"):
         await try_publish(actors[who], f"$KV.{names.kv_fence}.{victim}", record)
     for who in ("client", "router", "fencer", "inventory"):
-        await try_publish(actors[who], f"$KV.{names.kv_owners}.{victim}", b'{"owner": "mallory", "expires_at": 1e12}')
+        await try_publish(actors[who], f"$KV.{names.kv_owners}.{victim}", b'{"owner": "mallory", "generation": 1}')
+        await try_publish(actors[who], f"$KV.{names.kv_owners}.{instance_key('0')}", b'{"instance": "0", "generation": 1, "expires_at": 0, "ended": true}')
     for who in ("client", "router", "fencer", "inventory"):
         await try_publish(actors[who], f"$KV.{names.kv_staged}.alpha.x", b'{"cluster": "alpha", "ref": "forged@1", "at": 1}')
 

@@ -16,7 +16,7 @@ from msgspec.structs import replace
 
 from gpuorch_dispatcher import core as dcore
 from gpuorch_fencer import core as fcore
-from gpuorch_proto import FenceRecord, OwnerLease
+from gpuorch_proto import FenceRecord, InstanceLease, OwnerRecord
 from gpuorch_proto import events as ev
 
 
@@ -36,9 +36,17 @@ def replacement_without_confirmation(e: ev.FenceRequested) -> fcore.ReplacementH
     return "stopped" if e.stopped else "fast"
 
 
-def claim_always(current: OwnerLease | None, me: str, now: float, ttl: float) -> OwnerLease | None:
-    """`claim` that grants ownership even while another dispatcher's lease runs."""
-    return OwnerLease(owner=me, expires_at=now + ttl)
+def claim_always(current: OwnerRecord | None, me: str, generation: int, over: Callable[[str, int], bool]) -> OwnerRecord | None:
+    """`claim` that grants ownership even while the owner's instance lease runs."""
+    return OwnerRecord(owner=me, generation=generation)
+
+
+def renew_after_end(lease: InstanceLease | None, me: str, now: float, ttl: float) -> InstanceLease:
+    """`renewed` that keeps the generation of a lease another dispatcher ended (which then
+    claimed its workloads): the old owner goes on as if nothing happened."""
+    if lease is None:
+        return InstanceLease(instance=me, generation=1, expires_at=now + ttl)
+    return InstanceLease(instance=me, generation=lease.generation, expires_at=now + ttl)
 
 
 _ORIGINAL_PROMOTE = fcore.on_promote_requested
@@ -48,6 +56,7 @@ MUTANTS: dict[str, tuple[Any, str, Callable[..., Any], str]] = {
     "promote-ignores-epoch": (fcore, "on_promote_requested", promote_ignoring_epoch, "no-stale-promotion"),
     "strict-before-confirmation": (fcore, "replacement_now", replacement_without_confirmation, "replacement-after-fence"),
     "two-owners": (dcore, "claim", claim_always, "one-owner"),
+    "renew-after-end": (dcore, "renewed", renew_after_end, "one-owner"),
 }
 
 

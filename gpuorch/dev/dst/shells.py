@@ -21,7 +21,16 @@ from gpuorch.projection import AttemptView, Projection, WorkloadView, same_docum
 from gpuorch_dispatcher import core as dcore
 from gpuorch_fencer import core as fcore
 from gpuorch_inventory import core as icore
-from gpuorch_proto import ClusterSnapshot, Event, FenceRecord, OwnerLease, event_id, workload_id_for
+from gpuorch_proto import (
+    ClusterSnapshot,
+    Event,
+    FenceRecord,
+    InstanceLease,
+    OwnerRecord,
+    event_id,
+    instance_key,
+    workload_id_for,
+)
 from gpuorch_proto import events as ev
 from gpuorch_proto.events import message_ref
 from gpuorch_proto.k8s import NAMESPACE
@@ -56,6 +65,7 @@ class Service:
         self.name = name
         self.alive = True
         self.tasks: list[Task] = []
+        self.stalled_until = 0.0  # the `stall` fault: none of its tasks runs before then
 
     def spawn(self, name: str, gen: Gen) -> None:
         t = Task(f"{self.name}.{name}", self, gen)
@@ -293,7 +303,11 @@ class DispatcherSim(Service):
         self.c = consumers
         self.projection = Projection(retire=True)  # as the services' (gpuorch.follow.Follower)
         self.contacts: dict[str, dcore.Contact] = {}
-        self.owned: dict[str, int] = {}
+        self.lease: InstanceLease | None = None  # ours, as last written
+        self.lease_rev = 0
+        self._owned: dict[str, int] = {}
+        self.records: dict[str, OwnerRecord] = {}  # workload -> its owner record, as last read or written
+        self.leases: dict[str, InstanceLease | None] = {}  # other instance -> its lease, as last read
         self.busy: dict[str, int] = {}
         self.created: dict[str, set[str]] = {}
         self.kv: SimKV = w.owners
@@ -312,11 +326,15 @@ class DispatcherSim(Service):
 
     def start(self) -> Gen:
         yield from self.replay(self.projection.apply)
+        yield from self.start_ownership()
         for wid, view in list(self.projection.workloads.items()):
             if not view.terminal and view.routed_attempts:
                 prev = yield from self._claim(wid)
                 if prev is not None:
-                    yield from self.redrive(view)
+                    try:
+                        yield from self.redrive(view)  # whatever a crash interrupted
+                    except (Unreachable, RuntimeError):
+                        pass  # as the service: logged, and the reconcile loop retries
         self.spawn("events", self.consume(self.c["events"], self.on_event))
         self.spawn("cancel", self.consume(self.c["cancel"], self.on_command, max_deliver=40))
         self.spawn("renew", self.every(self.owner_ttl / 3, self.renew, "renew"))
@@ -358,53 +376,126 @@ class DispatcherSim(Service):
             yield None
             self.w.publish(e, self.name)
 
-    # --- ownership ----------------------------------------------------------------------------
+    # --- ownership: a record per workload, a lease per instance (as the service) ---------------
+    @property
+    def generation(self) -> int:
+        return self.lease.generation if self.lease is not None else 0
+
+    @property
+    def owned(self) -> dict[str, int]:
+        return self._owned if dcore.instance_alive(self.lease, self.w.now) else {}
+
+    def _over(self, instance: str, generation: int) -> bool:
+        lease = self.lease if instance == self.me else self.leases.get(instance)
+        return dcore.generation_over(lease, generation)
+
     def owns(self, wid: str) -> Gen:
-        if wid in self.owned:
+        if not dcore.instance_alive(self.lease, self.w.now):
+            return False
+        if wid in self._owned:
             return True
+        if dcore.claim(self.records.get(wid), self.me, self.generation, self._over) is None:
+            return False  # its owner is alive as far as we know: no round trip
         prev = yield from self._claim(wid)
         return prev is not None
 
     def _claim(self, wid: str) -> Gen:
+        if not dcore.instance_alive(self.lease, self.w.now):
+            return None
+        generation = self.generation
         got = self.kv.get(wid)
         yield None
         current, rev = (got[0], got[1]) if got else (None, 0)
-        lease = dcore.claim(current, self.me, self.w.now, self.owner_ttl)
-        if lease is None:
+        record = dcore.claim(current, self.me, generation, self._over)
+        if record is None:
+            if current is not None:
+                self.records[wid] = current
             return None
-        yield None
-        try:
-            if rev == 0:
-                new_rev = self.kv.create(wid, lease, self.w.now, self.name)
-            else:
-                new_rev = self.kv.update(wid, lease, rev, self.w.now, self.name)
-        except KVConflict:
-            return None
-        self.owned[wid] = new_rev
-        self.w.log(self.name, f"owns {wid} (previous {current.owner if current else '-'})")
-        return current.owner if current else ""
-
-    def renew(self) -> Gen:
-        for wid, rev in list(self.owned.items()):
-            view = self.projection.get(wid)
-            if view is not None and view.terminal:
-                self.owned.pop(wid, None)
-                continue
+        new_rev = rev
+        if record != current:
             yield None
             try:
-                self.owned[wid] = self.kv.update(wid, OwnerLease(owner=self.me, expires_at=self.w.now + self.owner_ttl), rev, self.w.now, self.name)
+                if rev == 0:
+                    new_rev = self.kv.create(wid, record, self.w.now, self.name)
+                else:
+                    new_rev = self.kv.update(wid, record, rev, self.w.now, self.name)
             except KVConflict:
-                self.owned.pop(wid, None)
-                self.w.log(self.name, f"lost ownership of {wid}")
+                self.records.pop(wid, None)
+                return None
+        if self.generation != generation:
+            return None
+        self.records[wid] = record
+        self._owned[wid] = new_rev
+        self.w.log(self.name, f"owns {wid} (previous {f'{current.owner}/{current.generation}' if current else '-'})")
+        return current.owner if current else ""
+
+    def start_ownership(self) -> Gen:
+        while True:
+            got = self.kv.get(instance_key(self.me))
+            yield None
+            current, rev = (got[0], got[1]) if got else (None, 0)
+            if (yield from self._write_lease(dcore.renewed(current, self.me, self.w.now, self.owner_ttl), rev)):
+                return
+
+    def _write_lease(self, lease: InstanceLease, rev: int) -> Gen:
+        key = instance_key(self.me)
+        yield None
+        try:
+            new_rev = self.kv.create(key, lease, self.w.now, self.name) if rev == 0 else self.kv.update(key, lease, rev, self.w.now, self.name)
+        except KVConflict:
+            return False
+        if self.lease is not None and lease.generation != self.lease.generation:
+            self.w.log(self.name, f"lease ended: generation {lease.generation}, forgets {len(self._owned)} owned")
+            self._owned.clear()
+            self.records = {w: r for w, r in self.records.items() if r.owner != self.me}
+        self.lease, self.lease_rev = lease, new_rev
+        return True
+
+    def renew(self) -> Gen:
+        for wid in [w for w in self.records if (v := self.projection.get(w)) is not None and v.terminal]:
+            self.records.pop(wid, None)
+            self._owned.pop(wid, None)
+        if self.lease is None:
+            yield from self.start_ownership()
+            return
+        if not (yield from self._write_lease(dcore.renewed(self.lease, self.me, self.w.now, self.owner_ttl), self.lease_rev)):
+            yield from self.start_ownership()
 
     def take_over(self) -> Gen:
+        generations: dict[str, int] = {}
+        for r in self.records.values():
+            if r.owner != self.me:
+                generations[r.owner] = max(generations.get(r.owner, 0), r.generation)
+        for instance, generation in sorted(generations.items()):
+            key = instance_key(instance)
+            got = self.kv.get(key)
+            yield None
+            lease, rev = (got[0], got[1]) if got else (None, 0)
+            end = dcore.end_lapsed(lease, instance, generation, self.w.now)
+            if end is not None:
+                yield None
+                try:
+                    if rev == 0:
+                        self.kv.create(key, end, self.w.now, self.name)
+                    else:
+                        self.kv.update(key, end, rev, self.w.now, self.name)
+                    self.w.log(self.name, f"ended the lease of {instance}/{end.generation}")
+                    lease = end
+                except KVConflict:
+                    pass
+            self.leases[instance] = lease
         for wid, view in list(self.projection.workloads.items()):
-            if view.terminal or view.workload is None or not view.routed_attempts or wid in self.owned:
+            if view.terminal or view.workload is None or not view.routed_attempts or wid in self._owned:
+                continue
+            if dcore.claim(self.records.get(wid), self.me, self.generation, self._over) is None:
                 continue
             prev = yield from self._claim(wid)
             if prev is None:
                 continue
-            yield from self.redrive(view)
+            try:
+                yield from self.redrive(view)
+            except (Unreachable, RuntimeError):
+                pass  # the reconcile loop retries
 
     def reconcile_owned(self) -> Gen:
         for wid in list(self.owned):

@@ -43,6 +43,7 @@ GPU_MODELS = [
 CLUSTER_NAMES = ["alpha", "beta", "gamma", "eu-west-1", "us-east-2", "onprem-a", "lab", "spot-pool"]
 SERVICES = ["router", "dispatcher-0", "dispatcher-1", "fencer", "inventory"]
 FAULT_KINDS = ("partition", "slow-api", "node-loss", "capacity", "crash")
+STALL_P = 0.25  # schedules in which a dispatcher stalls (its process stopped, a long pause) for 2-15 s
 FAULT_END = 45.0  # virtual seconds after the start: every fault is healed by then
 HORIZON = 900.0  # virtual seconds: a schedule that has not settled by then is judged as it is
 MAX_STEPS = 60_000
@@ -53,7 +54,7 @@ class Plan:
     """What happens to the world, at virtual seconds after the start."""
 
     at: float
-    kind: str  # submit | resubmit | cancel | partition | heal | slow-api | fast-api | node-loss | capacity | crash | restart
+    kind: str  # submit | resubmit | cancel | partition | heal | slow-api | fast-api | node-loss | capacity | crash | restart | stall
     target: str = ""
     arg: Any = None
 
@@ -222,6 +223,11 @@ class Simulation:
         self.keys = [f"sim-{seed}-{i}" for i in range(n)]
         self.wids = [workload_id_for(k, wl.metadata.name) for k, wl in zip(self.keys, self.workloads, strict=True)]
         self.plan = make_plan(gen, clusters, n, faults if faults is not None else gen.choice([0, 1, 2, 3, 4, 5]))
+        stalls = random.Random(f"stall-{seed}")  # its own draws: the seed's other faults stay as they were
+        if (faults is None or faults > 0) and stalls.random() < STALL_P:
+            at, svc = round(stalls.uniform(1, FAULT_END - 15), 3), stalls.choice(["dispatcher-0", "dispatcher-1"])
+            self.plan.append(Plan(at, "stall", svc, round(stalls.uniform(2, 15), 3)))
+            self.plan.sort(key=lambda p: p.at)
         self.consumers = consumers_for(self.w)
         self.tasks: list[Task] = []
         self.services: dict[str, Service] = {}
@@ -299,6 +305,11 @@ class Simulation:
             elif p.kind == "crash":
                 self.faults["crash"] += 1
                 self.crash(p.target)
+            elif p.kind == "stall" and p.target in self.services:
+                # none of its tasks runs until then, wherever each one is (a stopped process)
+                self.services[p.target].stalled_until = w.now + float(p.arg)
+                self.faults["stall"] += 1
+                w.log("chaos", f"{p.target} stalls for {float(p.arg):g}s")
             elif p.kind == "restart" and p.target not in self.services:
                 self.boot(p.target)
         for name in SERVICES:  # heal everything
@@ -420,6 +431,10 @@ class Simulation:
             t = ready[i]
             ready[i] = ready[-1]
             ready.pop()
+            if isinstance(t.owner, Service) and t.owner.stalled_until > w.now:
+                n += 1
+                heapq.heappush(sleeping, (t.owner.stalled_until, n, t))
+                continue
             self.step(t)
             if t.alive:
                 wait = t.wait

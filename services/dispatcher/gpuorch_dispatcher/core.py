@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import msgspec
 
 from gpuorch.projection import AttemptView, WorkloadView
-from gpuorch_proto import ClusterRegistryEntry, Event, OwnerLease, Workload, event_id
+from gpuorch_proto import ClusterRegistryEntry, Event, InstanceLease, OwnerRecord, Workload, event_id
 from gpuorch_proto import events as ev
 from gpuorch_proto.credentials import secret_env
 from gpuorch_proto.jobenv import job_env  # a pipeline child's parameters and inputs (docs/pipelines.md)
@@ -1168,10 +1168,66 @@ def _budget_spent(view: WorkloadView, wl: Workload) -> bool:
     return failed_attempts(view) > wl.spec.retry.budget
 
 
-def claim(current: OwnerLease | None, me: str, now: float, ttl: float) -> OwnerLease | None:
-    """One dispatch owner per workload: claim when free or expired, renew when ours; else None."""
-    if current is None or current.owner == me or current.expires_at <= now:
-        return OwnerLease(owner=me, expires_at=now + ttl)
+# --- one dispatch owner per workload: an owner record per workload, a lease per instance
+#
+# The owners bucket holds, per workload, the `OwnerRecord` naming the instance (and its lease
+# generation) that claimed it, written once by compare-and-set; and per dispatcher instance one
+# `InstanceLease`, renewed by that instance. A workload changes owner only once the generation
+# its record names is over: superseded, or marked ended by someone who saw its lease run out
+# (a compare-and-set on the lease key, so that it races with the owner's own renewal and
+# exactly one of the two wins). Both are facts that stay true, so a stale read of them is safe.
+
+
+def instance_alive(lease: InstanceLease | None, now: float) -> bool:
+    """Is this instance lease live: written, not marked ended, not run out by `now`?"""
+    return lease is not None and not lease.ended and lease.expires_at > now
+
+
+def generation_over(lease: InstanceLease | None, generation: int) -> bool:
+    """Has generation `generation` of the instance whose lease (as last read) is `lease` ended
+    for good, so that the workloads it claimed may be claimed by anyone?
+
+    Yes when its lease moved on to a later generation, when it is that generation marked ended,
+    and for a record with no generation (0: from before instance leases). No for a lease that has
+    only run out (`end_lapsed` first marks it, racing with a late renewal) and for one not read
+    (None): a False may be stale and only delays a takeover; a True never becomes false."""
+    if generation <= 0:
+        return True
+    return lease is not None and (lease.generation > generation or (lease.generation == generation and lease.ended))
+
+
+def end_lapsed(lease: InstanceLease | None, instance: str, generation: int, now: float) -> InstanceLease | None:
+    """The write that ends an instance's lease that ran out (or is missing while records name
+    its `generation`), to be made by compare-and-set on the revision read; None when the lease
+    is live or already over. Once it is written, its workloads may be claimed."""
+    if lease is None:
+        return InstanceLease(instance=instance, generation=generation, expires_at=now, ended=True) if generation > 0 else None
+    if lease.ended or instance_alive(lease, now):
+        return None
+    return msgspec.structs.replace(lease, ended=True)
+
+
+def renewed(lease: InstanceLease | None, me: str, now: float, ttl: float) -> InstanceLease:
+    """This instance's next lease, from its lease as it is in the bucket: the same generation
+    renewed for `ttl` (even if it ran out: nobody ended it, so nobody took anything over); the next
+    generation when it was ended; the first when there is none."""
+    if lease is None:
+        return InstanceLease(instance=me, generation=1, expires_at=now + ttl)
+    generation = lease.generation + 1 if lease.ended else lease.generation
+    return InstanceLease(instance=me, generation=generation, expires_at=now + ttl)
+
+
+def claim(
+    current: OwnerRecord | None, me: str, generation: int, over: Callable[[str, int], bool]
+) -> OwnerRecord | None:
+    """One dispatch owner per workload: the record that makes it ours, or None (another instance
+    whose generation is not over owns it). `current` itself when it already names us at our
+    `generation` (nothing to write); else a new record, to be written by compare-and-set, when
+    there is no record or the generation it names is `over(instance, generation)`."""
+    if current is not None and current.owner == me and current.generation == generation:
+        return current
+    if current is None or over(current.owner, current.generation):
+        return OwnerRecord(owner=me, generation=generation)
     return None
 
 

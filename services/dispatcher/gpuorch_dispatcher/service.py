@@ -33,7 +33,15 @@ from gpuorch.runtime.shell import Incoming, Publisher, Reject, Retry, consume, g
 from gpuorch.runtime.snapshot import Snapshots, follower_body, restore_follower
 from gpuorch.security.bundle import load_identities
 from gpuorch.security.identity import Verifier, cancel_refusal
-from gpuorch_proto import OwnerLease, decode_owner, encode, k8s
+from gpuorch_proto import (
+    InstanceLease,
+    OwnerRecord,
+    decode_instance_lease,
+    decode_owner,
+    encode,
+    instance_key,
+    k8s,
+)
 from gpuorch_proto import events as ev
 from gpuorch_proto.subjects import valid_token
 
@@ -175,7 +183,12 @@ class Dispatcher:
             Verifier(load_identities(settings.identities)) if settings.identities else None
         )  # who may cancel
         self.owner_ttl = settings.tuning.owner_ttl
-        self.owned: dict[str, int] = {}  # workload id -> revision of our lease in the owners bucket
+        # ownership (core.claim): our instance lease as we last wrote it, and its revision
+        self.lease: InstanceLease | None = None
+        self.lease_rev = 0
+        self._owned: dict[str, int] = {}  # workload id -> revision of its record naming us
+        self.records: dict[str, OwnerRecord] = {}  # workload id -> its owner record, as last read or written
+        self.leases: dict[str, InstanceLease | None] = {}  # other instance -> its lease, as last read
         self.busy: dict[str, int] = {}  # workload id -> handlers now acting on it (creating its Job, ...)
         self.reconcile_every = settings.tuning.reconcile_interval
         self.js: Any = None
@@ -301,67 +314,157 @@ class Dispatcher:
         except Exception as exc:
             log.warning("job.delete_unreachable", cluster=act.cluster, job=act.job_name, error=str(exc))
 
-    # --- one dispatch owner per workload (KV compare-and-set with a lease) -------------------
+    # --- one dispatch owner per workload: a record per workload, a lease per instance (core.claim)
+    @property
+    def generation(self) -> int:
+        return self.lease.generation if self.lease is not None else 0
+
+    @property
+    def owned(self) -> dict[str, int]:
+        """The workloads we own and may act on: none while our instance lease is not live (it ran
+        out, say the event loop stalled; another dispatcher may be about to take them over)."""
+        return self._owned if core.instance_alive(self.lease, time.time()) else {}
+
+    def _over(self, instance: str, generation: int) -> bool:
+        lease = self.lease if instance == self.me else self.leases.get(instance)
+        return core.generation_over(lease, generation)
+
     async def owns(self, workload_id: str) -> bool:
-        """Do we own this workload? Claims it when it is free or its owner's lease ran out."""
-        if workload_id in self.owned:
+        """Do we own this workload? Claims it when it has no owner or its owner's generation is
+        over. A workload whose record we know names a live other instance costs no round trip."""
+        if not core.instance_alive(self.lease, time.time()):
+            return False
+        if workload_id in self._owned:
             return True
+        if core.claim(self.records.get(workload_id), self.me, self.generation, self._over) is None:
+            return False
         return await self._claim(workload_id) is not None
 
     async def _claim(self, workload_id: str) -> str | None:
-        """Try to (re)claim; returns the previous owner ("" if none) on success, None otherwise."""
+        """Try to claim on the record as it is now; returns the previous owner ("" if none) on
+        success, None otherwise. Writes only when the record does not name us already."""
+        if not core.instance_alive(self.lease, time.time()):
+            return None
+        me, generation = self.me, self.generation
 
-        def step(value: bytes | None) -> tuple[OwnerLease | None, bytes | None]:
+        def step(value: bytes | None) -> tuple[tuple[OwnerRecord | None, OwnerRecord | None], bytes | None]:
             current = decode_owner(value) if value is not None else None
-            lease = core.claim(current, self.me, time.time(), self.owner_ttl)
-            return current, (encode(lease) if lease is not None else None)
+            record = core.claim(current, me, generation, self._over)
+            return (current, record), (encode(record) if record is not None and record != current else None)
 
         try:  # one try: a lost race means another dispatcher owns it now
             w = await kv.compare_and_set(self.kv_owners, workload_id, step, attempts=1)
         except KeyWrongLastSequenceError:
             log.info("ownership.lost_race", workload=workload_id)
+            self.records.pop(workload_id, None)  # read again next time
             return None
         except Exception as exc:  # the bucket did not answer: not ours for now, asked again later
             log.warning("ownership.claim_failed", workload=workload_id, error=type(exc).__name__)
             return None
-        if w.value is None:
-            return None  # someone else holds an unexpired lease
-        self.owned[workload_id] = w.revision
-        current = w.decision
+        current, record = w.decision
+        if record is None:
+            if current is not None:
+                self.records[workload_id] = current
+            return None
+        if self.generation != generation:  # our lease was ended meanwhile: this claim is void
+            return None
+        self.records[workload_id] = record
+        self._owned[workload_id] = w.revision
         previous = current.owner if current else ""
-        if previous and previous != self.me:
+        if previous and previous != me:
             log.info("ownership.takeover", workload=workload_id, previous=previous)
         return previous
 
-    async def renew(self, stop: asyncio.Event) -> None:
-        async def tick() -> None:
-            for wid, rev in list(self.owned.items()):
-                view = self.follower.projection.get(wid)
-                if view is not None and view.terminal:
-                    self.owned.pop(wid, None)
-                    continue
-                lease = OwnerLease(owner=self.me, expires_at=time.time() + self.owner_ttl)
-                try:
-                    self.owned[wid] = int(await self.kv_owners.update(wid, encode(lease), last=rev))
-                except Exception as exc:
-                    log.warning("ownership.renew_failed", workload=wid, error=type(exc).__name__)
-                    self.owned.pop(wid, None)
+    async def start_ownership(self) -> None:
+        """Our instance lease, before any claim: the same generation renewed when nobody ended
+        it (a restart picks its own workloads up again without a write), the next one if ended."""
+        while True:
+            value, rev = await kv.read(self.kv_owners, instance_key(self.me))
+            current = decode_instance_lease(value) if value is not None else None
+            if await self._write_lease(core.renewed(current, self.me, time.time(), self.owner_ttl), rev):
+                log.info("ownership.lease", instance=self.me, generation=self.generation)
+                return
 
-        await every(stop, self.owner_ttl / 3, tick, name="renew")
+    async def _write_lease(self, lease: InstanceLease, rev: int) -> bool:
+        """Write our lease by compare-and-set on `rev`; False on a conflict. A new generation
+        forgets every workload we owned: each is claimed again, by compare-and-set."""
+        key = instance_key(self.me)
+        try:
+            new_rev = await (self.kv_owners.create(key, encode(lease)) if rev == 0 else self.kv_owners.update(key, encode(lease), last=rev))
+        except KeyWrongLastSequenceError:
+            return False
+        if self.lease is not None and lease.generation != self.lease.generation:
+            log.warning("ownership.lease_ended", instance=self.me, generation=lease.generation, owned=len(self._owned))
+            self._owned.clear()
+            self.records = {w: r for w, r in self.records.items() if r.owner != self.me}
+        self.lease, self.lease_rev = lease, int(new_rev)
+        return True
+
+    async def renew(self, stop: asyncio.Event) -> None:
+        await every(stop, self.owner_ttl / 3, self.renew_once, name="renew")
+
+    async def renew_once(self) -> None:
+        """One write per period whatever we own: our instance lease (compare-and-set; on a
+        conflict someone ended it, and the next generation starts)."""
+        for wid in [w for w in self.records if self._done(w)]:
+            self.records.pop(wid, None)
+            self._owned.pop(wid, None)
+        if self.lease is None:
+            await self.start_ownership()
+            return
+        try:
+            if not await self._write_lease(core.renewed(self.lease, self.me, time.time(), self.owner_ttl), self.lease_rev):
+                await self.start_ownership()  # ended by someone who saw it run out: the next generation
+        except Exception as exc:  # the bucket did not answer: `owned` empties when the lease runs out
+            log.warning("ownership.renew_failed", instance=self.me, error=type(exc).__name__)
+
+    def _done(self, workload_id: str) -> bool:
+        view = self.follower.projection.get(workload_id)
+        return view is not None and view.terminal
 
     async def take_over(self, stop: asyncio.Event) -> None:
-        """Workloads whose owner's lease ran out (it died) are claimed and re-driven."""
-        assert self.publisher is not None
+        await every(stop, self.owner_ttl / 2, self.take_over_once, name="take_over")
 
-        async def tick() -> None:
-            for wid, view in list(self.follower.projection.workloads.items()):
-                if view.terminal or view.workload is None or not view.routed_attempts or wid in self.owned:
-                    continue
-                if await self._claim(wid) is None:
-                    continue
+    async def take_over_once(self) -> None:
+        """Workloads whose owner's generation is over (it died) are claimed and re-driven.
+
+        One read per other instance our records name (and a compare-and-set ending a lease that
+        ran out); a workload costs a round trip only when its record is not known yet (once) or
+        its owner's generation is over."""
+        now = time.time()
+        generations: dict[str, int] = {}
+        for r in self.records.values():
+            if r.owner != self.me:
+                generations[r.owner] = max(generations.get(r.owner, 0), r.generation)
+        for instance, generation in sorted(generations.items()):
+            await self._check_instance(instance, generation, now)
+        for wid, view in list(self.follower.projection.workloads.items()):
+            if view.terminal or view.workload is None or not view.routed_attempts or wid in self._owned:
+                continue
+            if core.claim(self.records.get(wid), self.me, self.generation, self._over) is None:
+                continue
+            if await self._claim(wid) is None:
+                continue
+            try:
                 await self.redrive(view)
+            except Exception as exc:  # e.g. a cluster that does not answer: the reconcile loop retries
+                log.warning("redrive.failed", workload=wid, error=str(exc))
 
-        await every(stop, self.owner_ttl / 2, tick, name="take_over")
+    async def _check_instance(self, instance: str, generation: int, now: float) -> None:
+        """Read another instance's lease; if it ran out, end it (compare-and-set: it races with
+        that instance's own renewal, and one of the two wins)."""
+        key = instance_key(instance)
+        value, rev = await kv.read(self.kv_owners, key)
+        lease = decode_instance_lease(value) if value is not None else None
+        end = core.end_lapsed(lease, instance, generation, now)
+        if end is not None:
+            try:
+                await (self.kv_owners.create(key, encode(end)) if rev == 0 else self.kv_owners.update(key, encode(end), last=rev))
+                log.info("ownership.instance_ended", instance=instance, generation=end.generation)
+                lease = end
+            except KeyWrongLastSequenceError:
+                pass  # renewed (or ended by another) in between: read again next period
+        self.leases[instance] = lease
 
     async def reconcile_owned(self, stop: asyncio.Event) -> None:
         """Level-triggered upkeep of the workloads we own: whatever is due by time alone (a
@@ -615,6 +718,7 @@ class Dispatcher:
             start, _ = await restore_follower(snapshots, self.follower)
             n = await self.follower.catch_up(js, self.names.stream_evt, self.names.evt_all, start_seq=start)
             log.info("dispatcher.caught_up", events=n, instance=self.me, from_seq=start)
+            await self.start_ownership()
             for wid, view in list(self.follower.projection.workloads.items()):
                 if not view.terminal and view.routed_attempts and await self._claim(wid) is not None:
                     try:
