@@ -253,9 +253,16 @@ async def test_cancelling_a_pipeline_cancels_every_stage(client: Client) -> None
     await assert_eventually(prep_running, timeout=120, interval=0.3)
     await client.cancel(pid, "changed my mind")
 
-    final = await client.wait(pid, timeout=120)  # the pipeline's own end (`pipeline-finished`)
+    final = await client.wait(pid, timeout=120)
     assert final.status == "cancelled", final.reason
-    p, events = await assert_eventually(lambda: every_stage_terminal(client, pid), timeout=60, interval=0.5)
+
+    async def finished() -> tuple[Projection, list[tuple[int, Event]]]:
+        # every stage terminal, then the gate's next round publishes the pipeline's end
+        p, events = await every_stage_terminal(client, pid)
+        assert any(isinstance(e, ev.PipelineFinished) for _, e in events), "no pipeline-finished yet"
+        return p, events
+
+    p, events = await assert_eventually(finished, timeout=60, interval=0.5)
     ids = stage_ids(p, pid)
     statuses = {s: p.get(w).status for s, w in ids.items()}  # type: ignore[union-attr]
     assert statuses["prep"] == "cancelled" and statuses["train"] == "cancelled" and statuses["evaluate"] == "cancelled", statuses
