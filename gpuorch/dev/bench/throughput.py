@@ -322,6 +322,18 @@ async def running(root: Path, profile: Path | None = None, nodes: int = NODES) -
         system.stop()
 
 
+def cpu_rows(case: str, used: dict[str, float], created: float) -> list[Row]:
+    """CPU per workload of each process over a run (`cpu` before and after), and the rate that
+    CPU would allow at most on this machine's cores."""
+    n, cores = max(1.0, created), os.cpu_count() or 1
+    total = sum(used.values())
+    return [
+        *(Row("cpu", case, f"{name}: CPU per workload", 1000 * sec / n, f"ms ({sec:.1f} s over the run)") for name, sec in used.items()),
+        Row("cpu", case, "all processes: CPU per workload", 1000 * total / n,
+            f"ms (so at most {cores} cores / that = {n * cores / max(total, 1e-9):,.0f} workloads/s)"),
+    ]  # fmt: skip
+
+
 def _rows(case: str, f: dict[str, float], raw: float) -> list[Row]:
     return [
         Row(
@@ -373,19 +385,7 @@ async def scenario_burst(
         rows = _rows(f"burst {n:,}", f, raw)
         rows += [Row("memory", f"burst {n:,}", f"{name}: per pending workload", (after[name] - before[name]) / pending,
                      f"bytes ({pending:,} pending; RSS {after[name] / 2**20:,.0f} MiB)") for name in after]  # fmt: skip
-        created = max(1.0, f["created"])
-        rows += [Row("cpu", f"burst {n:,}", f"{name}: CPU per workload", 1000 * used[name] / created,
-                     f"ms ({used[name]:.1f} s over the burst)") for name in used]  # fmt: skip
-        total = sum(used.values())
-        rows.append(
-            Row(
-                "cpu",
-                f"burst {n:,}",
-                "all processes: CPU per workload",
-                1000 * total / created,
-                f"ms (so at most {os.cpu_count() or 1} cores / that = {created * (os.cpu_count() or 1) / max(total, 1e-9):,.0f} workloads/s)",
-            )
-        )
+        rows += cpu_rows(f"burst {n:,}", used, f["created"])
     if profile:
         rows += profile_rows(profile, f)
     return rows
@@ -397,7 +397,7 @@ async def scenario_backlog(
     rows: list[Row] = []
     rates: dict[int, float] = {}
     capacity = gpus(nodes)
-    async with running(root, nodes=nodes) as (_system, client, watch):
+    async with running(root, nodes=nodes) as (system, client, watch):
         raw = await raw_rate(watch.admin, 10_000)
         tag, at = f"k{uuid.uuid4().hex[:6]}", 0
         pending = 0
@@ -408,11 +408,14 @@ async def scenario_backlog(
                 at += fill
                 pending += int(f["created"]) - (capacity if pending == 0 else 0)
                 print(f"# backlog fill to {pending}: {f}", file=sys.stderr)
+            used = cpu(system)
             f = await burst(client, watch, probe, tag, timeout, start=at)
+            used = {k: v - used.get(k, 0.0) for k, v in cpu(system).items()}
             at += probe
             print(f"# backlog probe at {pending} (raw {raw:.0f}/s): {f}", file=sys.stderr)
             rates[level] = f["rate"]
-            rows += _rows(f"probe {probe:,} at {pending:,} pending", f, raw)
+            case = f"probe {probe:,} at {pending:,} pending"
+            rows += _rows(case, f, raw) + cpu_rows(case, used, f["created"])
             pending += int(f["created"])
     lo, hi = min(rates), max(rates)
     rows.append(
