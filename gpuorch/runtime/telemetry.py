@@ -32,6 +32,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 from opentelemetry.trace import Span, SpanKind, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -154,13 +155,22 @@ def setup_tracing(service_name: str, exporter: SpanExporter | None = None) -> Tr
     """
     global _provider, _global_set, _service
     _service = service_name
-    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    trace_file = Tuning.from_env().trace_file
+    otlp = otlp_wanted(os.environ)
+    # Where spans go somewhere, every span is recorded, whatever the parent's sampled flag says
+    # (a client that exports nothing must not switch the services' spans off). Where they go
+    # nowhere, none is recorded: the spans are non-recording, their ids are still made and
+    # propagated (trace ids on log lines, `traceparent` on messages), at a fraction of the cost.
+    exporting = exporter is not None or bool(trace_file) or otlp
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": service_name}),
+        sampler=ALWAYS_ON if exporting else ALWAYS_OFF,
+    )
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
-    trace_file = Tuning.from_env().trace_file
     if trace_file:
         provider.add_span_processor(SimpleSpanProcessor(JsonlSpanExporter(trace_file)))
-    if otlp_wanted(os.environ):
+    if otlp:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
@@ -220,7 +230,10 @@ def tracer() -> Tracer:
         if isinstance(current, TracerProvider):
             provider = current
         else:
-            provider = _provider = TracerProvider(resource=Resource.create({"service.name": "gpuorch"}))
+            # nobody set up tracing: no exporter, so spans that record nothing (ids still made)
+            provider = _provider = TracerProvider(
+                resource=Resource.create({"service.name": "gpuorch"}), sampler=ALWAYS_OFF
+            )
     if _tracer is None or _tracer[0] is not provider:
         _tracer = (provider, provider.get_tracer(INSTRUMENTATION))
     return _tracer[1]
