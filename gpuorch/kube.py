@@ -42,7 +42,9 @@ def request_kind(method: str, url: str) -> tuple[str, str]:
     if method == "GET":
         verb = "get" if named else ("watch" if watching else "list")
     else:
-        verb = {"POST": "create", "DELETE": "delete", "PATCH": "patch", "PUT": "update"}.get(method, method.lower())
+        verb = {"POST": "create", "DELETE": "delete", "PATCH": "patch", "PUT": "update"}.get(
+            method, method.lower()
+        )
     return verb, resource
 
 
@@ -66,6 +68,25 @@ class ClusterClient:
 
     def sanitize(self, obj: Any) -> Any:
         return self.api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
+
+    def create_job(self, namespace: str, manifest: dict[str, Any], timeout: Any = None) -> bytes:
+        """POST a Job (a plain manifest) and return the raw response body; raises `ApiException`
+        on a refusal, as `create_namespaced_job` does. The client's own request path (its
+        serialisation, auth and `call_api`, so counted like any call) without its pydantic
+        validation of the body into a `V1Job` and without a model of the response: 100 µs of
+        client CPU per create instead of 360 (614 with the model). The manifests are checked
+        against the Job schema by the dispatcher's tests (`build_job`)."""
+        request = self.batch._create_namespaced_job_serialize(  # the generated method's own first step
+            namespace=namespace, body=manifest, pretty=None, dry_run=None, field_manager=None,
+            field_validation=None, _request_auth=None, _content_type=None, _headers=None, _host_index=0,
+        )  # fmt: skip
+        resp = self.api.call_api(*request, _request_timeout=timeout)
+        data = bytes(resp.read())  # type: ignore[no-untyped-call]
+        if not 200 <= resp.status <= 299:
+            raise client.ApiException.from_response(
+                http_resp=resp, body=data.decode(errors="replace"), data=None
+            )
+        return data
 
 
 def contexts(kubeconfig: Path) -> list[str]:

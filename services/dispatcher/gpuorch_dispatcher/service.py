@@ -268,17 +268,10 @@ class Dispatcher:
             raise RuntimeError(f"routed to unknown cluster {act.cluster!r} (not in the kubeconfig)")
         loop, name = asyncio.get_running_loop(), act.manifest["metadata"]["name"]
         try:
-            # the response read raw: only its resourceVersion is needed, and building the V1Job
-            # model of every created Job cost more CPU than the request itself
-            def create() -> bytes:
-                # a plain dict body (the client accepts it); `_preload_content=False`: the raw response
-                body: Any = act.manifest
-                resp: Any = cc.batch.create_namespaced_job(
-                    act.namespace, body, _request_timeout=TIMEOUT, _preload_content=False
-                )
-                return bytes(resp.data)
-
-            raw = await loop.run_in_executor(self.kube_pool, create)
+            # the response read raw (only its resourceVersion is needed), the body not made a model
+            raw = await loop.run_in_executor(
+                self.kube_pool, lambda: cc.create_job(act.namespace, act.manifest, TIMEOUT)
+            )
             rv = created_resource_version(raw)
             log.info("job.created", cluster=act.cluster, job=name)
         except ApiException as exc:
@@ -390,11 +383,17 @@ class Dispatcher:
         forgets every workload we owned: each is claimed again, by compare-and-set."""
         key = instance_key(self.me)
         try:
-            new_rev = await (self.kv_owners.create(key, encode(lease)) if rev == 0 else self.kv_owners.update(key, encode(lease), last=rev))
+            new_rev = await (
+                self.kv_owners.create(key, encode(lease))
+                if rev == 0
+                else self.kv_owners.update(key, encode(lease), last=rev)
+            )
         except KeyWrongLastSequenceError:
             return False
         if self.lease is not None and lease.generation != self.lease.generation:
-            log.warning("ownership.lease_ended", instance=self.me, generation=lease.generation, owned=len(self._owned))
+            log.warning(
+                "ownership.lease_ended", instance=self.me, generation=lease.generation, owned=len(self._owned)
+            )
             self._owned.clear()
             self.records = {w: r for w, r in self.records.items() if r.owner != self.me}
         self.lease, self.lease_rev = lease, int(new_rev)
@@ -413,7 +412,9 @@ class Dispatcher:
             await self.start_ownership()
             return
         try:
-            if not await self._write_lease(core.renewed(self.lease, self.me, time.time(), self.owner_ttl), self.lease_rev):
+            if not await self._write_lease(
+                core.renewed(self.lease, self.me, time.time(), self.owner_ttl), self.lease_rev
+            ):
                 await self.start_ownership()  # ended by someone who saw it run out: the next generation
         except Exception as exc:  # the bucket did not answer: `owned` empties when the lease runs out
             log.warning("ownership.renew_failed", instance=self.me, error=type(exc).__name__)
@@ -459,7 +460,11 @@ class Dispatcher:
         end = core.end_lapsed(lease, instance, generation, now)
         if end is not None:
             try:
-                await (self.kv_owners.create(key, encode(end)) if rev == 0 else self.kv_owners.update(key, encode(end), last=rev))
+                await (
+                    self.kv_owners.create(key, encode(end))
+                    if rev == 0
+                    else self.kv_owners.update(key, encode(end), last=rev)
+                )
                 log.info("ownership.instance_ended", instance=instance, generation=end.generation)
                 lease = end
             except KeyWrongLastSequenceError:
