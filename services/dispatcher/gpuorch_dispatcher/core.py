@@ -1193,15 +1193,23 @@ def generation_over(lease: InstanceLease | None, generation: int) -> bool:
     (None): a False may be stale and only delays a takeover; a True never becomes false."""
     if generation <= 0:
         return True
-    return lease is not None and (lease.generation > generation or (lease.generation == generation and lease.ended))
+    return lease is not None and (
+        lease.generation > generation or (lease.generation == generation and lease.ended)
+    )
 
 
-def end_lapsed(lease: InstanceLease | None, instance: str, generation: int, now: float) -> InstanceLease | None:
+def end_lapsed(
+    lease: InstanceLease | None, instance: str, generation: int, now: float
+) -> InstanceLease | None:
     """The write that ends an instance's lease that ran out (or is missing while records name
     its `generation`), to be made by compare-and-set on the revision read; None when the lease
     is live or already over. Once it is written, its workloads may be claimed."""
     if lease is None:
-        return InstanceLease(instance=instance, generation=generation, expires_at=now, ended=True) if generation > 0 else None
+        return (
+            InstanceLease(instance=instance, generation=generation, expires_at=now, ended=True)
+            if generation > 0
+            else None
+        )
     if lease.ended or instance_alive(lease, now):
         return None
     return msgspec.structs.replace(lease, ended=True)

@@ -688,9 +688,13 @@ class Dispatcher:
                         requeue=self.requeue,
                         time_scale=self.registry.time_scale if self.registry else 1.0,
                     )
-                    seen = progress.compute_started(
-                        view.workload_id, a, now
-                    )  # the program's first step, if reported
+                    # the program's first step, if reported: only where pods run or ran (the marker
+                    # is written from inside one), not for every attempt still queued
+                    seen = (
+                        progress.compute_started(view.workload_id, a, now)
+                        if acts or a.status == "running"
+                        else []
+                    )
                     if acts or seen:
                         wid = view.workload_id
                         await self.publisher.publish(
