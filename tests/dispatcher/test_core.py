@@ -512,9 +512,9 @@ def test_replacement_after_a_failure_waits_for_the_backoff_then_reconcile_reques
     assert core.reconcile(v, not_before + 5, e) == [], "asked once"
 
 
-def test_second_failure_backs_off_twice_as_long() -> None:
-    e = env()
-    p = backoff_history(
+def two_failures() -> list[ev.Base]:
+    """Attempt 1 failed and replaced, attempt 2 failed: its replacement is allowed, backoff due."""
+    return [
         routed(1),
         _created(1, 1),
         _failed(1, at=100.0),
@@ -528,6 +528,13 @@ def test_second_failure_backs_off_twice_as_long() -> None:
         _fence_req(2, at=200.0),
         _fenced(2, new_epoch=3, at=200.1),
         _allowed(2, at=200.1, epoch=2),
+    ]
+
+
+def test_second_failure_backs_off_twice_as_long() -> None:
+    e = env()
+    p = backoff_history(
+        *two_failures(),
         backoff="10m",
     )
     v = p.workloads[W]
@@ -994,21 +1001,7 @@ def test_reconcile_due_is_when_the_clock_alone_can_change_reconciles_answer() ->
             _confirmed(how="lease-expired"),
             _allowed(how="lease-expired"),
         ],
-        [
-            routed(1),
-            _created(1, 1),
-            _failed(1, at=100.0),
-            _fence_req(1),
-            _fenced(1),
-            _allowed(1),
-            ev.RouteRequested(workload_id=W, at=101.0, attempt_number=2),
-            routed(2),
-            _created(2, 2),
-            _failed(2, at=200.0),
-            _fence_req(2, at=200.0),
-            _fenced(2, new_epoch=3, at=200.1),
-            _allowed(2, at=200.1, epoch=2),
-        ],
+        two_failures(),
         [
             routed(1),
             _created(1, 1),

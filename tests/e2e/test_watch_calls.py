@@ -85,7 +85,9 @@ async def test_api_calls_do_not_grow_with_live_attempts(system: System, client: 
         for s in urls:
             assert idle[s]["list"] == busy[s]["list"] == 0, (s, idle, busy)  # one list at start, then watches only
             assert idle[s]["get"] == busy[s]["get"] == 0, (s, idle, busy)
-            assert busy[s]["watch"] <= idle[s]["watch"] + 4, (s, idle, busy)  # per resource, not per attempt
+            # per resource, not per attempt (that would be 50 more): a watch the server ends early
+            # (a slow reader on a loaded machine) is opened again, so a window may hold twice as many
+            assert busy[s]["watch"] <= 2 * idle[s]["watch"] + 4, (s, idle, busy)
         assert sum(busy["dispatcher"].values()) < 50, ("fewer calls in the window than live attempts", busy)
         # quiet is not unreachable: open watches with little to say still count as answers; no attempt is lost
         lost = [w for w in wids if any(isinstance(e, ev.Lost) for _, e in await client.events(w))]
