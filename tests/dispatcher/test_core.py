@@ -284,6 +284,16 @@ def test_no_resume_where_the_checkpoint_store_is_unreachable() -> None:
     assert (mode, path) == ("retry", None) and "cannot read checkpoint store 'prod'" in why
 
 
+def test_a_complete_job_whose_pods_are_not_seen_yet_was_admitted_and_ran() -> None:
+    """The Job's watch may say Complete before the pods' watch says where its pod ran: the
+    lifecycle still has admitted, running, succeeded (the report reads the admission)."""
+    p = history(routed(1), _created(1, 1))
+    v = p.workloads[W]
+    obs = core.JobObservation(exists=True, scheduled=0, running=0, complete=True)
+    emitted = [a.event for a in core.on_observation(v, v.attempts[f"{W}-a1"], obs, 3.0) if isinstance(a, core.Emit)]
+    assert [type(e) for e in emitted] == [ev.Admitted, ev.Running, ev.Succeeded, ev.PromoteRequested]
+
+
 def test_permanent_exit_code_fails_the_workload() -> None:
     a1 = f"{W}-a1"
     p = history(routed(1), _created(1, 1))

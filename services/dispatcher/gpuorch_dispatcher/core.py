@@ -613,7 +613,9 @@ def on_observation(
     if obs.scheduled < obs.workers and not (obs.complete or obs.failed) and requeue is not None:
         late = _requeue(view, a, obs, now, requeue, time_scale)
         return [late] if late else []
-    if obs.scheduled >= obs.workers and "admitted" not in a.times:
+    # a Job that completed was admitted and ran, even when its pods are not (or no longer) seen:
+    # the Job and its pods come by separate watches, and the Job's may be the first to say so
+    if (obs.scheduled >= obs.workers or obs.complete) and "admitted" not in a.times:
         out.append(Emit(ev.Admitted(event_id=_eid(a, "admitted"), **base)))
     if (obs.running >= obs.workers or obs.complete) and "running" not in a.times:
         out.append(Emit(ev.Running(event_id=_eid(a, "running"), workers_running=obs.workers, **base)))
