@@ -38,17 +38,8 @@ def earliest_start_reference(
     *,
     max_ahead: int = MAX_AHEAD,
 ) -> float | None:
-    """When (simulated seconds from now) `request_gpus` GPUs on one node are free for good.
-
-    A small event simulation with conservative backfilling: running pods release their GPUs
-    when their remaining time ends; each demand ahead, in order, reserves GPUs on the node and
-    at the earliest time where they stay free for its whole duration (best fit among nodes);
-    then the request takes the earliest time from which `request_gpus` stay free on some node.
-    Unknown durations hold forever. Demands that can never fit (too big, no eligible node)
-    are skipped, as a scheduler skips unschedulable pods; only the first `max_ahead` demands
-    are simulated (bounded cost; beyond it the estimate is optimistic). Returns None when the request cannot
-    be placed within what is known (unknown durations, or no node with that many GPUs).
-    """
+    """`gpuorch_inventory.core.earliest_start` as it was written first (sums over every point,
+    per node): the oracle of the property tests of the timeline version."""
     usage: dict[str, list[tuple[float, float, int]]] = {n: [] for n in capacity}
     for h in holds:
         if h.node in usage and h.gpus > 0:
