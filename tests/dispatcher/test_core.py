@@ -567,16 +567,13 @@ def test_a_lost_attempt_is_replaced_without_backoff() -> None:
     assert _kinds(core.on_event(v, _allowed(how="lease-expired"), 3.0, env())) == [ev.RouteRequested]
 
 
+def failed_and_gone() -> list[ev.Base]:
+    """Attempt 1 failed, fenced and confirmed gone: its replacement waits for the backoff."""
+    return [routed(1), _created(1, 1), _failed(1, at=100.0), _fence_req(1), _fenced(1), _confirmed(1, at=100.5)]
+
+
 def test_cancel_during_backoff_requests_no_replacement() -> None:
-    p = backoff_history(
-        routed(1),
-        _created(1, 1),
-        _failed(1, at=100.0),
-        _fence_req(1),
-        _fenced(1),
-        _confirmed(1, at=100.5),
-        backoff="1h",
-    )
+    p = backoff_history(*failed_and_gone(), backoff="1h")
     v = p.workloads[W]
     acts = core.on_cancel(v, W, "user", 101.0, env())
     assert _kinds(acts) == [ev.CancelRequested, ev.Cancelled], "the failed attempt is already confirmed gone"
@@ -1012,15 +1009,7 @@ def test_reconcile_due_is_when_the_clock_alone_can_change_reconciles_answer() ->
             _allowed(how="lease-expired"),
         ],
         two_failures(),
-        [
-            routed(1),
-            _created(1, 1),
-            _failed(1, at=100.0),
-            _fence_req(1),
-            _fenced(1),
-            _confirmed(1, at=100.5),
-            _cancel_requested(),
-        ],
+        [*failed_and_gone(), _cancel_requested()],
     ]
     finite = 0
     for events in histories:

@@ -17,7 +17,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
@@ -37,6 +37,8 @@ from gpuorch_proto.k8s import (
 from gpuorch_proto.kubesem import blocking_taints, node_affinity_matches, node_selector_matches
 from gpuorch_proto.placement import sharing_from_labels
 from gpuorch_proto.units import UnitError, parse_quantity
+
+T = TypeVar("T")
 
 __all__ = [
     "ANN_EXPECTED_DURATION",
@@ -292,18 +294,7 @@ def _version(obj: Mapping[str, Any]) -> tuple[str, str] | None:
 def _parse_pods(objs: Iterable[Mapping[str, Any]], memo: Memo | None) -> list[_Pod]:
     if memo is None:
         return [_parse_pod(o) for o in objs]
-    old, new = memo.pods, {}
-    out: list[_Pod] = []
-    for o in objs:
-        version = _version(o)
-        if version is None:
-            out.append(_parse_pod(o))
-            continue
-        hit = old.get(version[0])
-        pod = hit[1] if hit is not None and hit[0] == version[1] else _parse_pod(o)
-        new[version[0]] = (version[1], pod)
-        out.append(pod)
-    memo.pods = new
+    out, memo.pods = _parse_versioned(objs, memo.pods, _parse_pod)
     return out
 
 
@@ -371,19 +362,27 @@ def _parse_node(obj: Mapping[str, Any]) -> _Node:
 def _parse_nodes(objs: Iterable[Mapping[str, Any]], memo: Memo | None) -> list[_Node]:
     if memo is None:
         return [_parse_node(o) for o in objs]
-    old, new = memo.nodes, {}
-    out: list[_Node] = []
+    out, memo.nodes = _parse_versioned(objs, memo.nodes, _parse_node)
+    return out
+
+
+def _parse_versioned(
+    objs: Iterable[Mapping[str, Any]], old: Mapping[str, tuple[str, T]], parse: Callable[[Mapping[str, Any]], T]
+) -> tuple[list[T], dict[str, tuple[str, T]]]:
+    """Each object parsed, reusing `old`'s parse of the same version (`_version`); and the cache
+    of what is listed now (objects without a resourceVersion are parsed, never kept)."""
+    new: dict[str, tuple[str, T]] = {}
+    out: list[T] = []
     for o in objs:
         version = _version(o)
         if version is None:
-            out.append(_parse_node(o))
+            out.append(parse(o))
             continue
         hit = old.get(version[0])
-        node = hit[1] if hit is not None and hit[0] == version[1] else _parse_node(o)
-        new[version[0]] = (version[1], node)
-        out.append(node)
-    memo.nodes = new
-    return out
+        parsed = hit[1] if hit is not None and hit[0] == version[1] else parse(o)
+        new[version[0]] = (version[1], parsed)
+        out.append(parsed)
+    return out, new
 
 
 def _fits_node(pod: _Pod, node: _Node) -> bool:
