@@ -11,6 +11,7 @@ inventory, from the snapshots it publishes (`observe_snapshot`). docs/operations
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import weakref
@@ -78,11 +79,21 @@ def published(event: Base) -> None:
             pass
 
 
+@functools.cache
+def _messages(handler: str, result: str) -> Any:
+    return MESSAGES.labels(handler, result)  # a child per label pair, looked up once (per message otherwise)
+
+
+@functools.cache
+def _handling(handler: str) -> Any:
+    return HANDLING.labels(handler)
+
+
 def handled(handler: str, result: str, seconds: float | None = None, outputs: Sequence[Base] = ()) -> None:
-    MESSAGES.labels(handler, result).inc()
+    _messages(handler, result).inc()
     if seconds is None:
         return
-    HANDLING.labels(handler).observe(seconds)
+    _handling(handler).observe(seconds)
     if any(isinstance(o, (ev.Routed, ev.Unroutable)) or (isinstance(o, ev.Rejected) and o.decision is not None) for o in outputs):
         ROUTING_LATENCY.observe(seconds)
 

@@ -16,6 +16,9 @@ from __future__ import annotations
 import logging
 import sys
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, TextIO
 
 import structlog
@@ -42,6 +45,36 @@ def remember_trace(workload_id: str, trace_id: str | None) -> None:
     _TRACES[workload_id] = trace_id
     if len(_TRACES) > _TRACES_MAX:
         _TRACES.popitem(last=False)
+
+
+# The keys the shell binds for the message in hand: one dict in one context variable (set once
+# per message and reset after it), not one structlog context variable per key (two `set`s per key
+# per message). Services' own `structlog.contextvars` bindings are merged as before.
+_MESSAGE: ContextVar[dict[str, Any] | None] = ContextVar("gpuorch_message", default=None)
+
+
+@contextmanager
+def message_context(**keys: Any) -> Iterator[dict[str, Any]]:
+    """Bind `keys` to every line logged while the message is handled; unbound on exit. The dict
+    it yields may be updated in place (what the message turns out to be about)."""
+    bound = dict(keys)
+    token = _MESSAGE.set(bound)
+    try:
+        yield bound
+    finally:
+        _MESSAGE.reset(token)
+
+
+def bind_message(**keys: Any) -> None:
+    """Add `keys` to the current message's context (nothing outside a message)."""
+    bound = _MESSAGE.get()
+    if bound is not None:
+        bound.update(keys)
+
+
+def merge_message(logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
+    bound = _MESSAGE.get()
+    return {**bound, **event_dict} if bound else event_dict
 
 
 def _workload_ids(logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
@@ -74,6 +107,7 @@ def configure_logging(service: str, level: str | int = "INFO", stream: TextIO | 
     out = stream if stream is not None else sys.stderr
     shared: list[Processor] = [
         structlog.contextvars.merge_contextvars,
+        merge_message,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         _add_service(service),

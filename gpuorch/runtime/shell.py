@@ -2,8 +2,9 @@
 
 Per input message, in order:
 
-1. bind structlog contextvars (subject, stream, stream_seq, delivered, msg_id, trace_id,
-   event_id, workload_id, type), all unbound again when the message is done, and open the
+1. bind the message's log context (`logs.message_context`: subject, stream, stream_seq,
+   delivered, msg_id, trace_id, event_id, workload_id, type), unbound again when the message is
+   done, and open the
    CONSUMER span "<subject> process" as a child of the producer's `traceparent`;
 2. decode with `gpuorch_proto.decode_event` and check the subject against the body (a known
    `cmd.*` subject, the command type it takes, `evt.<workload>.<type>` of the body). A
@@ -109,7 +110,6 @@ class Reject(Exception):
 Handler = Callable[[Incoming], Awaitable[Sequence[Base]]]
 
 
-BACKLOG_PROBE = 0.02  # seconds: how long to wait for more once one message arrived
 
 
 def default_backoff(delivered: int) -> float:
@@ -248,7 +248,14 @@ async def bind_consumer(
     max_ack_pending: int = 1000,
 ) -> JetStreamContext.PullSubscription:
     """Create (or update) the durable pull consumer and bind to it; idempotent."""
-    config = ConsumerConfig(
+    config = durable_config(durable, filter_subject, ack_wait=ack_wait, max_deliver=max_deliver, max_ack_pending=max_ack_pending)
+    await js.add_consumer(stream, config)
+    return await js.pull_subscribe_bind(durable=durable, stream=stream)
+
+
+def durable_config(durable: str, filter_subject: str, *, ack_wait: float, max_deliver: int, max_ack_pending: int = 1000) -> ConsumerConfig:
+    """The durable pull consumer every service reads through (`consume`)."""
+    return ConsumerConfig(
         durable_name=durable,
         name=durable,
         ack_policy=AckPolicy.EXPLICIT,
@@ -259,8 +266,6 @@ async def bind_consumer(
         max_deliver=max_deliver + 1 if max_deliver > 0 else -1,
         max_ack_pending=max_ack_pending,
     )
-    await js.add_consumer(stream, config)
-    return await js.pull_subscribe_bind(durable=durable, stream=stream)
 
 
 async def consume(
@@ -281,8 +286,12 @@ async def consume(
     handler_name: str | None = None,
     concurrency: int = 1,
     key: Callable[[Msg], str] | None = None,
+    unread: Callable[[Msg], bool] | None = None,
 ) -> None:
     """Run `handler` over a durable pull consumer until `stop` is set (see the module doc).
+
+    `unread(msg)` True: the message is acked as it is, neither decoded nor handled (a consumer
+    that another one's messages pass through, such as `guard_commands`).
 
     `concurrency` > 1: up to that many messages are handled at a time (`_Pipeline`), those with
     the same `key(msg)` (default `workload_key`: the workload token of `evt.<workload>.<type>`;
@@ -305,63 +314,140 @@ async def consume(
         max_deliver=max_deliver,
         backoff=backoff,
     )
-    sub = await bind_consumer(
-        js,
-        stream=stream,
-        durable=durable,
-        filter_subject=filter_subject,
-        ack_wait=ack_wait,
-        max_deliver=max_deliver,
-    )
+    await js.add_consumer(stream, durable_config(durable, filter_subject, ack_wait=ack_wait, max_deliver=max_deliver))
     log.info("consumer.started", stream=stream, durable=durable, filter=filter_subject)
     pipeline = _Pipeline(worker, concurrency, key or workload_key) if concurrency > 1 else None
+    # Messages are asked for ahead of the handler (`_Pulls`): a window of `batch` (at least twice
+    # what the pipeline holds), topped up as it is used, so a busy consumer never waits for a
+    # fetch round trip and an idle one has one request open.
+    pulls = _Pulls(js, stream, durable, window=max(batch, 2 * concurrency), expires=max(fetch_timeout, 1.0) * 5)
+    await pulls.start()
     try:
         while not stop.is_set():
-            try:
-                # Wait for ONE message: a lingering pull for a whole batch is only answered when the
-                # batch is full or the request expires, which would delay an idle consumer's next
-                # message by up to `fetch_timeout`. Then take whatever backlog is already there.
-                msgs = await sub.fetch(1, timeout=fetch_timeout)
-                more = batch - 1 if pipeline is None else min(batch, pipeline.free) - 1
-                if more > 0:
-                    with contextlib.suppress(TimeoutError, nats.errors.TimeoutError):
-                        msgs += await sub.fetch(more, timeout=BACKLOG_PROBE)
-                metrics.consumer_lag(stream, durable, msgs[-1].metadata.num_pending + len(msgs))
-            except (TimeoutError, nats.errors.TimeoutError):
-                metrics.consumer_lag(stream, durable, 0)
+            got = await pulls.next(stop, timeout=fetch_timeout)
+            if got is None:
+                if js._nc.is_closed and not stop.is_set():
+                    raise nats.errors.ConnectionClosedError
+                if pulls.problem is not None:
+                    log.warning("consumer.fetch_error", durable=durable, error=pulls.problem)
+                    pulls.problem = None
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(stop.wait(), timeout=min(fetch_timeout, 1.0))
+                metrics.consumer_lag(stream, durable, len(pulls.buf))
                 continue
-            except nats.errors.ConnectionClosedError:
-                if stop.is_set():
-                    break
-                raise
-            except (nats.errors.Error, nats.js.errors.Error) as exc:
-                log.warning("consumer.fetch_error", durable=durable, error=repr(exc))
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=min(fetch_timeout, 1.0))
+            msg, delivered_at = got
+            if unread is not None and unread(msg):
+                with contextlib.suppress(Exception):
+                    await msg.ack()
                 continue
-            fetched_at = time.monotonic()
-            for i, msg in enumerate(msgs):
-                if stop.is_set():
-                    # hand the rest back now rather than after ack_wait
-                    for rest in msgs[i:]:
-                        with contextlib.suppress(Exception):
-                            await rest.nak()
-                    break
-                if time.monotonic() - fetched_at > ack_wait / 2:
-                    for waiting in msgs[i:]:
-                        with contextlib.suppress(Exception):
-                            await waiting.in_progress()
-                    fetched_at = time.monotonic()
-                if pipeline is not None:
-                    await pipeline.submit(msg)
-                    continue
+            if time.monotonic() - delivered_at > ack_wait / 2:
+                with contextlib.suppress(Exception):
+                    await msg.in_progress()  # it waited in the window: its ack_wait began at delivery
+            if pipeline is not None:
+                await pipeline.submit(msg)
+            else:
                 await worker.process(msg)
+            if not pulls.buf:
+                metrics.consumer_lag(stream, durable, msg.metadata.num_pending)
     finally:
         if pipeline is not None:
             await pipeline.drain()  # what is in hand finishes (and is acked) before the consumer goes
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
+        await pulls.stop()  # the rest is handed back now rather than after ack_wait
         log.info("consumer.stopped", stream=stream, durable=durable)
+
+
+class _Pulls:
+    """A durable pull consumer's messages as they come, asked for ahead of the handler.
+
+    Pull requests (`$JS.API.CONSUMER.MSG.NEXT`) of up to `window` messages, each open for
+    `expires` seconds with idle heartbeats, answered on an inbox of our own whose callback only
+    queues: as nats.go's `Consume` and nats.js's `consume` do. A new request is sent whenever
+    half the window is free (delivered or ended), so a busy consumer always has messages in hand
+    and pays one request per half window instead of a fetch round trip per message (nats-py's
+    `fetch` also waits for every message with a timer of its own). The server's status replies
+    end requests early (408 expired, 409 with `Nats-Pending-Messages`); if it says nothing at
+    all for a few heartbeats (a reconnect drops open requests), the requests count as ended and
+    are asked again. Unacknowledged messages stay bounded by the window plus those in hand."""
+
+    HEARTBEAT = 1.0  # seconds between the server's idle heartbeats on an open request
+
+    def __init__(self, js: JetStreamContext, stream: str, durable: str, *, window: int, expires: float) -> None:
+        self.nc = js._nc  # the connection the JetStream context publishes on
+        self.next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
+        self.window, self.expires = max(1, window), expires
+        self.buf: collections.deque[tuple[Msg, float]] = collections.deque()
+        self.ready = asyncio.Event()
+        self.asked = 0  # messages asked for by requests still open
+        self.heard = time.monotonic()  # the last word from the server on our inbox
+        self.problem: str | None = None
+        self.inbox = ""
+        self.sub: Any = None
+
+    async def start(self) -> None:
+        self.inbox = self.nc.new_inbox()
+        self.sub = await self.nc.subscribe(self.inbox, cb=self._arrived)
+
+    async def _arrived(self, msg: Msg) -> None:
+        self.heard = time.monotonic()
+        if msg.reply:  # a message of the stream (status replies have no ack subject)
+            self.asked = max(0, self.asked - 1)
+            self.buf.append((msg, self.heard))
+            self.ready.set()
+            return
+        headers = msg.headers or {}
+        code = str(headers.get("Status", ""))
+        if code == "100" or not code:
+            return  # an idle heartbeat
+        pending = headers.get("Nats-Pending-Messages")
+        if pending is not None and str(pending).isdigit():
+            self.asked = max(0, self.asked - int(pending))
+        elif code in ("404", "408", "409"):
+            self.asked = 0  # the request ended without saying how much was left: ask again
+        if code not in ("404", "408") and "MaxAckPending" not in str(headers.get("Description", "")):
+            self.problem = f"{code} {headers.get('Description', '')}".strip()
+        self.ready.set()
+
+    async def _top_up(self) -> None:
+        if time.monotonic() - self.heard > 3 * self.HEARTBEAT + 1.0 and self.asked:
+            self.asked = 0  # not a word for several heartbeats: the open requests are gone
+            self.heard = time.monotonic()
+        room = self.window - self.asked - len(self.buf)
+        if room < max(1, self.window // 2) or self.nc.is_closed:
+            return
+        request = {"batch": room, "expires": int(self.expires * 1e9), "idle_heartbeat": int(self.HEARTBEAT * 1e9)}
+        try:
+            await self.nc.publish(self.next_subject, json.dumps(request).encode(), reply=self.inbox)
+        except Exception as exc:  # reconnecting: asked again on the next call
+            self.problem = repr(exc)
+            return
+        self.asked += room
+        if not self.asked - room:
+            self.heard = time.monotonic()  # the first open request: its heartbeats start now
+
+    async def next(self, stop: asyncio.Event, timeout: float) -> tuple[Msg, float] | None:
+        """The next message and when it arrived; None after `timeout` without one, or at `stop`."""
+        await self._top_up()
+        if not self.buf:
+            self.ready.clear()
+            waiter = asyncio.ensure_future(self.ready.wait())
+            stopper = asyncio.ensure_future(stop.wait())
+            try:
+                await asyncio.wait((waiter, stopper), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
+                stopper.cancel()
+            if not self.buf or stop.is_set():
+                return None
+        return self.buf.popleft()
+
+    async def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            if self.sub is not None:
+                await self.sub.unsubscribe()
+        while self.buf:
+            msg, _ = self.buf.popleft()
+            with contextlib.suppress(Exception):
+                await msg.nak()
 
 
 def workload_key(msg: Msg) -> str:
@@ -458,7 +544,7 @@ class _Worker:
         ctx = telemetry.span_context(span, parent)
         # Every key any line of this message may carry is bound (and so unbound) here: nothing of
         # one message's context is left for the next one's lines, or for the loop's own.
-        with structlog.contextvars.bound_contextvars(
+        with logs.message_context(
             subject=msg.subject,
             stream=stream,
             stream_seq=seq,
@@ -525,7 +611,7 @@ class _Worker:
         if event.workload_id:
             logs.remember_trace(event.workload_id, telemetry.trace_id_hex(span))
         # bound, not a context of its own: `process` bound these keys (to None) and unbinds them
-        structlog.contextvars.bind_contextvars(
+        logs.bind_message(
             event_id=event.event_id or None,
             workload_id=event.workload_id or None,
             type=type_tag(event),
@@ -587,7 +673,10 @@ class _Worker:
             await msg.ack()
         except Exception as exc:
             log.warning("msg.ack_failed", error=repr(exc))
-        log.info(logs.MSG_PROCESSED, outputs=len(outputs), handler=self.handler_name)
+        if outputs:
+            log.info(logs.MSG_PROCESSED, outputs=len(outputs), handler=self.handler_name)
+        else:  # an event only folded: most of them, so no line at info (a line costs ~1/4 of the shell's time)
+            log.debug(logs.MSG_PROCESSED, outputs=0, handler=self.handler_name)
 
     async def _failed(
         self,
@@ -872,11 +961,13 @@ async def guard_commands(
     handles nothing itself: a message on an unknown `cmd.*` subject, a command on the wrong
     subject or an undecodable one is rejected (the same record the command's own consumer makes,
     so it is stored once); everything else is acked. Without it, a message on a subject no
-    service consumes would sit in the stream unanswered."""
+    service consumes would sit in the stream unanswered. Messages on `cmd.submit` and
+    `cmd.cancel` are acked unread: their own consumers decode, check and record them."""
+    owned = {names.cmd_submit, names.cmd_cancel}
     await consume(
         js, stream=names.stream_cmd, durable=durable or names.durable("guard", "commands"),
         filter_subject=names.cmd_all, handler=_accept_all, publisher=publisher, names=names,
-        stop=stop, handler_name="command-guard", **options,
+        stop=stop, handler_name="command-guard", unread=lambda m: m.subject in owned, **options,
     )  # fmt: skip
 
 

@@ -207,18 +207,31 @@ def decode_instance_lease(data: bytes) -> InstanceLease:
 _WORKLOAD_INFO = msgspec.inspect.type_info(Workload)
 
 
+_FIELDS: dict[type, dict[str, Any]] = {}
+
+
+def _fields_by_name(info: msgspec.inspect.StructType) -> dict[str, Any]:
+    """A Struct type's fields by their encoded names (built once per type)."""
+    fields = _FIELDS.get(info.cls)
+    if fields is None:
+        fields = _FIELDS[info.cls] = {f.encode_name: f for f in info.fields}
+    return fields
+
+
 def unknown_fields(obj: Any, info: Any = _WORKLOAD_INFO, at: str = "") -> list[FieldError]:
     """Fields a document names that the contract does not have (a typo is an error, not a no-op):
     `spec.resouces: unknown field; did you mean spec.resources?`. Strict for what people write
     (workload documents, YAML or JSON); events between services are read leniently
     (proto/EVOLUTION.md)."""
     out: list[FieldError] = []
+    if not isinstance(obj, (dict, list)):
+        return out  # a scalar names no field
     if isinstance(info, msgspec.inspect.UnionType):
         for t in info.types:
             if isinstance(t, (msgspec.inspect.StructType, msgspec.inspect.ListType, msgspec.inspect.DictType)):
                 out += unknown_fields(obj, t, at)
     elif isinstance(info, msgspec.inspect.StructType) and isinstance(obj, dict):
-        fields = {f.encode_name: f for f in info.fields}
+        fields = _fields_by_name(info)
         for k, v in obj.items():
             path = f"{at}.{k}" if at else str(k)
             if k not in fields:

@@ -17,6 +17,7 @@ import structlog
 from nats.js import JetStreamContext
 from structlog.testing import LogCapture
 
+from gpuorch.runtime import logs
 from gpuorch.runtime.shell import (
     MAX_ERRORS,
     Incoming,
@@ -197,7 +198,7 @@ async def test_a_huge_bad_body_gets_its_real_rejection_small_enough_to_publish(
 def captured_logs() -> Iterator[LogCapture]:
     cap = LogCapture()
     old = structlog.get_config()
-    structlog.configure(processors=[structlog.contextvars.merge_contextvars, cap], cache_logger_on_first_use=False)
+    structlog.configure(processors=[structlog.contextvars.merge_contextvars, logs.merge_message, cap], cache_logger_on_first_use=False)
     try:
         yield cap
     finally:
