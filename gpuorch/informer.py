@@ -34,6 +34,12 @@ failed call after at most that long. A refused or reset connection (the local cl
 ``partition``) fails at once. The dispatcher folds these facts with ``core.contact``/``silence``
 (its rule for "lost"); inventory marks a cluster unreachable while its latest call failed.
 
+Readers that act on what changed, as client-go's event handlers feed a controller's work queue,
+ask :meth:`changes_since` (the objects changed since the cache generation they last read, or
+None when the log no longer reaches back that far: after a re-list, or when they fell more than
+``CHANGES_KEPT`` changes behind; then they look at everything). An ``index`` label (client-go's
+indexers) keeps the objects by that label's value: :meth:`by_index`.
+
 resourceVersions are compared as integers (:meth:`covers`): etcd revisions and the local
 clusters' counter are; Kubernetes calls them opaque, so :meth:`covers` is used only to wait for
 the cache to hold an object this process has just created.
@@ -41,10 +47,11 @@ the cache to hold an object this process has just created.
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 from kubernetes import watch
@@ -60,8 +67,18 @@ READ_MARGIN = 2.0
 BACKOFF_MIN = 0.2
 BACKOFF_MAX = 5.0
 
+#: Changes an informer remembers for `changes_since` (a reader further behind looks at everything).
+CHANGES_KEPT = 50_000
+
 ContactFn = Callable[[bool, float, str], None]
 Key = tuple[str, str]  # (namespace, name)
+
+
+class Change(NamedTuple):
+    """One object changed (added, modified or deleted): its key and its labels at the time."""
+
+    key: Key
+    labels: dict[str, str]
 
 
 def _key(obj: dict[str, Any]) -> Key:
@@ -135,6 +152,7 @@ class Informer:
         on_contact: ContactFn | None = None,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
         clock: Callable[[], float] = time.time,
+        index: str | None = None,
     ) -> None:
         self.cluster = cluster
         self.list_fn = list_fn
@@ -155,6 +173,11 @@ class Informer:
         self.complete_at: float | None = None
         self._rv: int | None = None  # None: list before watching
         self._cache: dict[Key, dict[str, Any]] = {}
+        self.index = index  # a label: objects by its value (`by_index`)
+        self._index: dict[str, set[Key]] = {}
+        # (generation, change) of each change, newest last; `_floor`: generations up to it are gone
+        self._changes: collections.deque[tuple[int, Change]] = collections.deque()
+        self._floor = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._watch: watch.Watch | None = None
@@ -174,6 +197,54 @@ class Informer:
     def get(self, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         with self._lock:
             return self._cache.get((namespace if namespace is not None else self.namespace or "", name))
+
+    def by_index(self, value: str) -> list[dict[str, Any]]:
+        """The cached objects whose `index` label has `value`."""
+        with self._lock:
+            return [self._cache[k] for k in self._index.get(value, ()) if k in self._cache]
+
+    def changes_since(self, generation: int) -> tuple[int, list[Change] | None]:
+        """(the generation now, the objects changed after `generation`, oldest first), or None
+        in place of the list when the changes are no longer all known (a re-list replaced the
+        cache, or more than CHANGES_KEPT came since)."""
+        with self._lock:
+            now = self.generation
+            if generation < self._floor:
+                return now, None
+            out: list[Change] = []
+            for gen, change in reversed(self._changes):
+                if gen <= generation:
+                    break
+                out.append(change)
+            out.reverse()
+            return now, out
+
+    def _label(self, obj: dict[str, Any]) -> str | None:
+        assert self.index is not None
+        value = ((obj.get("metadata") or {}).get("labels") or {}).get(self.index)
+        return value if isinstance(value, str) else None
+
+    def _reindex(self, key: Key, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        """(under the lock) move `key` in the label index from `old`'s value to `new`'s."""
+        if self.index is None:
+            return
+        was, now = (self._label(old) if old else None), (self._label(new) if new else None)
+        if was == now:
+            return
+        if was is not None and (keys := self._index.get(was)) is not None:
+            keys.discard(key)
+            if not keys:
+                del self._index[was]
+        if now is not None:
+            self._index.setdefault(now, set()).add(key)
+
+    def _changed(self, key: Key, obj: dict[str, Any]) -> None:
+        """(under the lock) one more change, logged for `changes_since`."""
+        self.generation += 1
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        self._changes.append((self.generation, Change(key, labels if isinstance(labels, dict) else {})))
+        if len(self._changes) > CHANGES_KEPT:
+            self._floor = self._changes.popleft()[0]
 
     def covers(self, resource_version: int) -> bool:
         """Has the cache seen everything up to `resource_version` (e.g. an object just created)?"""
@@ -246,6 +317,12 @@ class Informer:
         with self._lock:
             self._cache = items
             self.generation += 1
+            self._changes.clear()
+            self._floor = self.generation  # what changed before this list is not known one by one
+            if self.index is not None:
+                self._index = {}
+                for key, obj in items.items():
+                    self._reindex(key, None, obj)
         self._rv = rv if rv is not None else 0
         self.complete_at = began
         self.lists += 1
@@ -276,12 +353,13 @@ class Informer:
             return
         rv = _rv((obj.get("metadata") or {}).get("resourceVersion"))
         if kind in ("ADDED", "MODIFIED", "DELETED"):
+            key = _key(obj)
             with self._lock:
-                if kind == "DELETED":
-                    self._cache.pop(_key(obj), None)
-                else:
-                    self._cache[_key(obj)] = obj
-                self.generation += 1
+                old = self._cache.pop(key, None) if kind == "DELETED" else self._cache.get(key)
+                if kind != "DELETED":
+                    self._cache[key] = obj
+                self._reindex(key, old, None if kind == "DELETED" else obj)
+                self._changed(key, obj)
             if self.on_event is not None:
                 self.on_event(str(kind), obj)
         if rv is not None:  # BOOKMARK too: only the resourceVersion moves

@@ -1028,3 +1028,65 @@ def test_reconcile_due_is_when_the_clock_alone_can_change_reconciles_answer() ->
                         f"due at {due} but nothing to do then (prefix {n})"
                     )
     assert finite > 0, "a history with a retry backoff has a finite due time"
+
+
+# --- when an observation that asked for nothing may ask for something: core.observation_due ------
+
+_OBS_TIMES = [0.0, 5.0, 10.0, 19.0, 21.0, 49.0, 50.0, 51.0, 299.0, 300.0, 301.0, 400.0, 1000.0, 3601.0, 10_000.0]
+
+
+def _due_histories() -> list[tuple[str, Projection]]:
+    a1 = f"{W}-a1"
+    base = {"workload_id": W, "attempt_id": a1, "epoch": 1, "cluster": "primary"}
+    unplaceable = ev.Unschedulable(at=20.0, message=NO_NODE, permanent=True, **base)  # type: ignore[arg-type]
+    return [
+        ("created", history(routed(1), _created(1, 1))),
+        ("unplaceable-recorded", history(routed(1), _created(1, 1), unplaceable)),
+        ("queued-with-estimate", _queued(100.0 * 600)),
+        ("queued-no-estimate", _queued(None)),
+        ("admitted", history(routed(1), _created(1, 1), ev.Admitted(at=3.0, **base))),  # type: ignore[arg-type]
+        ("running", history(routed(1), _created(1, 1), ev.Admitted(at=3.0, **base), ev.Running(at=4.0, **base))),  # type: ignore[arg-type]
+        ("fenced", history(routed(1), _created(1, 1), unplaceable,
+                           ev.FenceRequested(at=30.0, reason="x", policy="strict", lease_expires_at=90.0, **base))),  # type: ignore[arg-type]
+    ]  # fmt: skip
+
+
+_DUE_OBSERVATIONS = [
+    core.JobObservation(exists=False),
+    core.JobObservation(exists=True, scheduled=0),
+    core.JobObservation(exists=True, scheduled=0, unschedulable=BUSY),
+    core.JobObservation(exists=True, scheduled=0, unschedulable=NO_NODE),
+    core.JobObservation(exists=True, workers=2, scheduled=1, unschedulable=BUSY),
+    core.JobObservation(exists=True, scheduled=1),
+    core.JobObservation(exists=True, scheduled=1, running=1),
+    core.JobObservation(exists=True, scheduled=1, running=1, complete=True),
+    core.JobObservation(exists=True, scheduled=1, failed=True, exit_code=3),
+]
+
+
+@pytest.mark.parametrize("requeue", [RQ, None], ids=["requeue", "no-requeue"])
+@pytest.mark.parametrize(("name", "p"), _due_histories(), ids=[n for n, _ in _due_histories()])
+def test_an_observation_that_asks_nothing_asks_nothing_until_it_is_due(name: str, p: Projection, requeue: core.Requeue | None) -> None:
+    """The contract the dispatcher's watch relies on to skip unchanged attempts: if the answer is
+    empty now, it stays empty at every later time before `observation_due`, and (the clocks being
+    exact) is not empty at it."""
+    v = p.workloads[W]
+    a = v.attempts[f"{W}-a1"]
+    kw = {"unschedulable_grace": 30.0, "requeue": requeue, "time_scale": 600.0}
+    checked = fired = 0
+    for obs in _DUE_OBSERVATIONS:
+        due = core.observation_due(v, a, obs, **kw)  # type: ignore[arg-type]
+        for now in _OBS_TIMES:
+            if core.on_observation(v, a, obs, now, **kw):  # type: ignore[arg-type]
+                continue
+            checked += 1
+            for later in [t for t in _OBS_TIMES if t > now] + ([due] if due is not None else []):
+                if due is not None and later >= due:
+                    break
+                assert core.on_observation(v, a, obs, later, **kw) == [], (obs, now, later, due)  # type: ignore[arg-type]
+            if due is not None and due > now:
+                assert core.on_observation(v, a, obs, due, **kw), (obs, due)  # type: ignore[arg-type]
+                fired += 1
+    assert checked > 0
+    if name in ("unplaceable-recorded", "queued-with-estimate") and requeue is not None:
+        assert fired > 0, "a clock that fires is among the cases"

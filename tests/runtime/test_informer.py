@@ -152,6 +152,45 @@ async def test_a_watch_that_gets_410_gone_relists_and_misses_nothing(cluster: tu
         inf.stop()
 
 
+async def test_changes_since_a_generation_and_the_label_index(cluster: tuple[LocalClusters, ClusterClient]) -> None:
+    """What changed since a reader last looked (each add, update, delete once, in order), or
+    "everything" after a re-list; and the objects by a label's value through every change."""
+    _, cc = cluster
+
+    def labelled(name: str, group: str) -> dict[str, Any]:
+        body = managed(name)
+        body["metadata"]["labels"]["group"] = group
+        return body
+
+    cc.batch.create_namespaced_job(NS, labelled("a", "g1"), _request_timeout=TIMEOUT)
+    inf = Informer(cc.name, cc.batch.list_namespaced_job, namespace=NS, label_selector=k8s.MANAGED_SELECTOR, watch_seconds=2, index="group").start()
+    try:
+        await assert_eventually(lambda: inf.synced.is_set(), timeout=10)
+        assert inf.changes_since(0)[1] is None, "before the list: not known one by one"
+        gen, changes = inf.changes_since(inf.generation)
+        assert changes == [] and names(inf.by_index("g1")) == {"a"}
+        cc.batch.create_namespaced_job(NS, labelled("b", "g1"), _request_timeout=TIMEOUT)
+        cc.batch.patch_namespaced_job("a", NS, {"metadata": {"labels": {"group": "g2"}}}, _request_timeout=TIMEOUT)
+        cc.batch.delete_namespaced_job("b", NS, propagation_policy="Background", _request_timeout=TIMEOUT)
+        await assert_eventually(lambda: "b" not in cached(inf) and names(inf.by_index("g2")) == {"a"}, timeout=10)
+        now, changes = inf.changes_since(gen)
+        assert changes is not None and now > gen
+        seen = [(c.key[1], c.labels.get("group")) for c in changes]
+        assert ("b", "g1") in seen and ("a", "g2") in seen, seen
+        assert seen.index(("b", "g1")) < seen.index(("a", "g2")), "oldest first"
+        assert inf.by_index("g1") == [], "moved and deleted objects leave the old value"
+        assert inf.changes_since(now) == (now, [])
+        inf.stop()
+        for i in range(30):  # compact the 40-event history past the informer's resourceVersion
+            cc.batch.create_namespaced_job(NS, labelled(f"n{i}", "g3"), _request_timeout=TIMEOUT)
+        inf.start()
+        await assert_eventually(lambda: inf.lists == 2 and len(inf.by_index("g3")) == 30, timeout=15)
+        assert inf.changes_since(now)[1] is None, "a re-list: the reader looks at everything"
+        assert names(inf.by_index("g2")) == {"a"}
+    finally:
+        inf.stop()
+
+
 async def test_a_partitioned_cluster_is_reported_unreachable_and_a_quiet_one_is_not(
     cluster: tuple[LocalClusters, ClusterClient],
 ) -> None:

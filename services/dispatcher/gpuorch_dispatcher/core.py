@@ -491,16 +491,23 @@ def requeue_limit(view: WorkloadView, a: AttemptView, requeue: Requeue, time_sca
     )
 
 
+def _requeue_due(view: WorkloadView, a: AttemptView, requeue: Requeue | None, time_scale: float) -> float | None:
+    """When a queued `a` is requeued if nothing changes first (None: it is not requeued)."""
+    since = a.times.get("created")
+    if requeue is None or since is None or "admitted" in a.times or a.status != "created" or a.fenced or view.cancel_requested:
+        return None
+    return since + requeue_limit(view, a, requeue, time_scale)
+
+
 def _requeue(
     view: WorkloadView, a: AttemptView, obs: JobObservation, now: float, requeue: Requeue, time_scale: float
 ) -> Emit | None:
     """Requeue `a` (a placement failure: no retry budget spent) once it waited past its limit."""
-    since = a.times.get("created")
-    if since is None or "admitted" in a.times or a.status != "created" or a.fenced or view.cancel_requested:
+    due = _requeue_due(view, a, requeue, time_scale)
+    if due is None or now < due:
         return None
-    waited, limit = now - since, requeue_limit(view, a, requeue, time_scale)
-    if waited < limit:
-        return None
+    since = a.times["created"]
+    waited, limit = now - since, due - since
     estimate = estimated_queue_wait(view, a)
     told = (
         f"the router estimated {format_duration(estimate)} of queue wait"
@@ -640,6 +647,35 @@ def on_observation(
             )
         )
     return out
+
+
+def observation_due(
+    view: WorkloadView,
+    a: AttemptView,
+    obs: JobObservation,
+    *,
+    unschedulable_grace: float = 60.0,
+    requeue: Requeue | None = None,
+    time_scale: float = 1.0,
+) -> float | None:
+    """The earliest time at which :func:`on_observation` of the same view, attempt and
+    observation may answer otherwise than it does now; None: only a change of them can make
+    it (a new event, the Job or its pods changing). The two clocks: an unplaceable pod's
+    `unschedulable_grace`, and a queued attempt's requeue limit. A shell that observed nothing
+    new need not look again before then (the dispatcher's watch, as client-go's work queue
+    `AddAfter`)."""
+    if a.status in ("succeeded", "failed") or a.gone or view.workload is None or not obs.exists:
+        return None
+    waiting = obs.scheduled < obs.workers and not (obs.complete or obs.failed)
+    if obs.unschedulable and waiting:
+        permanent = placement_impossible(obs.unschedulable)
+        kind = "unschedulable" if permanent else "pending"
+        if kind not in a.times:
+            return None  # recorded now; its event changes the view
+        if permanent:
+            return None if a.fenced or view.cancel_requested else a.times[kind] + unschedulable_grace
+        return _requeue_due(view, a, requeue, time_scale)
+    return _requeue_due(view, a, requeue, time_scale) if waiting else None
 
 
 def retryable(wl: Workload, code: int | None) -> bool:

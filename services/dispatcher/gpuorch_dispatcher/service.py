@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import heapq
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -120,8 +121,9 @@ def informers_for(cc: ClusterClient) -> ClusterInformers:
         "jobs", cc.batch.list_namespaced_job, namespace=k8s.NAMESPACE, label_selector=k8s.MANAGED_SELECTOR
     )
     group.add(
-        "pods", cc.core.list_namespaced_pod, namespace=k8s.NAMESPACE, label_selector=k8s.MANAGED_SELECTOR
-    )
+        "pods", cc.core.list_namespaced_pod, namespace=k8s.NAMESPACE, label_selector=k8s.MANAGED_SELECTOR,
+        index=k8s.LABEL_ATTEMPT,
+    )  # fmt: skip
     return group
 
 
@@ -155,6 +157,7 @@ def created_resource_version(raw: bytes) -> int | None:
 
 
 FULL_RECONCILE_EVERY = 30  # upkeep passes: every 30th re-checks every owned workload, quiet or not
+FULL_WATCH_EVERY = 20  # watch ticks: every 20th looks at every live attempt, changed or not (a resync)
 
 
 class Dispatcher:
@@ -205,6 +208,15 @@ class Dispatcher:
         self.created_rv: dict[str, int] = {}  # attempt id -> resourceVersion of the Job we created
         # workload id -> (the last_seq that `reconcile` asked nothing for, until when that holds)
         self.quiet: dict[str, tuple[int, float]] = {}
+        # what the watch looks at next (`to_look_at`): workloads with new events, (time, workload)
+        # whose observation clock is due, running ones without their marker, the informers'
+        # generations read, and when everything is looked at again
+        self.dirty: set[str] = set()
+        self.due: list[tuple[float, str]] = []
+        self.due_at: dict[str, float] = {}
+        self.unmarked: set[str] = set()
+        self.seen_generation: dict[tuple[str, str], int] = {}
+        self.next_full_watch = 0.0
 
     def environment(self, attempts: Sequence[AttemptView] = ()) -> core.Environment:
         """Where things live, for the core. The registry's part is resolved once; the data
@@ -363,6 +375,7 @@ class Dispatcher:
             return None
         self.records[workload_id] = record
         self._owned[workload_id] = w.revision
+        self.dirty.add(workload_id)  # ours now: the watch looks at its attempts
         previous = current.owner if current else ""
         if previous and previous != me:
             log.info("ownership.takeover", workload=workload_id, previous=previous)
@@ -531,6 +544,7 @@ class Dispatcher:
         e = msg.event
         view = self.follower.projection.apply(e, msg.stream_seq)
         self.follower.remember(e.workload_id, msg.headers)
+        self.dirty.add(e.workload_id)  # the watch looks at it again (`to_look_at`)
         if view is None:
             return []
         if e.workload_id in self.owned:
@@ -616,16 +630,48 @@ class Dispatcher:
             await self.kv_staged.put(staged_key(e.cluster, inp.ref), value)
 
     # --- watching the clusters ---------------------------------------------------------------
-    def cached(self, cluster: str) -> tuple[dict[str, dict[str, Any]], dict[str, list[dict[str, Any]]]]:
-        """The cluster's gpuorch Jobs by name and pods by attempt, from the informers' caches (no API call)."""
+    def observed(self, cluster: str, a: AttemptView) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        """The attempt's Job and pods from the cluster's informers' caches (no API call)."""
         inf = self.informers[cluster]
-        by_job = {j["metadata"]["name"]: j for j in inf["jobs"].items()}
-        pods_by: dict[str, list[dict[str, Any]]] = {}
-        for p in inf["pods"].items():
-            att = (p["metadata"].get("labels") or {}).get(k8s.LABEL_ATTEMPT)
-            if att:
-                pods_by.setdefault(att, []).append(p)
-        return by_job, pods_by
+        return inf["jobs"].get(a.job_name, a.namespace or None), inf["pods"].by_index(a.attempt_id)
+
+    def to_look_at(self, now: float) -> Iterable[WorkloadView] | None:
+        """The workloads the watch looks at this tick, as client-go's controllers take keys from
+        a work queue fed by event handlers: those whose events were folded (`dirty`), whose Job
+        or pods changed (the informers' `changes_since`), whose clock is due (`due`, from
+        `core.observation_due`), and those running without their first-step marker yet. None:
+        everything, on the resync period (FULL_WATCH_EVERY) or when a cache was re-listed."""
+        wids, self.dirty = self.dirty, set()
+        full = now >= self.next_full_watch
+        for cluster, inf in self.informers.items():
+            for name in ("jobs", "pods"):
+                gen, changes = inf[name].changes_since(self.seen_generation.get((cluster, name), -1))
+                self.seen_generation[(cluster, name)] = gen
+                if changes is None:
+                    full = True
+                    continue
+                wids.update(w for c in changes if (w := c.labels.get(k8s.LABEL_WORKLOAD)))
+        while self.due and self.due[0][0] <= now:
+            at, wid = heapq.heappop(self.due)
+            if self.due_at.get(wid) == at:  # (an entry a later push replaced is skipped)
+                del self.due_at[wid]
+                wids.add(wid)
+        views = self.follower.projection.workloads
+        self.unmarked = {w for w in self.unmarked if (v := views.get(w)) is not None and not v.terminal}
+        wids |= self.unmarked
+        if full:
+            self.next_full_watch = now + FULL_WATCH_EVERY * self.interval
+            self.due.clear()
+            self.due_at.clear()
+            return None
+        return [views[w] for w in wids if w in views]
+
+    def look_again(self, workload_id: str, at: float) -> None:
+        """The watch looks at the workload again at `at` (the earliest time asked for wins)."""
+        if self.due_at.get(workload_id, float("inf")) <= at:
+            return
+        self.due_at[workload_id] = at
+        heapq.heappush(self.due, (at, workload_id))
 
     def absent_for_sure(self, jobs: Informer, a: AttemptView) -> bool:
         """May a Job missing from the cache be called missing? Ours: once the cache's
@@ -651,9 +697,12 @@ class Dispatcher:
         async def tick() -> None:
             assert self.publisher is not None
             self.fold_contacts()
-            for cluster, items in core.watched(
-                self.follower.projection.workloads.values(), self.owned
-            ).items():
+            now = time.time()
+            # a cluster that went silent: every attempt there is looked at (lost, when it is)
+            everything = any(inf.failing or not inf.synced for inf in self.informers.values())
+            looked = self.to_look_at(now)
+            views = self.follower.projection.workloads.values() if looked is None or everything else looked
+            for cluster, items in core.watched(views, self.owned).items():
                 inf = self.informers.get(cluster)
                 if inf is None:
                     continue
@@ -670,24 +719,26 @@ class Dispatcher:
                                 context=self.follower.context(view.workload_id),
                             )
                     continue
-                jobs, pods = self.cached(cluster)
                 job_cache = inf["jobs"]
+                clocks = {
+                    "unschedulable_grace": self.unschedulable_grace,
+                    "requeue": self.requeue,
+                    "time_scale": self.registry.time_scale if self.registry else 1.0,
+                }
                 for view, a in items:
-                    job = jobs.get(a.job_name)
+                    job, pods = self.observed(cluster, a)
                     if job is None and not self.absent_for_sure(job_cache, a):
-                        continue  # created a moment ago (by us, or by a dispatcher we took over from): not in the cache yet
-                    obs = (
-                        observe(job, pods.get(a.attempt_id, [])) if job else core.JobObservation(exists=False)
-                    )
-                    acts = core.on_observation(
-                        view,
-                        a,
-                        obs,
-                        now,
-                        unschedulable_grace=self.unschedulable_grace,
-                        requeue=self.requeue,
-                        time_scale=self.registry.time_scale if self.registry else 1.0,
-                    )
+                        # created a moment ago (by us, or by a dispatcher we took over from): not in the cache yet
+                        self.look_again(view.workload_id, now)
+                        continue
+                    obs = observe(job, pods) if job else core.JobObservation(exists=False)
+                    acts = core.on_observation(view, a, obs, now, **clocks)  # type: ignore[arg-type]
+                    if not acts and (due := core.observation_due(view, a, obs, **clocks)) is not None:  # type: ignore[arg-type]
+                        self.look_again(view.workload_id, due)
+                    if a.status == "running" and progress.KIND not in a.times:
+                        self.unmarked.add(view.workload_id)  # its marker is a file: looked for every tick
+                    else:
+                        self.unmarked.discard(view.workload_id)
                     # the program's first step, if reported: only where pods run or ran (the marker
                     # is written from inside one), not for every attempt still queued
                     seen = (
