@@ -322,21 +322,26 @@ async def test_a_200_trial_sweep_never_runs_more_than_k_and_finishes_all(system:
     assert len(trials) == 200
     done = [w for w in trials.values() if p.get(w).status == "completed"]  # type: ignore[union-attr]
     assert final.status == "completed" and len(done) == 200, (final.reason, len(done))
-    # from the events: released-and-unfinished, and attempts running, never more than K at once
+    # from the events: released-and-unfinished trials, and attempts running (from `running` until
+    # they succeed, fail or are confirmed gone: a lost one may still run), never more than K at
+    # once. Sets, not counters: an attempt that fails before it runs, or an event seen twice,
+    # cannot hide one.
     ids = set(trials.values())
-    released = running = most_released = most_running = 0
+    released: set[str] = set()
+    running: set[str] = set()
+    most_released = most_running = 0
     for _, e in events:
         if e.workload_id not in ids:
             continue
         if isinstance(e, ev.Released):
-            released += 1
+            released.add(e.workload_id)
         elif isinstance(e, ev.Completed | ev.WorkloadFailed | ev.Cancelled):
-            released -= 1
+            released.discard(e.workload_id)
         elif isinstance(e, ev.Running):
-            running += 1
-        elif isinstance(e, ev.Succeeded | ev.Failed):
-            running -= 1
-        most_released, most_running = max(most_released, released), max(most_running, running)
+            running.add(e.attempt_id)
+        elif isinstance(e, ev.Succeeded | ev.Failed | ev.CancelConfirmed):
+            running.discard(e.attempt_id)
+        most_released, most_running = max(most_released, len(released)), max(most_running, len(running))
     assert most_released == K, most_released  # the limit was reached, and never passed
     assert 1 <= most_running <= K, most_running
     # each trial got its own parameters

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -304,3 +306,100 @@ def test_the_router_builds_usage_from_the_projection_across_clusters() -> None:
     assert usage.demand["b1"] == fs.Vec(2, 8, 32)
     shares = fs.weighted_shares(usage, fair_policy().queues[0], NOW)
     assert shares["a"] == pytest.approx(2 * shares["b"])  # a's work on both clusters counts as one owner's
+
+
+# ---- the router's wiring: one unit of time, and released work in flight ---------------------
+
+SCALE = 600.0  # the local clusters' simulated seconds per second
+
+
+def test_on_scaled_clusters_history_and_commitments_are_counted_in_the_events_seconds() -> None:
+    """On the local clusters (600 simulated seconds per second) a 40 m job runs 4 s. `a` had all
+    8 GPUs for 8 s (64 GPU-s, finished); `b` nothing. b's 2-GPU jobs (40 m each: 8 GPU-s) are
+    released until b's commitments catch a's history up: 8 of them before a's next. Counted in
+    simulated seconds, each of b's commitments (2 x 2400) outweighed all of a's history, and a
+    got the second slot: its lead was never given back."""
+    policy = fair_policy(window="7d")
+    history = [fs.Use("a", "default", fs.Vec(gpus=8), start=NOW - 10, end=NOW - 2)]
+    cs = burst("a", 10, NOW, gpus=1, hours=2400 / HOUR) + burst("b", 10, NOW + 100, gpus=2, hours=2400 / HOUR)
+
+    def first_owners(usage: fs.Usage) -> list[str]:
+        order = fs.FairOrder(policy, cs, usage, NOW, lambda c: pl.order_key(policy, c))
+        out = []
+        for c in order:
+            out.append(c.owner)
+            order.charge(c)
+        return out[:9]
+
+    scaled = first_owners(fs.Usage(history, fs.Vec(gpus=8), time_scale=SCALE))
+    assert scaled == ["b"] * 8 + ["a"], scaled
+    unscaled = first_owners(fs.Usage(history, fs.Vec(gpus=8)))  # the units mixed, as before
+    assert unscaled[:2] == ["b", "a"], unscaled
+
+
+def test_a_running_jobs_commitment_and_the_quantum_are_scaled_to_the_events_seconds() -> None:
+    v = fs.Vec(gpus=2)
+    view = projection_of(("w", "a", "primary", "40m", ["running"]))
+    (u,) = fs.uses_of(view.workloads.values(), fair_policy(), SCALE)
+    assert u.expected == 4.0  # 40 simulated minutes: 4 s of the events' clock
+    q = fs.clock_seconds("1h", SCALE)
+    assert q == 6.0 and fs.resource_seconds(fs.Use("a", "q", v, start=NOW - 1), 1e6, q, NOW).gpus == 2 * 6.0
+
+
+def projection_of(*specs: tuple[str, str, str, str, list[str]]) -> Any:
+    """Workloads (id, owner, cluster, expected run time, what happened) folded into a projection:
+    'released', then an attempt created and 'running', 'succeeded', 'failed', 'cancel'."""
+    from gpuorch.projection import Projection
+    from gpuorch_proto import RoutingDecision, workload_from_obj
+    from gpuorch_proto import events as ev
+
+    p = Projection()
+    seq = 0
+    for wid, owner, cluster, expected, steps in specs:
+        wl = workload_from_obj({
+            "metadata": {"name": wid, "owner": owner},
+            "spec": {"image": "example.org/train@sha256:" + "ab" * 32, "command": ["python", "run.py"],
+                     "resources": {"gpus": 2, "cpu": "8", "memory": "32Gi"}, "expected_runtime": expected},
+        })  # fmt: skip
+        a = dict(workload_id=wid, attempt_id=f"{wid}-a1", epoch=1, cluster=cluster)
+        d = RoutingDecision(workload_id=wid, decided_at=NOW, outcome="routed", cluster=cluster, summary="ok")
+        events: list[Any] = [ev.Submitted(workload_id=wid, at=NOW - 30, workload=wl),
+                             ev.Released(workload_id=wid, at=NOW - 20, queue="default", gpus=2)]  # fmt: skip
+        for step in steps:
+            if step == "running":
+                events += [ev.Routed(workload_id=wid, at=NOW - 20, decision=d),
+                           ev.AttemptCreated(at=NOW - 20, attempt_number=1, job_name=f"{wid}-a1", output_path="/o",
+                                             checkpoint_path="/c", **a),
+                           ev.Running(at=NOW - 10, **a)]  # fmt: skip
+            elif step == "succeeded":
+                events.append(ev.Succeeded(at=NOW - 5, output_path="/o", **a))
+            elif step == "failed":
+                events.append(ev.Failed(at=NOW - 5, reason="oom", **a))
+            elif step == "cancel":
+                events.append(ev.CancelRequested(workload_id=wid, at=NOW - 5, reason="no"))
+        for e in events:
+            seq += 1
+            p.apply(e, seq)
+    return p
+
+
+def test_released_work_not_running_yet_counts_its_commitment_and_nothing_more() -> None:
+    """Between its release and its pods' start (routing, the Job, image pulls) a workload holds
+    its slot: it counts what it is committed to (its expected run time), however long it waits,
+    as the round that released it charged it. So the next round does not hand the owner with the
+    most work in flight another slot. Work that ran and awaits promotion, or is being cancelled,
+    is not charged again; work that failed and will run again is."""
+    p = projection_of(
+        ("in-flight", "a", "primary", "40m", []),
+        ("promoting", "a", "primary", "40m", ["running", "succeeded"]),
+        ("retrying", "b", "burst", "40m", ["running", "failed"]),
+        ("cancelling", "b", "burst", "40m", ["cancel"]),
+    )
+    uses = fs.uses_of(p.workloads.values(), fair_policy(), SCALE)
+    pending = {(u.owner, u.expected) for u in uses if u.start == fs.NOT_STARTED}
+    assert pending == {("a", 4.0), ("b", 4.0)}, uses  # in-flight and retrying; not promoting, not cancelling
+    (u,) = [u for u in uses if u.start == fs.NOT_STARTED and u.owner == "a"]
+    for now in (NOW, NOW + 3600):  # however long it waits
+        assert fs.resource_seconds(u, 7 * 86400, 6.0, now).gpus == 2 * 4.0
+    ran = [u for u in uses if u.start != fs.NOT_STARTED]
+    assert sorted(u.end - u.start for u in ran) == [5.0, 5.0]  # type: ignore[operator]

@@ -487,7 +487,7 @@ def test_the_examples_load_and_say_what_they_claim() -> None:
     assert preempt.interruptible(wl) and wl.spec.priority == 1
     policy = load_policy_yaml((root / "fair-share.yaml").read_text())
     fs = policy.queue("research").fair_share  # type: ignore[union-attr]
-    assert fs is not None and fs.weights == {"vision-team": 2.0, "nlp-team": 1.0}
+    assert fs is not None and fs.weights == {"vision-team": 1.0, "nlp-team": 1.0}
     not_ckpt = yaml.safe_load((root / "preemption.yaml").read_text())
     del not_ckpt["spec"]["checkpoint"]
     import pytest

@@ -25,10 +25,19 @@ within one owner, the admission order is unchanged (workload priority, submit ti
 workload it releases, and `reserve` for one it holds: the lowest-share owner's head that does not
 fit keeps its room (a reservation), so small work of owners with more does not starve it. Without fair share (no usage given, or a queue without `fair_share`) it is
 exactly `sorted(candidates, key=order_key)`.
+
+**Units.** Uses are timed by the events' clock (`at`, seconds). The durations people write (a
+workload's `expected_runtime`, the policy's `quantum` and `window`) are in the clusters' simulated
+seconds, as leases and requeue limits are: `Usage.time_scale` (the registry's simulated seconds per
+second, 1 in production, 600 on the local clusters) turns them into the events' seconds
+(`clock_seconds`), so that a finished job's real use and a running one's commitment are counted
+in one unit. (Unscaled, the commitments of running work outweighed every finished job 600 to 1,
+and the share forgot all history: an owner who had every GPU first kept its lead.)
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -82,6 +91,9 @@ def capacity_of(snapshots: Iterable[ClusterSnapshot]) -> Vec:
     return total
 
 
+NOT_STARTED = math.inf  # the start of a use released but not running: it counts its commitment only
+
+
 @dataclass(frozen=True)
 class Use:
     """One attempt's hold on resources, for fair share: finished (`end` set) or still running."""
@@ -92,6 +104,11 @@ class Use:
     start: float
     end: float | None = None
     expected: float = 0.0  # expected run seconds (0: unknown; running work counts the quantum)
+
+
+def clock_seconds(duration: str, time_scale: float = 1.0) -> float:
+    """A duration people write (simulated seconds on the local clusters) in the events' seconds."""
+    return parse_duration(duration) / max(time_scale, 1e-9)
 
 
 def resource_seconds(u: Use, window: float, quantum: float, now: float) -> Vec:
@@ -128,11 +145,12 @@ class Usage:
     uses: Sequence[Use] = ()
     capacity: Vec = Vec()
     demand: Mapping[str, Vec] = field(default_factory=dict)  # workload id -> what it will hold
+    time_scale: float = 1.0  # simulated seconds per second of the events' clock (`clock_seconds`)
 
 
-def owner_usage(uses: Iterable[Use], queue: str, fs: FairShare, now: float) -> dict[str, Vec]:
+def owner_usage(uses: Iterable[Use], queue: str, fs: FairShare, now: float, time_scale: float = 1.0) -> dict[str, Vec]:
     """Each owner's resource-seconds in the queue over the window (finished, running, committed)."""
-    window, quantum = parse_duration(fs.window), parse_duration(fs.quantum)
+    window, quantum = clock_seconds(fs.window, time_scale), clock_seconds(fs.quantum, time_scale)
     out: dict[str, Vec] = {}
     for u in uses:
         if u.queue == queue:
@@ -145,10 +163,10 @@ def weighted_shares(usage: Usage, q: QueuePolicy, now: float) -> dict[str, float
     fs = q.fair_share
     if fs is None:
         return {}
-    window = parse_duration(fs.window)
+    window = clock_seconds(fs.window, usage.time_scale)
     return {
         o: dominant_share(v, usage.capacity, window) / weight(fs, o)
-        for o, v in owner_usage(usage.uses, q.name, fs, now).items()
+        for o, v in owner_usage(usage.uses, q.name, fs, now, usage.time_scale).items()
     }
 
 
@@ -196,7 +214,7 @@ class FairOrder:
             self._groups.setdefault(g, []).append(c)
         for qname, q in self._queues.items():
             if q is not None and q.fair_share is not None and usage is not None:
-                for owner, v in owner_usage(usage.uses, qname, q.fair_share, now).items():
+                for owner, v in owner_usage(usage.uses, qname, q.fair_share, now, usage.time_scale).items():
                     self._used[(qname, owner)] = v
 
     def share(self, queue: str, owner: str) -> float:
@@ -204,7 +222,7 @@ class FairOrder:
         if q is None or q.fair_share is None or self.usage is None:
             return 0.0
         used = self._used.get((queue, owner), Vec())
-        window = parse_duration(q.fair_share.window)
+        window = clock_seconds(q.fair_share.window, self.usage.time_scale)
         return dominant_share(used, self.usage.capacity, window) / weight(q.fair_share, owner)
 
     def _pick(self) -> tuple[str, str] | None:
@@ -248,14 +266,21 @@ class FairOrder:
         vec = self.usage.demand.get(c.workload_id, Vec(gpus=c.gpus))
         seconds = (
             c.gpu_hours * 3600.0 / c.gpus if c.gpus > 0 and c.gpu_hours > 0 else parse_duration(fs.quantum)
-        )
+        ) / max(self.usage.time_scale, 1e-9)
         k = (q.name, c.owner)
         self._used[k] = self._used.get(k, Vec()) + vec.scale(seconds)
 
 
-def uses_of(views: Iterable[Any], policy: AdmissionPolicy) -> list[Use]:
+def uses_of(views: Iterable[Any], policy: AdmissionPolicy, time_scale: float = 1.0) -> list[Use]:
     """Every attempt's use from the projection (`gpuorch.projection.WorkloadView`s): from
-    `running` to its end (`finished`, or confirmed gone), on any cluster."""
+    `running` to its end (`finished`, or confirmed gone), on any cluster.
+
+    And released work that is not running (yet, or again after a failure): it holds its slot and
+    is committed to its expected use (a use `NOT_STARTED` counts that and nothing more, however
+    long it waits), as `FairOrder.charge` counts it in the round that releases it. Without it, work between
+    its release and its pods' start (routing, Job creation, image pulls) would cost its owner
+    nothing in the next round, and the owner with the most work in flight would get the next slot.
+    """
     out: list[Use] = []
     for v in views:
         wl = v.workload
@@ -264,17 +289,22 @@ def uses_of(views: Iterable[Any], policy: AdmissionPolicy) -> list[Use]:
         q = policy.queue(wl.spec.policy_queue)
         queue = q.name if q is not None else (wl.spec.policy_queue or policy.default_queue)
         vec = demand_of(wl)
-        expected = parse_duration(wl.spec.expected_runtime) if wl.spec.expected_runtime else 0.0
+        expected = clock_seconds(wl.spec.expected_runtime, time_scale) if wl.spec.expected_runtime else 0.0
+        holding = False
         for a in v.attempts.values():
             start = a.times.get("running")
+            holding = holding or a.status == "succeeded" or a.promoted  # ran: its result is being promoted
             if start is None:
                 continue
             ends = [a.times[k] for k in ("finished", "cancel-confirmed", "orphan-deleted") if k in a.times]
             out.append(Use(wl.metadata.owner, queue, vec, start, min(ends) if ends else None, expected))
+            holding = holding or not ends
+        if "released" in v.times and not (holding or v.terminal or v.cancel_requested or v.children):
+            out.append(Use(wl.metadata.owner, queue, vec, NOT_STARTED, None, expected))  # committed, not running
     return out
 
 
-def retired_uses(records: Iterable[Any], policy: AdmissionPolicy) -> list[Use]:
+def retired_uses(records: Iterable[Any], policy: AdmissionPolicy, time_scale: float = 1.0) -> list[Use]:
     """`uses_of` for finished workloads a service keeps as retired records
     (`gpuorch.projection.Retired`: the document's owner, queue, demand and expected run time, the
     attempts' times): the same uses their whole views give."""
@@ -290,7 +320,8 @@ def retired_uses(records: Iterable[Any], policy: AdmissionPolicy) -> list[Use]:
             queue = q.name if q is not None else (d.policy_queue or policy.default_queue)
             n = d.workers
             vec = Vec(d.gpus * n, parse_quantity(d.cpu) * n, parse_quantity(d.memory) * n / _GIB)
-            got = facts[d] = (queue, vec, parse_duration(d.expected_runtime) if d.expected_runtime else 0.0)
+            expected = clock_seconds(d.expected_runtime, time_scale) if d.expected_runtime else 0.0
+            got = facts[d] = (queue, vec, expected)
         queue, vec, expected = got
         for a in r.attempts:
             start = a.times.get("running")
@@ -321,12 +352,17 @@ class _Demands(Mapping[str, Vec]):
 
 
 def usage_of(
-    views: Mapping[str, Any], policy: AdmissionPolicy, snapshots: Iterable[ClusterSnapshot], retired: Iterable[Any] = ()
+    views: Mapping[str, Any],
+    policy: AdmissionPolicy,
+    snapshots: Iterable[ClusterSnapshot],
+    retired: Iterable[Any] = (),
+    time_scale: float = 1.0,
 ) -> Usage | None:
     """What the router's admission needs for fair share (None: no queue has fair share): every
     attempt's use on any cluster (`uses_of`, `retired_uses`), all clusters' capacity (`capacity_of`)
     and each candidate's demand in GPUs, CPU and memory. `views`: the projection's workloads by id;
-    `retired`: its retired records."""
+    `retired`: its retired records; `time_scale`: the registry's simulated seconds per second."""
     if not any(q.fair_share is not None for q in policy.queues):
         return None
-    return Usage(uses_of(views.values(), policy) + retired_uses(retired, policy), capacity_of(snapshots), _Demands(views))
+    uses = uses_of(views.values(), policy, time_scale) + retired_uses(retired, policy, time_scale)
+    return Usage(uses, capacity_of(snapshots), _Demands(views), time_scale)

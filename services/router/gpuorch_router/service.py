@@ -118,7 +118,7 @@ class Router:
         usage = None  # fair share's: computed only when the round may admit (it reads every workload)
         if self.gate.may_admit(force):
             p = self.follower.projection
-            usage = fairshare.usage_of(p.workloads, self.policy, self.snapshots.values(), p.retired.values())  # None: no fair share
+            usage = fairshare.usage_of(p.workloads, self.policy, self.snapshots.values(), p.retired.values(), self.time_scale)  # None: no fair share
         r = core.gate_round(self.gate, self.policy, self.state, lambda wl, wid: self.decide(wl, wid, 1, now), now, force=force, usage=usage)
         for e in r.events:
             if isinstance(e, ev.Released | ev.Held | ev.StageBlocked | ev.PipelineFinished | ev.Rejected):
