@@ -280,6 +280,8 @@ class Memo:
     #: the schedulable nodes' (name, labels, taints) the eligibility below was worked out for
     placement: tuple[Any, ...] | None = None
     eligible: dict[str, tuple[_Pod, frozenset[str]]] = field(default_factory=dict)
+    #: the last pod list parsed and its parse (a round passes one list to both functions below)
+    round: tuple[Any, list[_Pod]] | None = None
 
 
 def _version(obj: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -294,7 +296,10 @@ def _version(obj: Mapping[str, Any]) -> tuple[str, str] | None:
 def _parse_pods(objs: Iterable[Mapping[str, Any]], memo: Memo | None) -> list[_Pod]:
     if memo is None:
         return [_parse_pod(o) for o in objs]
+    if memo.round is not None and memo.round[0] is objs:
+        return memo.round[1]  # the same list again in this round (pod starts, then the snapshot)
     out, memo.pods = _parse_versioned(objs, memo.pods, _parse_pod)
+    memo.round = (objs, out)
     return out
 
 
@@ -374,13 +379,15 @@ def _parse_versioned(
     new: dict[str, tuple[str, T]] = {}
     out: list[T] = []
     for o in objs:
-        version = _version(o)
-        if version is None:
+        meta = o.get("metadata")
+        rv = meta.get("resourceVersion") if type(meta) is dict or isinstance(meta, Mapping) else None
+        if not rv:
             out.append(parse(o))
             continue
-        hit = old.get(version[0])
-        parsed = hit[1] if hit is not None and hit[0] == version[1] else parse(o)
-        new[version[0]] = (version[1], parsed)
+        key = meta.get("uid") or f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"  # type: ignore[union-attr]
+        hit = old.get(key)
+        parsed = hit[1] if hit is not None and hit[0] == rv else parse(o)
+        new[key] = (rv, parsed)
         out.append(parsed)
     return out, new
 

@@ -410,17 +410,21 @@ def preemptions(
     destination: that cluster). `preemption-planned` (whose GPUs it waits for, who is preempted)
     and a `preemption-requested` per victim, each only when its plan changed."""
     views = list(views)
-    holders = preempt.holders_of(views, state.preempting)
-    free = preempt.free_gpus(snapshots)
-    out: list[ev.Base] = []
+    waiting: list[tuple[WorkloadView, Workload, list[str]]] = []
     for v in views:
         wl = v.workload
         if wl is None or wl.spec.priority <= 0 or v.terminal or v.cancel_requested:
             continue
         queued = preempt.queued_on(v)
         where = [queued] if queued else preempt.capacity_clusters(v.decision) if v.status == "waiting" and v.decision else []
-        if not where:
-            continue
+        if where:
+            waiting.append((v, wl, where))
+    if not waiting:
+        return []  # (who holds GPUs is looked up only when someone waits for them)
+    holders = preempt.holders_of(views, state.preempting)
+    free = preempt.free_gpus(snapshots)
+    out: list[ev.Base] = []
+    for v, wl, where in waiting:
         wid = v.workload_id
         in_flight = [x for x, (p, at) in state.preempted.items() if p == wid and now - at < preempt.YIELD_FOR and x not in state.done]
         p = preempt.plan(wid, wl, where, holders, free, in_flight)

@@ -93,6 +93,10 @@ class Router:
         self.policy = load_admission_policy(settings.registry) if settings.registry else AdmissionPolicy()
         self.gate = pl.Gate()  # what may be routed yet: pipelines, held and released work, folded from the log
         self.gate_decides = settings.tuning.instance == "0"  # one decider of admission among replicas
+        # re-evaluation's work list (`awaiting_decision`): workloads changed since its last round,
+        # and those awaiting a decision (None: not built yet, every workload is looked at)
+        self.touched: set[str] = set()
+        self.awaiting: dict[str, None] | None = None
         self.seed = settings.nats_creds.read_text() if settings.nats_creds and settings.nats_creds.suffix != ".creds" else None
 
     # --- pure-ish helpers -------------------------------------------------------------
@@ -103,6 +107,7 @@ class Router:
         """One event of the replay at start-up: as `on_event` folds it (and learns from it)."""
         fresh = not seq or seq > self.state.seqs.get(e.workload_id, 0)
         view = self.follower.projection.apply(e, seq)
+        self.touched.add(e.workload_id)
         self.state.apply(e, seq)
         self.gate.apply(e, seq)
         if isinstance(e, ev.Completed) and fresh and view is not None:
@@ -171,6 +176,20 @@ class Router:
             promoted_at=sim("promoted", a.times),
         ))
 
+    def awaiting_decision(self) -> list[str]:
+        """The workloads waiting for a routing decision (`pending_attempt` not None), kept as a
+        set: only those whose events were folded since the last round are looked at again
+        (`touched`), not every workload ever seen; all of them in the first round."""
+        views = self.follower.projection.workloads
+        if self.awaiting is None:
+            self.awaiting, self.touched = dict.fromkeys(views), set()
+        for wid in self.touched:
+            self.awaiting.setdefault(wid)  # (a dict: the order they came in, as the projection's)
+        self.touched = set()
+        for wid in [w for w in self.awaiting if core.pending_attempt(views.get(w)) is None]:
+            del self.awaiting[wid]
+        return list(self.awaiting)
+
     def pending_attempt(self, wid: str) -> int | None:
         """The attempt number this workload waits a decision for (None = none): `core.pending_attempt`."""
         return core.pending_attempt(self.follower.projection.get(wid))
@@ -236,6 +255,7 @@ class Router:
         before = self.follower.projection.get(e.workload_id)
         fresh = before is None or msg.stream_seq > before.last_seq  # per workload: folded out of global order
         view = self.follower.projection.apply(e, msg.stream_seq)
+        self.touched.add(e.workload_id)  # re-evaluation looks at it again (`awaiting_decision`)
         self.state.apply(e, msg.stream_seq)
         self.follower.remember(e.workload_id, msg.headers)
         self.gate.apply(e, msg.stream_seq)
@@ -296,9 +316,10 @@ class Router:
         an unchanged decision publishes nothing. Returns how many workloads published."""
         assert self.publisher is not None
         published = 0
-        for wid, view in list(self.follower.projection.workloads.items()):
+        for wid in self.awaiting_decision():
+            view = self.follower.projection.get(wid)
             n = self.pending_attempt(wid)
-            if n is None or view.workload is None:
+            if n is None or view is None or view.workload is None:
                 continue
             now = time.time()
             decision = self.decide(view.workload, wid, n, now)
