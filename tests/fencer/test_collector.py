@@ -5,12 +5,14 @@ while the cache may still hold it; each version of a Job is read once."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
 from gpuorch.config import Settings
+from gpuorch.informer import Change
 from gpuorch_fencer import service
 from gpuorch_fencer.service import Fencer, Records, SeenJob
 from gpuorch_proto import FenceRecord, encode
@@ -45,12 +47,42 @@ class Bucket:
 
 
 class Jobs:
+    """What the collector reads of a jobs informer; its changes are never known one by one, so
+    every round judges every Job (`TrackedJobs` knows them)."""
+
     def __init__(self) -> None:
         self.jobs: dict[str, dict[str, Any]] = {}
         self.complete_at: float | None = 0.0
 
     def items(self) -> list[dict[str, Any]]:
         return list(self.jobs.values())
+
+    def get(self, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        return self.jobs.get(name)
+
+    def by_index(self, value: str) -> list[dict[str, Any]]:
+        return [j for j in self.jobs.values() if j["metadata"]["labels"].get(LABEL_WORKLOAD) == value]
+
+    def changes_since(self, generation: int) -> tuple[int, list[Change] | None]:
+        return 0, None
+
+
+class TrackedJobs(Jobs):
+    """As the real informer: each `put` is a change, `changes_since` lists them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.generation = 0
+        self.log: list[tuple[int, Change]] = []
+
+    def put(self, j: dict[str, Any]) -> None:
+        meta = j["metadata"]
+        self.jobs[meta["name"]] = j
+        self.generation += 1
+        self.log.append((self.generation, Change((meta["namespace"], meta["name"]), meta["labels"])))
+
+    def changes_since(self, generation: int) -> tuple[int, list[Change] | None]:
+        return self.generation, [c for g, c in self.log if g > generation]
 
 
 class Group:
@@ -162,3 +194,53 @@ async def test_each_version_of_a_job_is_read_once_and_the_record_once(
     await f.collect_once()
     assert sorted(reads) == ["a2", "b1", "b1"], "its new version"
     assert f.pursuits == {}
+
+
+async def test_between_full_rounds_only_what_changed_is_judged(
+    fencer: tuple[Fencer, Group, Bucket], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a controller's work queue: a Job that changed, the Jobs of a workload whose events were
+    folded, and a Job whose grace ends; every FULL_COLLECT_EVERY rounds, every Job."""
+    f, group, _ = fencer
+    group.jobs = tracked = TrackedJobs()
+    clock = [2_000_000_000.0]
+    monkeypatch.setattr(service.time, "time", lambda: clock[0])
+    judged: list[str] = []
+    judge = f.judge
+
+    async def counted(cluster: str, job: SeenJob, now: float) -> None:
+        judged.append(job.name)
+        await judge(cluster, job, now)
+
+    monkeypatch.setattr(f, "judge", counted)
+    tracked.put(job("a2", "w1", "a2", 2))  # current: left alone
+    tracked.put(job("b1", "w2", "b1", 1))  # current: left alone
+    await f.collect_once()  # the first round judges everything
+    assert sorted(judged) == ["a2", "b1"] and f.pursuits == {}
+    judged.clear()
+    await f.collect_once()
+    assert judged == [], "nothing changed: nothing judged"
+    tracked.put(job("a1", "w1", "a1", 1))  # a stale epoch appears
+    await f.collect_once()
+    assert judged == ["a1"] and set(f.pursuits) == {"a1"}
+    judged.clear()
+    f.follower.projection.apply(ev.Completed(workload_id="w2", at=3.0, attempt_id="b1", result_path="/r"), 10)  # type: ignore[call-arg]
+    f.judge_dirty.add("w2")  # (what on_event does for every event it folds)
+    await f.collect_once()
+    assert judged == ["b1"] and f.pursuits["b1"].orphan_reason == "workload completed"
+    judged.clear()
+    made = datetime.fromtimestamp(clock[0] - 1, tz=UTC).isoformat().replace("+00:00", "Z")
+    tracked.put(job("w1x", "w1", "w1-a9", 2, creationTimestamp=made))  # an attempt not (yet) on record
+    await f.collect_once()
+    assert judged == ["w1x"] and "w1-a9" not in f.pursuits, "within its grace"
+    judged.clear()
+    await f.collect_once()
+    assert judged == [], "not before its grace ends"
+    clock[0] += f.orphan_grace
+    await f.collect_once()
+    assert judged == ["w1x"] and "w1-a9" in f.pursuits, "judged again when its grace ended"
+    judged.clear()
+    while f.rounds % service.FULL_COLLECT_EVERY != 0:
+        await f.collect_once()
+    await f.collect_once()
+    assert sorted(judged) == ["a1", "a2", "b1", "w1x"], "the resync round judges every Job"

@@ -15,10 +15,11 @@ What it costs per workload does not grow with the backlog:
 from __future__ import annotations
 
 import asyncio
+import heapq
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -39,13 +40,14 @@ from gpuorch.runtime.snapshot import Snapshots, follower_body, restore_follower
 from gpuorch.security.model import events_durable, snapshot_owner
 from gpuorch_proto import FenceRecord, decode_fence, encode
 from gpuorch_proto import events as ev
-from gpuorch_proto.k8s import MANAGED_SELECTOR, NAMESPACE
+from gpuorch_proto.k8s import LABEL_WORKLOAD, MANAGED_SELECTOR, NAMESPACE
 from gpuorch_proto.subjects import valid_token
 
 from . import core
 
 log = structlog.get_logger("gpuorch.fencer")
 
+FULL_COLLECT_EVERY = 10  # orphan rounds: every 10th judges every Job, changed or not (a resync)
 LABEL_JOB_NAME = "job-name"  # set on a Job's pods by the Job controller (every Kubernetes version)
 
 
@@ -100,7 +102,7 @@ def informers_for(cc: ClusterClient) -> ClusterInformers:
     """gpuorch's Jobs of one cluster (its label, its namespace), list-then-watch: what the
     orphan collector judges."""
     group = ClusterInformers(cc.name)
-    group.add("jobs", cc.batch.list_namespaced_job, namespace=NAMESPACE, label_selector=MANAGED_SELECTOR)
+    group.add("jobs", cc.batch.list_namespaced_job, namespace=NAMESPACE, label_selector=MANAGED_SELECTOR, index=LABEL_WORKLOAD)
     return group
 
 
@@ -202,6 +204,13 @@ class Fencer:
         self.gone: dict[tuple[str, str, str], float] = {}
         #: cluster -> (namespace, job) -> (resourceVersion, what was read of it)
         self.seen_jobs: dict[str, dict[tuple[str, str], tuple[str | None, SeenJob]]] = {}
+        # what the orphan round judges next (`to_judge`): workloads whose events were folded,
+        # the jobs cache generation read per cluster, (time, cluster, namespace, job) of Jobs
+        # left for their grace, and the round that judges every Job again
+        self.judge_dirty: set[str] = set()
+        self.judged_generation: dict[str, int] = {}
+        self.judge_due: list[tuple[float, str, str, str]] = []
+        self.rounds = 0
         self.publisher: Publisher | None = None
         self.interval = settings.tuning.fence_interval
         self.orphan_grace = settings.tuning.orphan_grace
@@ -315,6 +324,7 @@ class Fencer:
         e = msg.event
         self.follower.projection.apply(e, msg.stream_seq)
         self.follower.remember(e.workload_id, msg.headers)
+        self.judge_dirty.add(e.workload_id)  # its Jobs are judged again in the next orphan round
         now = time.time()
         if isinstance(e, ev.AttemptCreated):
             d = await self.cas(e.workload_id, lambda r: core.on_attempt_created(r, e, now))
@@ -405,26 +415,50 @@ class Fencer:
         await every(stop, max(2.0, self.interval * 4), self.collect_once, name="collect_orphans")
 
     async def collect_once(self) -> None:
-        """One round of `collect_orphans`."""
+        """One round of `collect_orphans`: the Jobs whose verdict may have changed (`to_judge`),
+        every Job every FULL_COLLECT_EVERY rounds."""
+        self.rounds += 1
+        full = self.rounds % FULL_COLLECT_EVERY == 1
+        dirty, self.judge_dirty = self.judge_dirty, set()
+        now = time.time()
+        due: set[tuple[str, str, str]] = set()
+        while self.judge_due and self.judge_due[0][0] <= now:
+            due.add(heapq.heappop(self.judge_due)[1:])
+        if full:
+            self.judge_due.clear()
         for cluster, inf in self.informers.items():
             if inf.failing or not inf.synced:
                 continue
             jobs = inf["jobs"]
             self.forget_gone(cluster, jobs.complete_at)
-            before = self.seen_jobs.get(cluster, {})
-            now_seen: dict[tuple[str, str], tuple[str | None, SeenJob]] = {}
-            self.seen_jobs[cluster] = now_seen
-            now = time.time()
-            for j in jobs.items():
-                try:
-                    meta = j["metadata"]
-                    key, rv = (meta.get("namespace", NAMESPACE), meta["name"]), meta.get("resourceVersion")
-                    hit = before.get(key)
-                    seen = hit[1] if hit is not None and rv is not None and hit[0] == rv else SeenJob.of(cluster, j)
-                    now_seen[key] = (rv, seen)
-                    await self.judge(cluster, seen, now)
-                except Exception as exc:
-                    log.warning("orphan.judge_failed", cluster=cluster, job=(j.get("metadata") or {}).get("name"), error=str(exc))
+            gen, changes = jobs.changes_since(self.judged_generation.get(cluster, -1))
+            self.judged_generation[cluster] = gen
+            if full or changes is None:
+                await self.judge_all(cluster, jobs.items(), now)
+                continue
+            keys = {c.key for c in changes}
+            keys |= {(ns, name) for c, ns, name in due if c == cluster}
+            picked = [j for k in keys if (j := jobs.get(k[1], k[0])) is not None]
+            seen = {(j["metadata"].get("namespace", NAMESPACE), j["metadata"]["name"]) for j in picked}
+            picked += [j for w in dirty for j in jobs.by_index(w) if (j["metadata"].get("namespace", NAMESPACE), j["metadata"]["name"]) not in seen]
+            await self.judge_all(cluster, picked, now, every_job=False)
+
+    async def judge_all(self, cluster: str, jobs: Iterable[dict[str, Any]], now: float, *, every_job: bool = True) -> None:
+        """Judge these Jobs of the cluster, each read once per resourceVersion (`SeenJob`);
+        `every_job`: they are all the cluster has (what is read of the others is forgotten)."""
+        before = self.seen_jobs.get(cluster, {})
+        now_seen: dict[tuple[str, str], tuple[str | None, SeenJob]] = {} if every_job else before
+        self.seen_jobs[cluster] = now_seen
+        for j in jobs:
+            try:
+                meta = j["metadata"]
+                key, rv = (meta.get("namespace", NAMESPACE), meta["name"]), meta.get("resourceVersion")
+                hit = before.get(key)
+                seen = hit[1] if hit is not None and rv is not None and hit[0] == rv else SeenJob.of(cluster, j)
+                now_seen[key] = (rv, seen)
+                await self.judge(cluster, seen, now)
+            except Exception as exc:
+                log.warning("orphan.judge_failed", cluster=cluster, job=(j.get("metadata") or {}).get("name"), error=str(exc))
 
     def forget_gone(self, cluster: str, complete_at: float | None) -> None:
         """Jobs confirmed gone before the cache was last complete: if the cache still holds one,
@@ -455,6 +489,9 @@ class Fencer:
             grace=self.orphan_grace, grace_unknown=self.orphan_grace_unknown,
         )
         if reason is None:
+            if not known_attempt:  # within its grace: judged again when it ends
+                grace = self.orphan_grace if known_workload else self.orphan_grace_unknown
+                heapq.heappush(self.judge_due, (created + grace, cluster, ns, name))
             return
         log.info("orphan.found", cluster=cluster, job=name, workload=wid, reason=reason)
         self.pursuits[aid] = core.Pursuit(wid, aid, epoch, cluster, ns, name, now, reason)
