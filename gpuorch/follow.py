@@ -13,7 +13,7 @@ still a span of the workload's one trace.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,7 +77,7 @@ class Follower:
             self.projection.retire_settled()  # a snapshot of a release that kept every view whole
         self.traceparents.update(traceparents)
 
-    async def catch_up(self, js: Any, stream: str, subject: str, *, start_seq: int = 0) -> int:
+    async def catch_up(self, js: Any, stream: str, subject: str | Sequence[str], *, start_seq: int = 0) -> int:
         """Replay the log (from `start_seq`: what a restored snapshot does not cover) into the projection."""
         n = 0
         with no_gc():  # nothing folded is garbage: see gpuorch.runtime.snapshot.no_gc

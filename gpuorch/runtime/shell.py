@@ -253,14 +253,24 @@ async def bind_consumer(
     return await js.pull_subscribe_bind(durable=durable, stream=stream)
 
 
-def durable_config(durable: str, filter_subject: str, *, ack_wait: float, max_deliver: int, max_ack_pending: int = 1000) -> ConsumerConfig:
-    """The durable pull consumer every service reads through (`consume`)."""
+def durable_config(
+    durable: str, filter_subject: str | Sequence[str], *, ack_wait: float, max_deliver: int, max_ack_pending: int = 1000
+) -> ConsumerConfig:
+    """The durable pull consumer every service reads through (`consume`); several subjects:
+    a consumer with `filter_subjects` (only the event types a service reads)."""
+    scope: dict[str, Any] = (
+        {"filter_subject": filter_subject}
+        if isinstance(filter_subject, str)
+        else {"filter_subject": filter_subject[0]}
+        if len(filter_subject) == 1
+        else {"filter_subjects": list(filter_subject)}
+    )
     return ConsumerConfig(
         durable_name=durable,
         name=durable,
         ack_policy=AckPolicy.EXPLICIT,
         deliver_policy=DeliverPolicy.ALL,
-        filter_subject=filter_subject,
+        **scope,
         ack_wait=ack_wait,
         # one extra server delivery: the shell dead-letters on it instead of calling the handler
         max_deliver=max_deliver + 1 if max_deliver > 0 else -1,
@@ -273,7 +283,7 @@ async def consume(
     *,
     stream: str,
     durable: str,
-    filter_subject: str,
+    filter_subject: str | Sequence[str],
     handler: Handler,
     publisher: Publisher,
     names: Names,
@@ -315,7 +325,7 @@ async def consume(
         backoff=backoff,
     )
     await js.add_consumer(stream, durable_config(durable, filter_subject, ack_wait=ack_wait, max_deliver=max_deliver))
-    log.info("consumer.started", stream=stream, durable=durable, filter=filter_subject)
+    log.info("consumer.started", stream=stream, durable=durable, filter=filter_subject if isinstance(filter_subject, str) else f"{len(filter_subject)} subjects")
     pipeline = _Pipeline(worker, concurrency, key or workload_key) if concurrency > 1 else None
     # Messages are asked for ahead of the handler (`_Pulls`): a window of `batch` (at least twice
     # what the pipeline holds), topped up as it is used, so a busy consumer never waits for a
@@ -987,7 +997,7 @@ REPLAY_BATCH = 2048  # messages asked for per pull request of a replay
 async def replay(
     js: JetStreamContext,
     stream: str,
-    filter_subject: str | None = None,
+    filter_subject: str | Sequence[str] | None = None,
     *,
     batch: int = REPLAY_BATCH,
     fetch_timeout: float = 2.0,
@@ -1006,7 +1016,9 @@ async def replay(
     last = info.state.last_seq or 0
     if not info.state.messages or start_seq > last:
         return
-    subjects = [filter_subject] if filter_subject else list(info.config.subjects or [])
+    subjects = (
+        [filter_subject] if isinstance(filter_subject, str) else list(filter_subject or info.config.subjects or [])
+    )
     async for msg in _pulled(js, stream, subjects, last, start_seq, batch, fetch_timeout):
         seq = msg.metadata.sequence.stream
         headers = {str(k): str(v) for k, v in (msg.headers or {}).items()}

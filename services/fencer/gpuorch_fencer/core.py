@@ -36,6 +36,20 @@ ORPHAN_GRACE = 30.0
 ORPHAN_GRACE_UNKNOWN = 5.0
 TERMINAL = ev.TERMINAL_STATUSES
 
+#: Event types the fencer decides nothing from (routing, the gate, placement and progress of
+#: attempts, preemption plans): its durable and its replay leave them out (`READS`), so it reads
+#: about half of a workload's events. What it reads: a workload's document and end, each
+#: attempt's creation, success or failure, and everything about fencing and promotion.
+IGNORES = frozenset({
+    "released", "held", "routed", "unroutable", "route-requested", "unschedulable", "admitted",
+    "running", "compute-started", "stage-ready", "stage-blocked", "pipeline-expanded",
+    "preemption-planned", "preemption-requested",
+})  # fmt: skip
+#: The event types the fencer reads (every other one of the contract's; commands are not events).
+READS = tuple(
+    t for t in (ev.type_tag(c) for c in ev.EVENT_TYPES if c not in (ev.Submit, ev.Cancel)) if t not in IGNORES
+)
+
 
 ConfirmHow = Literal["deleted", "already-gone", "lease-expired"]
 

@@ -217,6 +217,8 @@ class Fencer:
         self.orphan_grace_unknown = settings.tuning.orphan_grace_unknown
         self.time_scale = load_registry(settings.registry).time_scale if settings.registry else 1.0
         self.js: Any = None
+        #: the event subjects it reads (`core.READS`: the types it decides anything from)
+        self.reads = [self.names.evt_kind(t) for t in core.READS]
         self.store_names: list[str] | None = _registry_stores(settings)  # None: no registry to check against
 
     # --- compare-and-set on the fence record ------------------------------------------------
@@ -512,13 +514,13 @@ class Fencer:
             me = self.settings.tuning.instance  # a replica folds every event through its own durable
             snapshots = Snapshots(js, self.names, snapshot_owner("fencer", me), events_durable(self.names, "fencer", me), lambda: follower_body(self.follower.projection, self.follower.traceparents), interval=self.settings.tuning.snapshot_interval)
             start, _ = await restore_follower(snapshots, self.follower)
-            n = await self.follower.catch_up(js, self.names.stream_evt, self.names.evt_all, start_seq=start)
+            n = await self.follower.catch_up(js, self.names.stream_evt, self.reads, start_seq=start)
             self.resume_pursuits()
             log.info("fencer.caught_up", events=n, pursuits=len(self.pursuits))
             for inf in self.informers.values():
                 inf.start()
             await run_until_stopped("fencer", stop, [
-                consume(js, stream=self.names.stream_evt, durable=events_durable(self.names, "fencer", me), filter_subject=self.names.evt_all, handler=self.on_event, publisher=self.publisher, names=self.names, stop=stop),
+                consume(js, stream=self.names.stream_evt, durable=events_durable(self.names, "fencer", me), filter_subject=self.reads, handler=self.on_event, publisher=self.publisher, names=self.names, stop=stop),
                 self.pursue_loop(stop),
                 self.collect_orphans(stop),
                 snapshots.run(stop),
