@@ -414,7 +414,10 @@ async def test_a_promotion_whose_path_escapes_the_attempt_directory_is_refused(s
         await admin.js.publish(names.evt(wid, kind), body, headers={"Nats-Msg-Id": f"compromised-{att.attempt_id}.{kind}"})
 
     async def refused() -> ev.Rejected:
-        found = [e for _, e in await client.events() if isinstance(e, ev.Rejected) and e.claimed_workload_id == wid and "promotion refused" in e.reason]
+        events = [e for _, e in await client.events()]
+        if promoted := [e for e in events if isinstance(e, ev.Promoted) and e.workload_id == wid]:
+            pytest.fail(f"the fencer promoted {promoted[0].attempt_id} into {promoted[0].result_path}")
+        found = [e for e in events if isinstance(e, ev.Rejected) and e.claimed_workload_id == wid and "promotion refused" in e.reason]
         assert found, "no recorded refusal"
         return found[0]
 
@@ -445,7 +448,10 @@ async def test_a_submit_as_an_owner_the_identity_may_not_use_is_refused(system: 
         await actors["mallory"].js.publish(names.cmd_submit, body, headers={"Nats-Msg-Id": "spoofed-1", **signed})
 
         async def recorded() -> dict[str, ev.Rejected]:
-            out = {e.idempotency_key: e for _, e in await mallory.events() if isinstance(e, ev.Rejected) and e.idempotency_key}
+            events = [e for _, e in await mallory.events()]
+            if wrong := [e for e in events if isinstance(e, ev.Submitted) and (e.workload_id == theirs or e.idempotency_key in ("unsigned-1", "spoofed-1"))]:
+                pytest.fail(f"accepted: {[(e.workload_id, e.idempotency_key, e.workload.metadata.owner) for e in wrong]}")
+            out = {e.idempotency_key: e for e in events if isinstance(e, ev.Rejected) and e.idempotency_key}
             keys = {r.idempotency_key for r in out.values()}
             assert {"unsigned-1", "spoofed-1"} <= keys and any("may not submit as owner" in r.reason for r in out.values()), out
             return out
@@ -464,6 +470,8 @@ async def test_a_cancel_by_an_identity_that_may_not_use_the_owner_is_refused(sys
         ref = await mallory.cancel(victim, reason="mallory wants the GPUs")
 
         async def refused() -> ev.Rejected:
+            if done := [ev.type_tag(e) for _, e in await mallory.events(victim) if isinstance(e, (ev.CancelRequested, ev.Cancelled))]:
+                pytest.fail(f"mallory's cancel was carried out: {done}")
             found = [e for _, e in await mallory.events(ref) if isinstance(e, ev.Rejected)]
             assert found, f"no record under {ref}"
             return found[0]

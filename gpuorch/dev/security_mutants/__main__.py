@@ -96,9 +96,12 @@ def table(runs: list[Run]) -> str:
     width = max(len(r.mutant) for r in runs)
     lines = [f"{'mutant':<{width}}  {'result':<8}  {'time':>6}  test(s)"]
     for r in runs:
-        lines.append(
-            f"{r.mutant:<{width}}  {r.result:<8}  {r.seconds:5.0f}s  {', '.join(short(t) for t in r.tests)}"
+        tests = (
+            f"all {len(r.tests)} attack tests"
+            if r.mutant == BASELINE
+            else ", ".join(short(t) for t in r.tests)
         )
+        lines.append(f"{r.mutant:<{width}}  {r.result:<8}  {r.seconds:5.0f}s  {tests}")
     return "\n".join(lines)
 
 
