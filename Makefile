@@ -36,11 +36,16 @@ test: $(STAMP) ## Lint, then the whole pytest suite against a real nats-server a
 demo: $(STAMP) ## Start NATS, the four services and local clusters; run the seed's scenario; stop everything
 	$(BIN)/gpuorch demo
 
-chaos: $(STAMP) ## Deterministic simulation (SIM_N=10000 schedules), then real-process chaos (N=3 schedules)
+chaos: $(STAMP) ## Deterministic simulation (SIM_N=10000 schedules), real-process chaos (N=3 schedules), then `make mutants`
 	@$(BIN)/python -m gpuorch.dev.dst --schedules $(SIM_N); sim=$$?; \
 	echo; echo "real-process chaos (the shells):"; \
 	$(BIN)/python -m gpuorch.dev.chaos --schedules $(N); real=$$?; \
-	exit $$(( sim | real ))
+	echo; echo "security mutants (the attack suite):"; \
+	$(BIN)/python -m gpuorch.dev.security_mutants; mut=$$?; \
+	exit $$(( sim | real | mut ))
+
+mutants: $(STAMP) ## Security mutation campaign: each protection removed on its own must fail its attack tests
+	$(BIN)/python -m gpuorch.dev.security_mutants
 
 bench: $(STAMP) ## Benchmarks: routing policy throughput and more; prints numbers
 	$(BIN)/python -m gpuorch.dev.bench
@@ -48,4 +53,4 @@ bench: $(STAMP) ## Benchmarks: routing policy throughput and more; prints number
 clean: ## Remove the venv and local state
 	rm -rf $(VENV) .gpuorch .pytest_cache .mypy_cache .ruff_cache
 
-.PHONY: help setup lint schemas test demo chaos bench clean
+.PHONY: help setup lint schemas test demo chaos mutants bench clean

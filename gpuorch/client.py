@@ -24,7 +24,7 @@ from opentelemetry.context import Context
 
 from gpuorch.projection import Projection, WorkloadView
 from gpuorch.runtime import bus, telemetry
-from gpuorch.runtime.shell import replay
+from gpuorch.runtime.shell import moved, replay
 from gpuorch_proto import (
     ClusterSnapshot,
     Event,
@@ -154,6 +154,8 @@ class Client:
                     try:
                         event = decode_event(msg.data)
                     except Exception:  # an undecodable event is shown as nothing, never a crash
+                        continue
+                    if moved(self.names, msg.subject, event):  # refused by the services: not folded here either
                         continue
                     yield msg.metadata.sequence.stream, event
         finally:

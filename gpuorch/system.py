@@ -42,6 +42,17 @@ MODULE = {s: f"gpuorch_{s}" for s in SERVICES}
 #: The services `replicas` starts several of (inventory only publishes snapshots: one is enough,
 #: two would publish the same facts twice). docs/operations.md, "Scaling", says how each scales.
 REPLICATED = ("router", "dispatcher", "fencer")
+#: Test-only: the name of a protection to remove (`python -m gpuorch.dev.security_mutants` sets it;
+#: docs/security.md, "Proven by"). Unset, as everywhere but there, services start as they are.
+SECURITY_MUTANT_ENV = "GPUORCH_SECURITY_MUTANT"
+
+
+def service_argv(module: str) -> list[str]:
+    """`python -m <module>`; under SECURITY_MUTANT_ENV through the mutant's launcher
+    (`gpuorch.dev.security_mutants.launch`), which removes that protection in the process first."""
+    if os.environ.get(SECURITY_MUTANT_ENV):
+        return [sys.executable, "-m", "gpuorch.dev.security_mutants.launch", module]
+    return [sys.executable, "-m", module]
 
 
 def process_names(replicas: int) -> list[str]:
@@ -254,7 +265,7 @@ class System:
                 env["GPUORCH_DISPATCHER_ID"] = instance
             env["GPUORCH_INSTANCE"] = instance  # router, fencer: their own events durable
             key = f"{name}-{instance}"
-        return self._spawn(key, [sys.executable, "-m", MODULE[name]], env)
+        return self._spawn(key, service_argv(MODULE[name]), env)
 
     def is_ready(self, name: str) -> bool:
         """Whether the current process `name` has said it is ready (no waiting)."""

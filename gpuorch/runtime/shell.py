@@ -903,6 +903,20 @@ async def _with_progress(msg: Msg, aw: Awaitable[T], ack_wait: float) -> T:
         timer.cancel()
 
 
+def moved(names: Names, subject: str, event: Event) -> bool:
+    """An event on a subject its body does not name (docs/security.md, "Residual: reply subjects"):
+    the live shell rejects it (`subject_problem`), so no reader of the log folds it either."""
+    return subject.startswith(f"{names.prefix}.evt.") and subject_problem(names, subject, event) is not None
+
+
+def _event_stream_names(stream_subjects: Sequence[str]) -> Names | None:
+    """The `Names` of the event stream (its one subject is `<prefix>.evt.>`); None for another stream."""
+    for s in stream_subjects:
+        if s.endswith(".evt.>"):
+            return Names(s.removesuffix(".evt.>"))
+    return None
+
+
 def _try_decode(data: bytes, headers: dict[str, str]) -> Event | None:
     try:
         return decode_event(data, content_type=headers.get(CONTENT_TYPE))
@@ -1010,12 +1024,15 @@ async def replay(
     For services that rebuild an in-memory projection from the event log at start-up, and for
     clients reading a workload's history. Uses an ephemeral, unacknowledged pull consumer under a
     name of the reader's own, deleted afterwards (`_pulled`). Undecodable messages are skipped
-    (logged `replay.skipped`) unless `include_undecodable`.
+    (logged `replay.skipped`) unless `include_undecodable`, and so are the event stream's events on
+    a subject their body does not name (`moved`): the live shell refused them, so a projection
+    folded from the log is the one the services folded live.
     """
     info = await js.stream_info(stream)
     last = info.state.last_seq or 0
     if not info.state.messages or start_seq > last:
         return
+    names = _event_stream_names(info.config.subjects or [])
     subjects = (
         [filter_subject] if isinstance(filter_subject, str) else list(filter_subject or info.config.subjects or [])
     )
@@ -1023,8 +1040,11 @@ async def replay(
         seq = msg.metadata.sequence.stream
         headers = {str(k): str(v) for k, v in (msg.headers or {}).items()}
         event = _try_decode(msg.data, headers)
+        reason = "undecodable" if event is None else None
+        if event is not None and names is not None and moved(names, msg.subject, event):
+            event, reason = None, "wrong subject"
         if event is None:
-            log.warning("replay.skipped", stream=stream, stream_seq=seq, subject=msg.subject)
+            log.warning("replay.skipped", stream=stream, stream_seq=seq, subject=msg.subject, reason=reason)
             if include_undecodable:
                 yield Replayed(None, msg.subject, seq, headers)
         else:

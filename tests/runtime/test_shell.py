@@ -437,6 +437,21 @@ async def test_replay_reads_up_to_the_last_sequence_and_skips_undecodable(
     assert nothing == []
 
 
+async def test_replay_skips_an_event_moved_to_a_subject_its_body_does_not_name(js: JetStreamContext, names: Names) -> None:
+    """What the live shell refuses (`subject_problem`), no reader of the log folds: the same
+    body under another workload's or another type's subject is skipped, kept only as a record."""
+    wl = msgspec.json.decode(submit_json(), type=Submit).workload
+    body = msgspec.json.encode(Submitted(event_id="w-a.submitted", workload_id="w-a", at=1.0, workload=wl))
+    await publish_raw(js, names.evt("w-a", "submitted"), body, msg_id="own")
+    await publish_raw(js, names.evt("w-b", "submitted"), body, msg_id="other-workload")
+    await publish_raw(js, names.evt("w-a", "running"), body, msg_id="other-type")
+    got = [r async for r in replay(js, names.stream_evt, None, include_undecodable=True)]
+    assert [(r.subject, r.event is not None) for r in got] == [
+        (names.evt("w-a", "submitted"), True), (names.evt("w-b", "submitted"), False), (names.evt("w-a", "running"), False),
+    ]  # fmt: skip
+    assert [r.seq async for r in replay(js, names.stream_evt, names.evt_all)] == [got[0].seq]
+
+
 # -- long handlers, bad outputs, a NATS restart --------------------------------------------------------
 
 

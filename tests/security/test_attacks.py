@@ -253,13 +253,14 @@ async def test_inventory_publishes_snapshots_only_of_registered_clusters(system:
 async def test_only_the_fencer_writes_fencing_state_and_only_dispatchers_leases(system: System, actors: dict[str, Actor], victim: str, unchanged: None) -> None:
     names = system.settings.names
     record = encode(msgspec.convert({"epoch": 99, "current_attempt": None}, type=dict))
-    for who in ("client", "mallory", "router", "dispatcher", "inventory"):
-        await try_publish(actors[who], f"$KV.{names.kv_fence}.{victim}", record)
+    attempts = [try_publish(actors[who], f"$KV.{names.kv_fence}.{victim}", record) for who in ("client", "mallory", "router", "dispatcher", "inventory")]
     for who in ("client", "router", "fencer", "inventory"):
-        await try_publish(actors[who], f"$KV.{names.kv_owners}.{victim}", b'{"owner": "mallory", "generation": 1}')
-        await try_publish(actors[who], f"$KV.{names.kv_owners}.{instance_key('0')}", b'{"instance": "0", "generation": 1, "expires_at": 0, "ended": true}')
-    for who in ("client", "router", "fencer", "inventory"):
-        await try_publish(actors[who], f"$KV.{names.kv_staged}.alpha.x", b'{"cluster": "alpha", "ref": "forged@1", "at": 1}')
+        attempts += [
+            try_publish(actors[who], f"$KV.{names.kv_owners}.{victim}", b'{"owner": "mallory", "generation": 1}'),
+            try_publish(actors[who], f"$KV.{names.kv_owners}.{instance_key('0')}", b'{"instance": "0", "generation": 1, "expires_at": 0, "ended": true}'),
+            try_publish(actors[who], f"$KV.{names.kv_staged}.alpha.x", b'{"cluster": "alpha", "ref": "forged@1", "at": 1}'),
+        ]
+    await asyncio.gather(*attempts)
 
 
 # -- 4. the topology belongs to the admin ----------------------------------------------------------
@@ -356,6 +357,31 @@ async def test_snapshots_of_unregistered_clusters_or_on_another_clusters_subject
     await admin.js.publish(names.inventory("ghost"), b"", headers={"KV-Operation": "PURGE"})
 
 
+async def test_an_event_moved_to_a_subject_its_body_does_not_name_is_refused(system: System, actors: dict[str, Actor], client: Client, victim: str, unchanged: None) -> None:
+    """The reply-subject residual (docs/security.md): an identity that may pull from the event
+    stream can have the server copy one of its genuine messages onto another subject, stored there
+    once the duplicate window is past. The admin stands in for that copy: the victim's own
+    `attempt-created`, byte for byte under a new message id, on another workload's subject and on
+    another type's. Each consuming service refuses it with a recorded reason; nothing changes."""
+    names = system.settings.names
+    admin = actors["admin"]
+    genuine = await admin.js.get_last_msg(names.stream_evt, names.evt(victim, "attempt-created"))
+    moved = {}
+    for subject in (names.evt(f"decoy-{uuid.uuid4().hex[:8]}", "attempt-created"), names.evt(victim, "succeeded")):
+        ack = await admin.js.publish(subject, genuine.data, headers={"Nats-Msg-Id": f"moved-{uuid.uuid4().hex[:10]}"})
+        moved[ack.seq] = subject
+
+    async def refused() -> list[ev.Rejected]:
+        found = [e for _, e in await client.events() if isinstance(e, ev.Rejected) and e.source_stream == names.stream_evt and e.source_sequence in moved]
+        assert {r.source_sequence for r in found} == set(moved), found
+        return found
+
+    for r in await assert_eventually(refused, timeout=30):
+        assert r.reason == "wrong subject" and [e.path for e in r.errors] == ["workload_id"], r
+        assert r.source_subject == moved[r.source_sequence] and r.claimed_workload_id == victim, r
+        assert "the subject must be evt.<workload_id>.<type> of the body" in r.errors[0].message
+
+
 async def _decided(client: Client, wid: str) -> Any:
     v = await client.view(wid)
     assert v is not None and v.decision is not None, v
@@ -388,7 +414,10 @@ async def test_a_promotion_whose_path_escapes_the_attempt_directory_is_refused(s
         await admin.js.publish(names.evt(wid, kind), body, headers={"Nats-Msg-Id": f"compromised-{att.attempt_id}.{kind}"})
 
     async def refused() -> ev.Rejected:
-        found = [e for _, e in await client.events() if isinstance(e, ev.Rejected) and e.claimed_workload_id == wid and "promotion refused" in e.reason]
+        events = [e for _, e in await client.events()]
+        if promoted := [e for e in events if isinstance(e, ev.Promoted) and e.workload_id == wid]:
+            pytest.fail(f"the fencer promoted {promoted[0].attempt_id} into {promoted[0].result_path}")
+        found = [e for e in events if isinstance(e, ev.Rejected) and e.claimed_workload_id == wid and "promotion refused" in e.reason]
         assert found, "no recorded refusal"
         return found[0]
 
@@ -419,7 +448,10 @@ async def test_a_submit_as_an_owner_the_identity_may_not_use_is_refused(system: 
         await actors["mallory"].js.publish(names.cmd_submit, body, headers={"Nats-Msg-Id": "spoofed-1", **signed})
 
         async def recorded() -> dict[str, ev.Rejected]:
-            out = {e.idempotency_key: e for _, e in await mallory.events() if isinstance(e, ev.Rejected) and e.idempotency_key}
+            events = [e for _, e in await mallory.events()]
+            if wrong := [e for e in events if isinstance(e, ev.Submitted) and (e.workload_id == theirs or e.idempotency_key in ("unsigned-1", "spoofed-1"))]:
+                pytest.fail(f"accepted: {[(e.workload_id, e.idempotency_key, e.workload.metadata.owner) for e in wrong]}")
+            out = {e.idempotency_key: e for e in events if isinstance(e, ev.Rejected) and e.idempotency_key}
             keys = {r.idempotency_key for r in out.values()}
             assert {"unsigned-1", "spoofed-1"} <= keys and any("may not submit as owner" in r.reason for r in out.values()), out
             return out
@@ -438,6 +470,8 @@ async def test_a_cancel_by_an_identity_that_may_not_use_the_owner_is_refused(sys
         ref = await mallory.cancel(victim, reason="mallory wants the GPUs")
 
         async def refused() -> ev.Rejected:
+            if done := [ev.type_tag(e) for _, e in await mallory.events(victim) if isinstance(e, (ev.CancelRequested, ev.Cancelled))]:
+                pytest.fail(f"mallory's cancel was carried out: {done}")
             found = [e for _, e in await mallory.events(ref) if isinstance(e, ev.Rejected)]
             assert found, f"no record under {ref}"
             return found[0]

@@ -69,10 +69,14 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
 
 
 async def refusal(client: Client, key: str, timeout: float = 30) -> ev.Rejected:
-    """The `rejected` record of the submit sent with idempotency key `key`."""
+    """The `rejected` record of the submit sent with idempotency key `key` (a failure at once
+    when the router accepted it instead)."""
 
     async def found() -> ev.Rejected:
-        got = [e for _, e in await client.events() if isinstance(e, ev.Rejected) and e.idempotency_key == key]
+        events = [e for _, e in await client.events()]
+        if accepted := [e for e in events if isinstance(e, ev.Submitted) and e.idempotency_key == key]:
+            pytest.fail(f"the submit {key} was accepted, as workload {accepted[0].workload_id}")
+        got = [e for e in events if isinstance(e, ev.Rejected) and e.idempotency_key == key]
         assert got, f"no rejection for {key} yet"
         return got[0]
 
