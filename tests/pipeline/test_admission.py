@@ -196,6 +196,72 @@ def test_one_round_does_not_overspend_the_budget() -> None:
     assert [type(v).__name__ for v in vs] == ["Released", "Released", "Held", "Held", "Held"]
 
 
+# ---- the budget's unit: GPU-hours of the workload's own clock (simulated at time scale > 1) -----
+
+SCALE = 600.0  # the local clusters' simulated seconds per second of the events' clock
+
+
+def test_at_time_scale_600_spans_count_600_times_and_the_window_is_600_times_shorter() -> None:
+    # a 1d budget window is 144 s of the events' clock at 600x
+    spans = [
+        GpuSpan("research", 6, NOW - 150, NOW - 138),  # 6 s inside: 6 GPUs x 6 s x 600 = 6 GPU-hours
+        GpuSpan("research", 2, NOW - 12),  # still running: 2 GPUs x 12 s x 600 = 4 GPU-hours
+        GpuSpan("research", 100, NOW - 1000, NOW - 145),  # in 24 h of the events' clock, not 1 simulated day
+    ]
+    assert pl.spent_gpu_hours(spans, "research", 24 * HOUR, NOW, SCALE) == pytest.approx(6 + 4)
+    unscaled = (72 + 24 + 85_500) / HOUR  # time scale 1: as before
+    assert pl.spent_gpu_hours(spans, "research", 24 * HOUR, NOW) == pytest.approx(unscaled)
+
+
+@pytest.mark.parametrize(
+    ("real_seconds", "needs", "outcome"),
+    [
+        pytest.param(54, 1, Released, id="9-used-plus-1-expected-fits-10"),
+        pytest.param(54, 2, Held, id="9-used-plus-2-expected-passes-10"),
+        pytest.param(59, 0, Released, id="unknown-run-time-under-the-cap"),
+        pytest.param(60, 0, Held, id="unknown-run-time-at-the-cap"),
+    ],
+)
+def test_at_time_scale_600_a_budget_holds_work_once_used_seconds_times_600_plus_expected_pass_it(
+    real_seconds: float, needs: float, outcome: type
+) -> None:
+    """10 GPU-hours per simulated day: 1 GPU for 54 s of the events' clock is 9 simulated GPU-hours
+    (unscaled, 0.015: the old arithmetic released everything here)."""
+    policy = research(max_gpus=None, budget={"gpu_hours": 10, "window": "1d"})
+    spans = [GpuSpan("research", 1, NOW - real_seconds, NOW)]
+    v = pl.admission(policy, Tally(), spans, cand(gpu_hours=needs), NOW, SCALE)
+    assert type(v) is outcome
+    if isinstance(v, Held):
+        spent = real_seconds * SCALE / HOUR
+        assert v.holds[0].kind == "budget" and v.holds[0].used == pytest.approx(spent)
+        assert v.reason.startswith(f"held: queue research spent {spent:g} of 10 GPU-hours in the last 24h")
+
+
+def test_at_time_scale_600_the_budget_window_slides_in_simulated_time() -> None:
+    """A 1 h window is 6 s of the events' clock at 600x: 10 GPUs for those 6 s spent the whole
+    10 GPU-hours; 3 s later half of it has left the window, 6 s later all of it."""
+    policy = research(max_gpus=None, budget={"gpu_hours": 10, "window": "1h"})
+    spans = [GpuSpan("research", 10, NOW - 6, NOW)]
+
+    def at(dt: float, needs: float = 0.0) -> pl.Verdict:
+        return pl.admission(policy, Tally(), spans, cand(gpu_hours=needs), NOW + dt, SCALE)
+
+    assert isinstance(at(0), Held)
+    assert isinstance(at(3, needs=6), Held), "5 used + 6 > 10"
+    assert isinstance(at(3, needs=5), Released), "5 used + 5"
+    assert isinstance(at(6, needs=10), Released), "all of it has left the window"
+
+
+def test_at_time_scale_600_one_round_commits_simulated_hours_with_the_used_ones() -> None:
+    """What a round releases (GPUs x expected run time: simulated) adds to what spans used, in one unit."""
+    policy = research(max_gpus=None, budget={"gpu_hours": 10, "window": "1d"})
+    spans = [GpuSpan("research", 1, NOW - 36, NOW)]  # 6 GPU-hours at 600x
+    vs = pl.admit(policy, [], spans, [cand(f"w{i}", gpu_hours=2) for i in range(3)], NOW, time_scale=SCALE)
+    assert [type(v).__name__ for v in vs] == ["Released", "Released", "Held"]
+    held = vs[2]
+    assert isinstance(held, Held) and "spent 10 of 10 GPU-hours in the last 24h, needs ~2" in held.reason
+
+
 # ---- order: queue priority, then workload priority, then submit time -------------------------
 
 

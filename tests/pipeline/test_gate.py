@@ -28,8 +28,9 @@ def routed(wl: Workload, wid: str) -> RoutingDecision:
 class Log:
     """The router's view: a gate, its RouterState, a stream sequence, and what was published."""
 
-    def __init__(self, policy: AdmissionPolicy) -> None:
+    def __init__(self, policy: AdmissionPolicy, time_scale: float = 1.0) -> None:
         self.policy = policy
+        self.time_scale = time_scale  # the registry's, as the router passes it
         self.gate = pl.Gate()
         self.state = core.RouterState()
         self.seq = itertools.count(1)
@@ -44,7 +45,9 @@ class Log:
             self.state.apply(e, seq)
 
     def round(self, *, force: bool = False) -> pl.GateRound:
-        r = core.gate_round(self.gate, self.policy, self.state, routed, self.now, force=force)
+        r = core.gate_round(
+            self.gate, self.policy, self.state, routed, self.now, force=force, time_scale=self.time_scale
+        )
         self.published += r.events
         self.cancels += r.cancels
         self.echo(r.events)
@@ -219,6 +222,29 @@ def test_the_budget_window_holds_gpu_work_and_releases_it_when_old_usage_leaves_
     assert log.round(force=True).released == [], "half of the used hour is still in the window"
     log.now += 1801
     assert log.round(force=True).released == ["b"], "the window moved past the old usage"
+
+
+def test_at_time_scale_600_a_budget_counts_simulated_gpu_hours_and_slides_in_simulated_time() -> None:
+    """The same budget on the local clusters (600 simulated seconds per second of the events'
+    clock): 2 GPUs running for 6 s of the events' clock are 1 simulated hour, 2 GPU-hours, and the
+    1 h window is 6 s long. (Unscaled: 0.003 GPU-hours spent, b released at once, and a window
+    of 3600 s of the events' clock.)"""
+    log = Log(research(max_gpus=None, budget={"gpu_hours": 2, "window": "1h"}), time_scale=600)
+    log.submit("a", make_workload("a", policy_queue="research", resources={"gpus": 2}))
+    log.lifecycle("a", "running")
+    log.now += 6
+    a = {"workload_id": "a", "at": log.now, "attempt_id": "a-a1", "epoch": 1, "cluster": "primary"}
+    log.echo([ev.Succeeded(event_id="a-a1.succeeded", output_path="/o", **a)])
+    log.lifecycle("a", "completed")
+    r = log.submit("b", make_workload("b", policy_queue="research", resources={"gpus": 1}, expected_runtime="2h"))
+    held = next(e for e in r.events if isinstance(e, ev.Held))
+    assert held.holds[0].kind == "budget" and "spent 2 of 2 GPU-hours in the last 1h, needs ~2" in held.reason
+    log.now += 3
+    assert log.round(force=True).released == [], "half of the used hour is still in the window"
+    assert log.gate.spans, "a span inside the window is kept"
+    log.now += 3.01
+    assert log.round(force=True).released == ["b"], "the window moved past the old usage"
+    assert not log.gate.spans, "a span older than the window (6 s of the events' clock) is dropped"
 
 
 @pytest.mark.parametrize("order", ["in-order", "child-events-first"], ids=["log-order", "children-echoed-before-the-record"])

@@ -186,7 +186,7 @@ class RouterSim(Service):
         self.gate.apply(e, seq)
 
     def gate_round(self, now: float) -> list[Any]:  # the router's own round, not a copy
-        r = rcore.gate_round(self.gate, self.policy, self.state, lambda wl, wid: self.decide(wl, wid, 1, now), now)
+        r = rcore.gate_round(self.gate, self.policy, self.state, lambda wl, wid: self.decide(wl, wid, 1, now), now, time_scale=1.0)
         self.gate.confirm(r.cancels)  # the stages' cancels go out with the events (the command stream)
         return [*r.cancels, *r.events]
 

@@ -381,11 +381,13 @@ def gate_round(
     *,
     force: bool = False,
     usage: Usage | None = None,
+    time_scale: float = 1.0,
 ) -> GateRound:
     """One round of the gate (`pipeline.Gate.step`: stages ready or blocked, pipelines finished,
     releases, holds, refusals), and the routing decision of every workload it released, in the
-    same batch (`released` first). The service and the deterministic simulation both call this."""
-    r = gate.step(policy, now, force=force, usage=usage)
+    same batch (`released` first). The service and the deterministic simulation both call this.
+    `time_scale`: the registry's simulated seconds per second (budgets count simulated GPU-hours)."""
+    r = gate.step(policy, now, force=force, usage=usage, time_scale=time_scale)
     for e in r.events:
         if isinstance(e, ev.StageReady):  # decided this round: `decide` reads the stage's inputs
             state.apply(e, 0)

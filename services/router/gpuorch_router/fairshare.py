@@ -106,9 +106,16 @@ class Use:
     expected: float = 0.0  # expected run seconds (0: unknown; running work counts the quantum)
 
 
-def clock_seconds(duration: str, time_scale: float = 1.0) -> float:
-    """A duration people write (simulated seconds on the local clusters) in the events' seconds."""
-    return parse_duration(duration) / max(time_scale, 1e-9)
+def clock_seconds(duration: str | float, time_scale: float = 1.0) -> float:
+    """A duration people write (`"7d"`, or seconds: simulated seconds on the local clusters) in the
+    events' seconds. `simulated_seconds` is its inverse; the router's budgets use both."""
+    seconds = parse_duration(duration) if isinstance(duration, str) else duration
+    return seconds / max(time_scale, 1e-9)
+
+
+def simulated_seconds(clock: float, time_scale: float = 1.0) -> float:
+    """Seconds of the events' clock in the clusters' simulated seconds (`clock_seconds`' inverse)."""
+    return clock * max(time_scale, 1e-9)
 
 
 def resource_seconds(u: Use, window: float, quantum: float, now: float) -> Vec:

@@ -600,9 +600,15 @@ class GpuSpan:
     end: float | None = None
 
 
-def spent_gpu_hours(spans: Iterable[GpuSpan], queue: str, window: float, now: float) -> float:
-    """GPU-hours of the queue's work inside the sliding window (now - window, now]."""
-    lo = now - window
+def spent_gpu_hours(
+    spans: Iterable[GpuSpan], queue: str, window: float, now: float, time_scale: float = 1.0
+) -> float:
+    """GPU-hours of the queue's work inside the sliding window, in the budget's unit: the
+    workload's own clock (simulated at `time_scale` > 1, as `expected_runtime` is). `window` is
+    the budget's (simulated seconds); the spans and `now` are the events' clock. So the window is
+    `(now - clock_seconds(window), now]` and each span's seconds count `time_scale` times
+    (`fairshare.clock_seconds`, `fairshare.simulated_seconds`: the one conversion)."""
+    lo = now - fairshare.clock_seconds(window, time_scale)
     total = 0.0
     for s in spans:
         if s.queue != queue:
@@ -610,7 +616,7 @@ def spent_gpu_hours(spans: Iterable[GpuSpan], queue: str, window: float, now: fl
         a, b = max(s.start, lo), min(now if s.end is None else s.end, now)
         if b > a:
             total += s.gpus * (b - a)
-    return total / 3600.0
+    return fairshare.simulated_seconds(total, time_scale) / 3600.0
 
 
 @dataclass
@@ -771,8 +777,11 @@ def _limit_holds(
 
 
 def _budget_hold(
-    q: QueuePolicy, c: Candidate, tally: Tally, spans: Sequence[GpuSpan], now: float
+    q: QueuePolicy, c: Candidate, tally: Tally, spans: Sequence[GpuSpan], now: float, time_scale: float
 ) -> ev.Hold | str | None:
+    """Every figure in GPU-hours of the workload's own clock (simulated at `time_scale` > 1): the
+    budget, what its spans used (`spent_gpu_hours`), what this round committed and the candidate's
+    estimate (GPUs x `expected_runtime`); the window as the budget says it (simulated)."""
     b = q.budget
     if b is None or c.gpus <= 0:  # a CPU-only workload costs no GPU-hours
         return None
@@ -782,7 +791,7 @@ def _budget_hold(
             f"needs ~{_n(c.gpu_hours)} GPU-hours; queue {q.name}'s budget is {_n(b.gpu_hours)} "
             f"GPU-hours per {format_duration(window)}"
         )
-    used = spent_gpu_hours(spans, q.name, window, now) + tally.committed_hours.get(q.name, 0.0)
+    used = spent_gpu_hours(spans, q.name, window, now, time_scale) + tally.committed_hours.get(q.name, 0.0)
     over = used + c.gpu_hours > b.gpu_hours + _EPS if c.gpu_hours else used >= b.gpu_hours - _EPS
     if not over:
         return None
@@ -803,10 +812,16 @@ def may_submit(q: QueuePolicy, owner: str) -> bool:
 
 
 def admission(
-    policy: AdmissionPolicy, tally: Tally, spans: Sequence[GpuSpan], c: Candidate, now: float
+    policy: AdmissionPolicy,
+    tally: Tally,
+    spans: Sequence[GpuSpan],
+    c: Candidate,
+    now: float,
+    time_scale: float = 1.0,
 ) -> Verdict:
     """Released, held (every limit that holds it, widest scope first) or refused, for one candidate
-    against what released work holds now (`tally`) and the queue's GPU time (`spans`).
+    against what released work holds now (`tally`) and the queue's GPU time (`spans`, timed by the
+    events' clock; `time_scale`: the registry's simulated seconds per second of it, for budgets).
 
     A limit counts released work that has not finished, in workloads and in GPUs (per worker x
     workers); a workload without GPUs is never held by a GPU limit or a GPU-hour budget.
@@ -836,7 +851,7 @@ def admission(
         holds += h
         after += a
         if scope == "queue":
-            b = _budget_hold(q, c, tally, spans, now)
+            b = _budget_hold(q, c, tally, spans, now, time_scale)
             if isinstance(b, str):
                 return Refused(c.workload_id, b)
             if b is not None:
@@ -868,6 +883,8 @@ def admit(
     candidates: Iterable[Candidate],
     now: float,
     usage: fairshare.Usage | None = None,
+    *,
+    time_scale: float = 1.0,
 ) -> list[Verdict]:
     """Every waiting candidate's verdict, taken in order; each release counts against the limits
     of those after it. Level-triggered: call it whenever released work finishes (a slot frees),
@@ -881,13 +898,14 @@ def admit(
     charged to its owner before the next choice.
 
     `running` may be given as its `Tally` (the gate keeps one up to date: a round then costs the
-    candidates, not every released workload); it is copied, never changed.
+    candidates, not every released workload); it is copied, never changed. `time_scale`: the
+    registry's simulated seconds per second of the events' clock, for budgets (`admission`).
     """
     tally = running.copy() if isinstance(running, Tally) else Tally.of(running)
     out: list[Verdict] = []
     order = fairshare.FairOrder(policy, candidates, usage, now, key=lambda c: order_key(policy, c))
     for c in order:
-        v = admission(policy, tally, spans, c, now)
+        v = admission(policy, tally, spans, c, now, time_scale)
         if isinstance(v, Released):
             tally.add(v.queue, c.pipeline, c.gpus, c.gpu_hours if c.gpus > 0 else 0.0)
             order.charge(c)
@@ -1160,20 +1178,33 @@ class Gate:
     def is_child(self, wid: str) -> bool:
         return wid in self.parent_of
 
-    def gpu_spans(self, policy: AdmissionPolicy, now: float) -> list[GpuSpan]:
-        """GPU time inside the longest budget window (older spans are dropped: they count nowhere)."""
-        horizon = now - max((parse_duration(q.budget.window) for q in policy.queues if q.budget is not None), default=0.0)
+    def gpu_spans(self, policy: AdmissionPolicy, now: float, time_scale: float = 1.0) -> list[GpuSpan]:
+        """GPU time inside the longest budget window (older spans are dropped: they count nowhere).
+        The windows are simulated seconds: `time_scale` times shorter on the events' clock."""
+        windows = (
+            fairshare.clock_seconds(q.budget.window, time_scale)
+            for q in policy.queues
+            if q.budget is not None
+        )
+        horizon = now - max(windows, default=0.0)
         for k in [k for k, s in self.spans.items() if s.end is not None and s.end <= horizon]:
             del self.spans[k]
         return [GpuSpan(s.queue, s.gpus, s.start, s.end) for s in self.spans.values()]
 
     def step(
-        self, policy: AdmissionPolicy, now: float, *, force: bool = False, usage: fairshare.Usage | None = None
+        self,
+        policy: AdmissionPolicy,
+        now: float,
+        *,
+        force: bool = False,
+        usage: fairshare.Usage | None = None,
+        time_scale: float = 1.0,
     ) -> GateRound:
         """One round, level-triggered: pipelines' progress (stages ready, blocked, the pipeline's
         end; a cancelled pipeline's cancels), then admission of everything waiting (`admit`, the
-        one ordering; `usage`: fair share's, passed through). Everything it decides is noted at
-        once. `force`: decide even if nothing changed (the budget window moves with time)."""
+        one ordering; `usage`: fair share's, passed through; `time_scale`: the registry's, for
+        budgets). Everything it decides is noted at once. `force`: decide even if nothing changed
+        (the budget window moves with time)."""
         out = GateRound()
         for pid in sorted(self.dirty_pipelines):
             ps = self.pipelines[pid]
@@ -1202,8 +1233,9 @@ class Gate:
             self.dirty = False
             self.dirty_pipelines.clear()  # what this round noted of them is decided already
             return out
-        spans = self.gpu_spans(policy, now) if has_budget(policy) else []
-        verdicts = admit(policy, self.tally(), spans, list(self.waiting.values()), now, usage)
+        spans = self.gpu_spans(policy, now, time_scale) if has_budget(policy) else []
+        waiting = list(self.waiting.values())
+        verdicts = admit(policy, self.tally(), spans, waiting, now, usage, time_scale=time_scale)
         decided: list[Event] = []
         for v in verdicts:
             if isinstance(v, Released):

@@ -124,7 +124,10 @@ class Router:
         if self.gate.may_admit(force):
             p = self.follower.projection
             usage = fairshare.usage_of(p.workloads, self.policy, self.snapshots.values(), p.retired.values(), self.time_scale)  # None: no fair share
-        r = core.gate_round(self.gate, self.policy, self.state, lambda wl, wid: self.decide(wl, wid, 1, now), now, force=force, usage=usage)
+        r = core.gate_round(
+            self.gate, self.policy, self.state, lambda wl, wid: self.decide(wl, wid, 1, now), now,
+            force=force, usage=usage, time_scale=self.time_scale,
+        )  # fmt: skip
         for e in r.events:
             if isinstance(e, ev.Released | ev.Held | ev.StageBlocked | ev.PipelineFinished | ev.Rejected):
                 log.info("workload.gate", workload=e.workload_id, type=ev.type_tag(e), reason=getattr(e, "reason", ""))
