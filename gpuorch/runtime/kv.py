@@ -38,15 +38,30 @@ async def read(kv: Any, key: str) -> tuple[bytes | None, int]:
 
 
 async def compare_and_set(
-    kv: Any, key: str, decide: Callable[[bytes | None], tuple[T, bytes | None]], *, attempts: int | None = None
+    kv: Any,
+    key: str,
+    decide: Callable[[bytes | None], tuple[T, bytes | None]],
+    *,
+    attempts: int | None = None,
+    likely_absent: bool = False,
 ) -> Written[T]:
     """Read, decide, write with the revision read; on a conflict read and decide again.
 
     `decide(current value or None)` returns (its decision, the bytes to write or None to write
     nothing). `attempts`: give up after that many conflicts (re-raising the last one); None =
     retry until the write wins (each conflict means someone else made progress).
+    `likely_absent`: first decide on "no value" and `create` without reading (one round trip
+    instead of two for a key that does not exist yet); if it exists, that is not a conflict:
+    read and decide as usual.
     """
     conflicts = 0
+    if likely_absent:
+        decision, new = decide(None)
+        if new is not None:
+            try:
+                return Written(decision, new, int(await kv.create(key, new)))
+            except KeyWrongLastSequenceError:
+                pass  # it exists: decide on what it holds
     while True:
         value, rev = await read(kv, key)
         decision, new = decide(value)

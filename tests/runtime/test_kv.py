@@ -63,3 +63,40 @@ async def test_one_try_gives_up_on_a_conflict_and_the_default_decides_again(js: 
 
     w = await kv.compare_and_set(Interleaved(bucket), "w-3", decide)
     assert seen == [b"theirs", b"theirs", b"theirs"] and w.decision == "leave"
+
+
+class Counted:
+    """The real bucket, counting the reads made through it."""
+
+    def __init__(self, bucket: object) -> None:
+        self.bucket, self.reads = bucket, 0
+
+    async def get(self, key: str) -> object:
+        self.reads += 1
+        return await self.bucket.get(key)  # type: ignore[attr-defined]
+
+    async def create(self, key: str, value: bytes) -> int:
+        return int(await self.bucket.create(key, value))  # type: ignore[attr-defined]
+
+    async def update(self, key: str, value: bytes, last: int) -> int:
+        return int(await self.bucket.update(key, value, last=last))  # type: ignore[attr-defined]
+
+
+async def test_a_likely_absent_key_is_created_without_a_read_and_an_existing_one_decided_on(
+    js: JetStreamContext, names: Names
+) -> None:
+    bucket = await js.key_value(names.kv_owners)
+    seen: list[bytes | None] = []
+
+    def claim(v: bytes | None) -> tuple[str, bytes | None]:
+        seen.append(v)
+        return ("claimed", b"me") if v is None else ("theirs", None)
+
+    counted = Counted(bucket)
+    w = await kv.compare_and_set(counted, "w-4", claim, attempts=1, likely_absent=True)
+    assert (w.decision, counted.reads, seen) == ("claimed", 0, [None]), "one create, no read"
+    await bucket.create("w-5", b"other")
+    w = await kv.compare_and_set(counted, "w-5", claim, attempts=1, likely_absent=True)
+    assert (w.decision, w.value) == ("theirs", None), "it existed: decided on its value, not a conflict"
+    assert seen[-1] == b"other" and counted.reads == 1
+    assert (await bucket.get("w-5")).value == b"other"

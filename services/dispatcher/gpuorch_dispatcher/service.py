@@ -334,20 +334,22 @@ class Dispatcher:
         lease = self.lease if instance == self.me else self.leases.get(instance)
         return core.generation_over(lease, generation)
 
-    async def owns(self, workload_id: str) -> bool:
+    async def owns(self, workload_id: str, *, fresh: bool = False) -> bool:
         """Do we own this workload? Claims it when it has no owner or its owner's generation is
-        over. A workload whose record we know names a live other instance costs no round trip."""
+        over. A workload whose record we know names a live other instance costs no round trip.
+        `fresh`: its first routing decision, so it most likely has no record yet (`_claim`)."""
         if not core.instance_alive(self.lease, time.time()):
             return False
         if workload_id in self._owned:
             return True
         if core.claim(self.records.get(workload_id), self.me, self.generation, self._over) is None:
             return False
-        return await self._claim(workload_id) is not None
+        return await self._claim(workload_id, fresh=fresh) is not None
 
-    async def _claim(self, workload_id: str) -> str | None:
+    async def _claim(self, workload_id: str, *, fresh: bool = False) -> str | None:
         """Try to claim on the record as it is now; returns the previous owner ("" if none) on
-        success, None otherwise. Writes only when the record does not name us already."""
+        success, None otherwise. Writes only when the record does not name us already. `fresh`
+        (and no record known): create the record without reading first (`likely_absent`)."""
         if not core.instance_alive(self.lease, time.time()):
             return None
         me, generation = self.me, self.generation
@@ -358,7 +360,9 @@ class Dispatcher:
             return (current, record), (encode(record) if record is not None and record != current else None)
 
         try:  # one try: a lost race means another dispatcher owns it now
-            w = await kv.compare_and_set(self.kv_owners, workload_id, step, attempts=1)
+            w = await kv.compare_and_set(
+                self.kv_owners, workload_id, step, attempts=1, likely_absent=fresh and workload_id not in self.records
+            )
         except KeyWrongLastSequenceError:
             log.info("ownership.lost_race", workload=workload_id)
             self.records.pop(workload_id, None)  # read again next time
@@ -553,7 +557,7 @@ class Dispatcher:
         if isinstance(e, ev.Routed):
             env = self.environment(list(view.attempts.values()))
             actions = core.on_routed(view, e, now, env, traceparent=self.follower.traceparent(e.workload_id))
-            if not actions or not await self.owns(e.workload_id):
+            if not actions or not await self.owns(e.workload_id, fresh=e.attempt_number == 1 and not view.attempts):
                 return []
             try:
                 return await self.execute(actions, e.workload_id)
