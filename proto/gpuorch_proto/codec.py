@@ -207,15 +207,29 @@ def decode_instance_lease(data: bytes) -> InstanceLease:
 _WORKLOAD_INFO = msgspec.inspect.type_info(Workload)
 
 
-_FIELDS: dict[type, dict[str, Any]] = {}
+# What the walk of a document checks, built once per type from msgspec's type info: a Struct's
+# fields by encoded name ("s", {name: spec}), a list's items ("l", spec), a union's members
+# ("u", [specs]); None where no field can be named (scalars, free-form maps).
+_Spec = tuple[str, Any] | None
+_SPECS: dict[type, _Spec] = {}
 
 
-def _fields_by_name(info: msgspec.inspect.StructType) -> dict[str, Any]:
-    """A Struct type's fields by their encoded names (built once per type)."""
-    fields = _FIELDS.get(info.cls)
-    if fields is None:
-        fields = _FIELDS[info.cls] = {f.encode_name: f for f in info.fields}
-    return fields
+def _spec(info: Any) -> _Spec:
+    if isinstance(info, msgspec.inspect.StructType):
+        if info.cls in _SPECS:
+            return _SPECS[info.cls]
+        fields: dict[str, _Spec] = {}
+        spec = _SPECS[info.cls] = ("s", fields)  # (in place before its fields: a type may contain itself)
+        for f in info.fields:
+            fields[f.encode_name] = _spec(f.type)
+        return spec
+    if isinstance(info, msgspec.inspect.ListType):
+        item = _spec(info.item_type)
+        return ("l", item) if item is not None else None
+    if isinstance(info, msgspec.inspect.UnionType):
+        members = [m for m in (_spec(t) for t in info.types) if m is not None]
+        return ("u", members) if members else None
+    return None
 
 
 def unknown_fields(obj: Any, info: Any = _WORKLOAD_INFO, at: str = "") -> list[FieldError]:
@@ -224,26 +238,32 @@ def unknown_fields(obj: Any, info: Any = _WORKLOAD_INFO, at: str = "") -> list[F
     (workload documents, YAML or JSON); events between services are read leniently
     (proto/EVOLUTION.md)."""
     out: list[FieldError] = []
-    if not isinstance(obj, (dict, list)):
-        return out  # a scalar names no field
-    if isinstance(info, msgspec.inspect.UnionType):
-        for t in info.types:
-            if isinstance(t, (msgspec.inspect.StructType, msgspec.inspect.ListType, msgspec.inspect.DictType)):
-                out += unknown_fields(obj, t, at)
-    elif isinstance(info, msgspec.inspect.StructType) and isinstance(obj, dict):
-        fields = _fields_by_name(info)
-        for k, v in obj.items():
-            path = f"{at}.{k}" if at else str(k)
-            if k not in fields:
-                close = difflib.get_close_matches(str(k), list(fields), n=1, cutoff=0.6)
-                hint = f"did you mean {at + '.' if at else ''}{close[0]}?" if close else "the contract has: " + ", ".join(sorted(fields))
-                out.append(FieldError(path=path, message=f"unknown field; {hint}"))
-            else:
-                out += unknown_fields(v, fields[k].type, path)
-    elif isinstance(info, msgspec.inspect.ListType) and isinstance(obj, list):
-        for i, v in enumerate(obj):
-            out += unknown_fields(v, info.item_type, f"{at}[{i}]")
+    _unknown(obj, _spec(info), at, out)
     return out
+
+
+def _unknown(obj: Any, spec: _Spec, at: str, out: list[FieldError]) -> None:
+    if spec is None:
+        return
+    kind, sub = spec
+    if kind == "s":
+        if not isinstance(obj, dict):
+            return
+        for k, v in obj.items():
+            if k not in sub:
+                close = difflib.get_close_matches(str(k), list(sub), n=1, cutoff=0.6)
+                hint = f"did you mean {at + '.' if at else ''}{close[0]}?" if close else "the contract has: " + ", ".join(sorted(sub))
+                out.append(FieldError(path=f"{at}.{k}" if at else str(k), message=f"unknown field; {hint}"))
+            elif sub[k] is not None and isinstance(v, (dict, list)):
+                _unknown(v, sub[k], f"{at}.{k}" if at else str(k), out)
+    elif kind == "l":
+        if isinstance(obj, list):
+            for i, v in enumerate(obj):
+                if isinstance(v, (dict, list)):
+                    _unknown(v, sub, f"{at}[{i}]", out)
+    else:
+        for member in sub:
+            _unknown(obj, member, at, out)
 
 
 def workload_from_obj(obj: Any) -> Workload:
