@@ -157,6 +157,7 @@ def created_resource_version(raw: bytes) -> int | None:
 
 
 FULL_RECONCILE_EVERY = 30  # upkeep passes: every 30th re-checks every owned workload, quiet or not
+ENV_RECHECK = 1.0  # seconds between two looks at the data directory (`_environment_base`)
 FULL_WATCH_EVERY = 20  # watch ticks: every 20th looks at every live attempt, changed or not (a resync)
 
 
@@ -165,6 +166,7 @@ class Dispatcher:
         self.settings = settings
         self.names = settings.names
         self._env_base: tuple[int | None, core.Environment] | None = None  # (data dir mtime, environment)
+        self._env_checked = 0.0  # when the data directory's mtime was last read (monotonic)
         self.follower = Follower.of(settings.tuning)  # finished workloads retired (gpuorch.projection)
         self.registry = load_registry(settings.registry) if settings.registry else None
         self.clients: dict[str, ClusterClient] = (
@@ -229,7 +231,14 @@ class Dispatcher:
         return dataclasses.replace(base, checkpoints=checkpoints) if checkpoints else base
 
     def _environment_base(self) -> core.Environment:
+        """(The data directory is looked at again at most every ENV_RECHECK seconds: a new
+        location is a new directory of it, made when a site is set up, not per workload; this
+        runs for every event.)"""
         s = self.settings
+        now = time.monotonic()
+        if self._env_base is not None and now - self._env_checked < ENV_RECHECK:
+            return self._env_base[1]
+        self._env_checked = now
         try:
             stamp = s.data_dir.stat().st_mtime_ns
         except FileNotFoundError:
