@@ -110,3 +110,35 @@ def test_trace_file_gets_one_json_line_per_span_from_every_service(
     assert child["parent_span_id"] == root["span_id"] and root["parent_span_id"] is None
     assert child["attributes"]["messaging.system"] == "nats"
     assert child["start_ns"] <= child["end_ns"]
+
+
+@pytest.mark.parametrize("parent", ["root", "remote-parent", "remote-parent-with-state"])
+def test_where_nothing_exports_a_span_is_what_the_sdk_would_make_without_its_cost(parent: str) -> None:
+    """With no exporter the runtime makes its non-recording spans itself (`telemetry._start`);
+    they must be the SDK's own under ALWAYS_OFF but for the random span id: same trace id (a
+    fresh one for a root), flags, trace state, not remote, nothing recorded."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    provider = telemetry.setup_tracing("fast")  # nothing exports: ALWAYS_OFF
+    try:
+        assert provider.sampler is ALWAYS_OFF
+        headers = {
+            "root": {},
+            "remote-parent": {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+            "remote-parent-with-state": {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-03", "tracestate": "vendor=x"},
+        }[parent]
+        ctx = telemetry.extract(headers)
+        ours = telemetry.start_process_span("a.evt.w.routed", "m-1", ctx, **{"messaging.nats.stream_sequence": 3})
+        sdk = TracerProvider(sampler=ALWAYS_OFF).get_tracer("t").start_span("x", context=ctx, kind=SpanKind.CONSUMER)
+        a, b = ours.get_span_context(), sdk.get_span_context()
+        assert not ours.is_recording() and a.is_valid and a.span_id != b.span_id
+        assert (a.trace_flags, a.trace_state, a.is_remote) == (b.trace_flags, b.trace_state, b.is_remote)
+        if parent == "root":
+            assert a.trace_id != b.trace_id, "a root gets a trace id of its own"
+        else:
+            assert a.trace_id == b.trace_id == 0x0AF7651916CD43DD8448EB211C80319C
+        child = telemetry.start_publish_span("a.evt.w.attempt-created", "m-2", telemetry.span_context(ours, ctx))
+        assert child.get_span_context().trace_id == a.trace_id, "its children stay in the trace"
+        assert telemetry.inject(telemetry.span_context(child, ctx))["traceparent"].split("-")[1] == f"{a.trace_id:032x}"
+    finally:
+        telemetry.shutdown_tracing(provider)
