@@ -873,11 +873,14 @@ def consumers_for(w: World) -> dict[str, dict[str, SimConsumer]]:
     def fencer_reads(e: Any) -> bool:  # its durable's filter (gpuorch_fencer.core.READS)
         return ev.type_tag(e) in fcore.READS
 
+    def dispatcher_reads(e: Any) -> bool:  # (gpuorch_dispatcher.core.READS)
+        return ev.type_tag(e) in dcore.READS
+
     assert w.cmd.name == STREAM_CMD and w.evt.name == STREAM_EVT
     return {
         "router": {"submit": SimConsumer(w.cmd, "router_submit", is_submit), "events": SimConsumer(w.evt, "router_events", every)},
         "dispatcher": {"cancel": SimConsumer(w.cmd, "dispatcher_cancel", is_cancel, max_deliver=40)},
-        "dispatcher-0": {"events": SimConsumer(w.evt, "dispatcher_events_0", every)},
-        "dispatcher-1": {"events": SimConsumer(w.evt, "dispatcher_events_1", every)},
+        "dispatcher-0": {"events": SimConsumer(w.evt, "dispatcher_events_0", dispatcher_reads)},
+        "dispatcher-1": {"events": SimConsumer(w.evt, "dispatcher_events_1", dispatcher_reads)},
         "fencer": {"events": SimConsumer(w.evt, "fencer_events", fencer_reads)},
     }

@@ -52,6 +52,15 @@ REQUEUE_FLOOR = 300.0  # never less than this many real seconds (GPUORCH_REQUEUE
 REQUEUE_MAX = 86400.0  # and never more (GPUORCH_REQUEUE_MAX): a safety net for an estimate wildly too large
 
 
+#: Event types the dispatcher decides nothing from (the gate's admissions and holds, preemption
+#: plans): its durable and its replay leave them out (`READS`); `released` is one per workload.
+IGNORES = frozenset({"released", "held", "preemption-planned"})
+#: The event types the dispatcher reads (every other one of the contract's).
+READS = tuple(
+    t for t in (ev.type_tag(c) for c in ev.EVENT_TYPES if c not in (ev.Submit, ev.Cancel)) if t not in IGNORES
+)
+
+
 @dataclass(frozen=True)
 class Requeue:
     """How long an attempt may wait unplaced at its destination before it is requeued elsewhere.

@@ -167,6 +167,8 @@ class Dispatcher:
         self.names = settings.names
         self._env_base: tuple[int | None, core.Environment] | None = None  # (data dir mtime, environment)
         self._env_checked = 0.0  # when the data directory's mtime was last read (monotonic)
+        #: the event subjects it reads (`core.READS`: the types it decides anything from)
+        self.reads = [self.names.evt_kind(t) for t in core.READS]
         self.follower = Follower.of(settings.tuning)  # finished workloads retired (gpuorch.projection)
         self.registry = load_registry(settings.registry) if settings.registry else None
         self.clients: dict[str, ClusterClient] = (
@@ -789,7 +791,7 @@ class Dispatcher:
                 interval=self.settings.tuning.snapshot_interval,
             )
             start, _ = await restore_follower(snapshots, self.follower)
-            n = await self.follower.catch_up(js, self.names.stream_evt, self.names.evt_all, start_seq=start)
+            n = await self.follower.catch_up(js, self.names.stream_evt, self.reads, start_seq=start)
             log.info("dispatcher.caught_up", events=n, instance=self.me, from_seq=start)
             await self.start_ownership()
             for wid, view in list(self.follower.projection.workloads.items()):
@@ -811,7 +813,7 @@ class Dispatcher:
                         js,
                         stream=self.names.stream_evt,
                         durable=self.names.durable("dispatcher", f"events-{self.me}"),
-                        filter_subject=self.names.evt_all,
+                        filter_subject=self.reads,
                         handler=self.on_event,
                         publisher=self.publisher,
                         names=self.names,
