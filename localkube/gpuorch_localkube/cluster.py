@@ -173,7 +173,6 @@ class LocalCluster:
         with self.core.store.lock:
             self.kubelet.shutdown(grace)
             self.core.store.closed = True
-        self.core.store.notify()
         self._started = False
         atexit.unregister(self._atexit)
         log.info("cluster %s stopped", self.name)
