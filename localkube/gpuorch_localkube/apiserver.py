@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -618,41 +618,38 @@ class APIServer:
         if events is None:
             self._fanout_slow(seen)
         elif events:
+            by_resource: dict[str, list[Event]] = {}
+            for ev in events:
+                by_resource.setdefault(ev.resource, []).append(ev)
             for w in list(self._watches):
-                self._feed(w, events)
+                self._feed(w, by_resource.get(w.resource, ()), seen)
 
     def _fanout_slow(self, seen: int) -> None:
         store = self.core.store
         for w in list(self._watches):
             with store.lock:
                 try:
-                    events = [ev for ev in store.events_after(w.last) if ev.rv <= seen]
+                    events = [ev for ev in store.events_after(w.last) if ev.rv <= seen and ev.resource == w.resource]
                 except ApiError as e:
                     self._watches.discard(w)
                     if w.stream is not None:
                         w.stream.write(_encoder.encode({"type": "ERROR", "object": e.status()}) + b"\n")
                         w.stream.end()
                     continue
-            if events:
-                self._feed(w, events)
+            self._feed(w, events, seen)
 
-    def _feed(self, w: _Watch, events: list[Event]) -> None:
+    def _feed(self, w: _Watch, events: Iterable[Event], upto: int) -> None:
+        """Send `w` the lines of `events` (its resource's, up to resourceVersion `upto`) it has not seen."""
         stream = w.stream
         if stream is None or stream.closed:
             self._watches.discard(w)
             return
-        out = []
         last = w.last
-        for ev in events:
-            if ev.rv <= last:
-                continue
-            line = w.event_line(ev)
-            if line is not None:
-                out.append(line)
-        w.last = max(last, events[-1].rv)
+        out = [line for line in (w.event_line(ev) for ev in events if ev.rv > last) if line is not None]
+        w.last = max(last, upto)
         if out:
             stream.write(b"".join(out))
             if stream.backlog() > MAX_WATCH_BACKLOG:
                 log.warning("watch of %s cut: its reader is %d bytes behind", w.resource, stream.backlog())
                 self._watches.discard(w)
-                stream._x.abort()
+                stream.abort()

@@ -147,6 +147,10 @@ class Stream:
         """Bytes written and not yet sent (a slow reader's backlog)."""
         return self._x.conn.buffered()
 
+    def abort(self) -> None:
+        """Cut the connection (a reader too slow to follow)."""
+        self._x.abort()
+
     def end(self) -> None:
         if self.closed:
             return

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
 
+import msgspec
+
 from .errors import JOBS, PODS, ApiError, Resource
 from .quantity import QuantityError, parse_quantity
 from .util import (
@@ -146,7 +148,37 @@ def normalise_spec_quantities(pod_spec: Any) -> None:
                     res[kind] = {k: (str(v) if isinstance(v, int) and not isinstance(v, bool) else v) for k, v in vals.items()}
 
 
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
+_RESOURCES_SEEN: dict[bytes, tuple[bytes, Causes]] = {}  # what _check_resources made of a container's resources
+_RESOURCES_SEEN_MAX = 1024
+
+
 def _validate_resources(c: dict[str, Any], path: str, causes: Causes) -> None:
+    """Validate and default `c["resources"]`.
+
+    The outcome depends on the resources alone (and the path in the messages), and a burst of
+    Jobs repeats a few shapes: it is remembered by their JSON (a bounded memo), so the quantities
+    of a shape are parsed and compared once, not for every Job.
+    """
+    res = c.get("resources")
+    if not isinstance(res, dict):
+        _check_resources(c, path, causes)
+        return
+    key = b"%s|%s" % (path.encode(), _encode(res))
+    hit = _RESOURCES_SEEN.get(key)
+    if hit is None:
+        mine: Causes = []
+        _check_resources(c, path, mine)
+        if len(_RESOURCES_SEEN) >= _RESOURCES_SEEN_MAX:
+            _RESOURCES_SEEN.clear()
+        hit = _RESOURCES_SEEN[key] = (_encode(c["resources"]), mine)
+    else:
+        c["resources"] = _decode(hit[0])
+    causes.extend(hit[1])
+
+
+def _check_resources(c: dict[str, Any], path: str, causes: Causes) -> None:
     res = c.get("resources")
     if res is None:
         c["resources"] = res = {}
