@@ -383,6 +383,9 @@ class _Handler:
         since = None if rv_param in (None, "", "0") else (parse_int(rv_param, "resourceVersion") or 0)
         table_of = q.get("includeObject") if wants_table(self.headers.get("accept")) else False
         w = _Watch(res.plural, ns, lsel, fsel, table_of)
+        if table_of is False and parse_bool(q.get("allowWatchBookmarks"), "allowWatchBookmarks"):
+            w.bookmark = b'{"type":"BOOKMARK","object":{"kind":"%s","apiVersion":"%s","metadata":{"resourceVersion":"%%d"}}}\n' % (
+                res.kind.encode(), res.api_version.encode())
         stream = self.x.stream("application/json")
         with store.lock:  # the first events and the registration, with no commit in between
             if since is None:
@@ -472,7 +475,7 @@ class _Handler:
 class _Watch:
     """One open watch: its filter, where it is in the history, and its response stream."""
 
-    __slots__ = ("first_row", "fsel", "last", "lsel", "ns", "resource", "stream", "table_of", "timer")
+    __slots__ = ("bookmark", "first_row", "fsel", "last", "lsel", "ns", "resource", "stream", "table_of", "timer")
 
     def __init__(
         self, resource: str, ns: str | None, lsel: LabelSelector, fsel: Callable[[dict[str, Any]], bool], table_of: str | bool | None,
@@ -486,6 +489,7 @@ class _Watch:
         self.last = 0  # resourceVersion this watch has seen up to
         self.stream: Stream | None = None
         self.timer: asyncio.TimerHandle | None = None
+        self.bookmark: bytes | None = None  # allowWatchBookmarks: the BOOKMARK line, a %d for the version
 
     def matches(self, o: dict[str, Any] | None) -> bool:
         if o is None:
@@ -600,9 +604,17 @@ class APIServer:
             w.timer.cancel()
 
     def _watch_ended(self, w: _Watch) -> None:
-        """timeoutSeconds: end the response (the client watches again from its last version)."""
+        """timeoutSeconds: end the response (the client watches again from its last version).
+
+        With allowWatchBookmarks, a BOOKMARK first, as the API server sends one before a watch
+        times out: its resourceVersion is how far this watch has seen (every matching event up
+        to it was sent), so the next watch resumes from there, not from the last object that
+        happened to match (a quiet selector would replay the whole history on every watch).
+        """
         self._watches.discard(w)
         if w.stream is not None:
+            if w.bookmark is not None:
+                w.stream.write(w.bookmark % w.last)
             w.stream.end()
 
     def _fanout(self) -> None:
