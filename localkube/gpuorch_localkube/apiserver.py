@@ -155,6 +155,7 @@ class _Handler:
         self.command = x.request.method
         self.path = x.request.target
         self.headers = x.request.headers  # lower-case names
+        self.body_owned = False  # the body was decoded from JSON here: nobody else holds it
 
     # -- plumbing --------------------------------------------------------------------------------
 
@@ -193,9 +194,11 @@ class _Handler:
         if ctype not in _JSON_TYPES and ctype != "application/apply-patch+yaml":
             raise ApiError.unsupported_media_type(ctype, _ACCEPTED)
         try:
-            return msgspec.json.decode(raw)
+            body = msgspec.json.decode(raw)
         except msgspec.DecodeError as e:
             raise ApiError.bad_request(f"the body of the request could not be decoded as JSON: {e}") from e
+        self.body_owned = True
+        return body
 
     def _send_obj(self, code: int, res: Resource, obj: dict[str, Any], q: dict[str, str],
                   headers: dict[str, str] | None = None) -> None:
@@ -282,7 +285,7 @@ class _Handler:
             if method == "POST" and ns is not None and res is SECRETS:
                 return self._send(201, core.create_secret(ns, body, dry))
             if method == "POST" and ns is not None and res in (PODS, JOBS):
-                obj = core.create_job(ns, body, dry) if res is JOBS else core.create_pod(ns, body, dry)
+                obj = core.create_job(ns, body, dry, self.body_owned) if res is JOBS else core.create_pod(ns, body, dry)
                 return self._send_stored(201, res, obj)
             if method == "DELETE" and ns is not None and res in (PODS, JOBS):
                 return self._delete_collection(res, ns, q, body)
@@ -383,6 +386,8 @@ class _Handler:
         since = None if rv_param in (None, "", "0") else (parse_int(rv_param, "resourceVersion") or 0)
         table_of = q.get("includeObject") if wants_table(self.headers.get("accept")) else False
         w = _Watch(res.plural, ns, lsel, fsel, table_of)
+        if table_of is False:  # watches with the same filter share their lines
+            w.key = (res.plural, ns, q.get("labelSelector") or "", q.get("fieldSelector") or "")
         if table_of is False and parse_bool(q.get("allowWatchBookmarks"), "allowWatchBookmarks"):
             w.bookmark = b'{"type":"BOOKMARK","object":{"kind":"%s","apiVersion":"%s","metadata":{"resourceVersion":"%%d"}}}\n' % (
                 res.kind.encode(), res.api_version.encode())
@@ -475,7 +480,7 @@ class _Handler:
 class _Watch:
     """One open watch: its filter, where it is in the history, and its response stream."""
 
-    __slots__ = ("bookmark", "first_row", "fsel", "last", "lsel", "ns", "resource", "stream", "table_of", "timer")
+    __slots__ = ("bookmark", "first_row", "fsel", "key", "last", "lsel", "ns", "resource", "stream", "table_of", "timer")
 
     def __init__(
         self, resource: str, ns: str | None, lsel: LabelSelector, fsel: Callable[[dict[str, Any]], bool], table_of: str | bool | None,
@@ -490,6 +495,7 @@ class _Watch:
         self.stream: Stream | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.bookmark: bytes | None = None  # allowWatchBookmarks: the BOOKMARK line, a %d for the version
+        self.key: tuple[str, str | None, str, str] | None = None  # its filter, when its lines can be shared
 
     def matches(self, o: dict[str, Any] | None) -> bool:
         if o is None:
@@ -586,6 +592,9 @@ class APIServer:
             http = self._http
             if http is not None:
                 self._fanout_pending = True
+                if http.on_loop():  # a request's commit: no need to wake the loop through its pipe
+                    http.loop.call_soon(self._fanout)
+                    return
                 with contextlib.suppress(RuntimeError):  # the loop is closing: the watches go with it
                     http.loop.call_soon_threadsafe(self._fanout)
 
@@ -633,8 +642,19 @@ class APIServer:
             by_resource: dict[str, list[Event]] = {}
             for ev in events:
                 by_resource.setdefault(ev.resource, []).append(ev)
-            for w in list(self._watches):
-                self._feed(w, by_resource.get(w.resource, ()), seen)
+            groups: dict[Any, list[_Watch]] = {}  # watches with the same filter: each line is made once
+            for w in self._watches:
+                groups.setdefault(w.key if w.key is not None else w, []).append(w)
+            for ws in groups.values():
+                evs = by_resource.get(ws[0].resource)
+                if not evs:
+                    for w in ws:
+                        w.last = max(w.last, seen)
+                    continue
+                low = min(w.last for w in ws)
+                lines = [(ev.rv, line) for ev in evs if ev.rv > low and (line := ws[0].event_line(ev)) is not None]
+                for w in ws:
+                    self._send(w, lines, seen)
 
     def _fanout_slow(self, seen: int) -> None:
         store = self.core.store
@@ -652,12 +672,16 @@ class APIServer:
 
     def _feed(self, w: _Watch, events: Iterable[Event], upto: int) -> None:
         """Send `w` the lines of `events` (its resource's, up to resourceVersion `upto`) it has not seen."""
+        self._send(w, [(ev.rv, line) for ev in events if ev.rv > w.last and (line := w.event_line(ev)) is not None], upto)
+
+    def _send(self, w: _Watch, lines: list[tuple[int, bytes]], upto: int) -> None:
+        """Write the lines (resourceVersion, line) that `w` has not seen; it has now seen up to `upto`."""
         stream = w.stream
         if stream is None or stream.closed:
             self._watches.discard(w)
             return
         last = w.last
-        out = [line for line in (w.event_line(ev) for ev in events if ev.rv > last) if line is not None]
+        out = [line for rv, line in lines if rv > last]
         w.last = max(last, upto)
         if out:
             stream.write(b"".join(out))

@@ -366,6 +366,7 @@ class HTTPServer:
         self._server: asyncio.AbstractServer | None = None
         self._thread: threading.Thread | None = None
         self._sweeper: asyncio.TimerHandle | None = None
+        self._ident = -1
 
     def start(self) -> None:
         """Listen and serve; raises OSError (e.g. the port is taken) before returning."""
@@ -381,7 +382,12 @@ class HTTPServer:
             self._thread = None
             raise
 
+    def on_loop(self) -> bool:
+        """Is the caller the loop's thread?"""
+        return threading.get_ident() == self._ident
+
     def _run(self, ready: concurrent.futures.Future[None]) -> None:
+        self._ident = threading.get_ident()
         asyncio.set_event_loop(self.loop)
         try:
             server = self.loop.run_until_complete(

@@ -341,9 +341,13 @@ def _int_field(spec: dict[str, Any], fld: str, causes: Causes, minimum: int, pat
     return v
 
 
-def prepare_job(body: Any, namespace: str) -> dict[str, Any]:
-    """Validate and default a Job on create (raises ApiError 400/422)."""
-    job = check_type_meta(json_copy(body), JOBS, namespace)  # YAML dates become strings, as kubectl sends them
+def prepare_job(body: Any, namespace: str, owned: bool = False) -> dict[str, Any]:
+    """Validate and default a Job on create (raises ApiError 400/422).
+
+    The body is copied first (YAML dates become strings, as kubectl sends them), unless `owned`:
+    a body just decoded from JSON belongs to nobody else and is used as it is.
+    """
+    job = check_type_meta(body if owned else json_copy(body), JOBS, namespace)
     job["apiVersion"], job["kind"] = "batch/v1", "Job"
     meta = job["metadata"]
     causes: Causes = []

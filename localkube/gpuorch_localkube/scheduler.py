@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import bisect
 import heapq
-import json
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from gpuorch_proto.kubesem import (
     TERMINAL_POD_PHASES,
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = ["GANG_ANNOTATION", "TERMINAL", "Scheduler"]
 
 TERMINAL = TERMINAL_POD_PHASES
+_encode_sorted = msgspec.json.Encoder(order="sorted").encode
 
 
 @dataclass
@@ -114,10 +116,9 @@ def _shape(pod: Mapping[str, Any], req: Mapping[str, Fraction]) -> str:
     one placement attempt per shape per pass, not one per pod (kube-scheduler's queueing hints).
     """
     spec = pod.get("spec") or {}
-    return json.dumps(
+    return _encode_sorted(
         [sorted((k, str(v)) for k, v in req.items()), spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations")],
-        sort_keys=True, default=str,
-    )
+    ).decode()
 
 
 @dataclass
