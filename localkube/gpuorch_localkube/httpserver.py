@@ -8,8 +8,8 @@ their connection until they end. Idle connections are closed after `idle_timeout
 Why not `http.server.ThreadingHTTPServer`: a thread per connection, each woken for every request
 and every watch event, spent most of the cluster process's CPU in thread switches and the GIL
 (docs/performance.md, "The local clusters' API"). Here a request is parsed and answered in the
-loop's callback (`asyncio.Protocol.data_received`, no task per request), so its cost is the
-handler's. The handler runs on the loop thread: it must not block for long.
+loop's callback (`asyncio.BufferedProtocol.buffer_updated`, no task per request), so its cost is
+the handler's. The handler runs on the loop thread: it must not block for long.
 
 `HTTPServer.call(fn)` runs `fn` on the loop from another thread and waits for it; `stop()`
 closes the listening socket and cuts every connection (clients see a refused or reset
@@ -36,6 +36,7 @@ log = logging.getLogger("gpuorch_localkube.http")
 
 MAX_HEAD = 64 * 1024  # request line and headers
 MAX_BODY = 64 * 1024 * 1024
+READ_SIZE = 64 * 1024
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
 _METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
 
@@ -206,11 +207,16 @@ class Exchange:
 Handler = Callable[[Exchange], None]
 
 
-class _Conn(asyncio.Protocol):
+class _Conn(asyncio.BufferedProtocol):
+    """One connection. Reads go into one preallocated buffer (`get_buffer`): a plain Protocol's
+    transport allocates a 256 KiB bytes object for every read, which cost more than parsing."""
+
     def __init__(self, server: HTTPServer):
         self.server = server
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
+        self._rbuf = bytearray(READ_SIZE)
+        self._rview = memoryview(self._rbuf)
         self.current: Exchange | None = None  # being answered (a stream, or a delayed request)
         self.closed = False
         self.continued = False  # 100 Continue sent for the request being received
@@ -227,9 +233,12 @@ class _Conn(asyncio.Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.server._conns.add(self)
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._rview
+
+    def buffer_updated(self, nbytes: int) -> None:
         self.last_active = time.monotonic()
-        self.buf += data
+        self.buf += self._rview[:nbytes]
         if self.current is None:
             self._process()
 
