@@ -28,7 +28,7 @@ import yaml
 
 from . import openapi, protobuf
 from .errors import EVENTS, JOBS, NAMESPACES, NODES, PODS, SECRETS, ApiError, Resource
-from .httpserver import Exchange, HTTPServer, Stream
+from .httpserver import Exchange, HTTPServer, LoopThread, Stream
 from .kubelet import log_path
 from .selectors import LabelSelector, parse_field_selector, parse_label_selector
 from .tables import table, wants_table
@@ -532,10 +532,12 @@ class _Watch:
 class APIServer:
     """Serves one cluster's API on 127.0.0.1:port (port 0: pick one; kept across partition/heal)."""
 
-    def __init__(self, core: ClusterCore, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, core: ClusterCore, host: str = "127.0.0.1", port: int = 0, runner: LoopThread | None = None):
         self.core = core
         self.host = host
         self.port = port
+        self._own_runner = runner is None
+        self.runner = runner or LoopThread(f"localkube-api-{core.config.name}")  # the cluster's loop, or one of its own
         self.delay = 0.0
         self._http: HTTPServer | None = None
         self._watches: set[_Watch] = set()
@@ -567,7 +569,8 @@ class APIServer:
     def start(self) -> None:
         if self._http is not None:
             return
-        http = HTTPServer(self._handle, self.host, self.port, name=f"localkube-api-{self.core.config.name}")
+        self.runner.start()
+        http = HTTPServer(self._handle, self.host, self.port, self.runner)
         http.delay = self._delay
         with self.core.store.lock:
             self._seen = self.core.store.rv
@@ -583,6 +586,8 @@ class APIServer:
             return
         http.stop()
         self._watches.clear()
+        if self._own_runner:
+            self.runner.stop()
 
     # -- the watch fan-out (on the loop) ---------------------------------------------------------
 
@@ -592,11 +597,7 @@ class APIServer:
             http = self._http
             if http is not None:
                 self._fanout_pending = True
-                if http.on_loop():  # a request's commit: no need to wake the loop through its pipe
-                    http.loop.call_soon(self._fanout)
-                    return
-                with contextlib.suppress(RuntimeError):  # the loop is closing: the watches go with it
-                    http.loop.call_soon_threadsafe(self._fanout)
+                self.runner.soon(self._fanout)  # on the loop's own thread without waking it through its pipe
 
     def _watch_started(self, w: _Watch, seconds: float) -> None:
         """Register a watch (on the loop, store lock held, `w.last` the store's resourceVersion)."""

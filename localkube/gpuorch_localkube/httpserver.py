@@ -11,9 +11,9 @@ and every watch event, spent most of the cluster process's CPU in thread switche
 loop's callback (`asyncio.BufferedProtocol.buffer_updated`, no task per request), so its cost is
 the handler's. The handler runs on the loop thread: it must not block for long.
 
-`HTTPServer.call(fn)` runs `fn` on the loop from another thread and waits for it; `stop()`
-closes the listening socket and cuts every connection (clients see a refused or reset
-connection), which is how a partition looks.
+The loop runs in a `LoopThread`, which the cluster's controllers share (cluster.py).
+`HTTPServer.stop()` closes the listening socket and cuts every connection (clients see a refused
+or reset connection), which is how a partition looks; the loop goes on.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
-__all__ = ["Exchange", "HTTPServer", "Request", "Stream"]
+__all__ = ["Exchange", "HTTPServer", "LoopThread", "Request", "Stream"]
 
 log = logging.getLogger("gpuorch_localkube.http")
 
@@ -360,73 +360,81 @@ class _Conn(asyncio.BufferedProtocol):
             self.transport_write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
 
-class HTTPServer:
-    """Serves `handler` on host:port from a loop thread of its own (port 0: any free port)."""
+class LoopThread:
+    """An asyncio loop in a daemon thread of its own: the API and the controllers of one cluster."""
 
-    def __init__(self, handler: Handler, host: str, port: int, *, name: str = "localkube-http", idle_timeout: float = 300.0):
-        self.handler = handler
-        self.host = host
-        self.port = port
+    def __init__(self, name: str):
         self.name = name
-        self.idle_timeout = idle_timeout
-        self.delay = 0.0  # seconds every request waits before it is handled
-        self.loop: asyncio.AbstractEventLoop = asyncio.new_event_loop()
-        self._conns: set[_Conn] = set()
-        self._server: asyncio.AbstractServer | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._sweeper: asyncio.TimerHandle | None = None
         self._ident = -1
 
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
+
     def start(self) -> None:
-        """Listen and serve; raises OSError (e.g. the port is taken) before returning."""
-        if self.loop.is_closed():
-            self.loop = asyncio.new_event_loop()
-        ready: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._thread = threading.Thread(target=self._run, args=(ready,), name=self.name, daemon=True)
+        if self._thread is not None:
+            return
+        loop = asyncio.new_event_loop()
+        started = threading.Event()
+
+        def run() -> None:
+            self._ident = threading.get_ident()
+            asyncio.set_event_loop(loop)
+            loop.call_soon(started.set)
+            try:
+                loop.run_forever()
+            finally:
+                with contextlib.suppress(Exception):
+                    loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.close()
+
+        self.loop = loop
+        self._thread = threading.Thread(target=run, name=self.name, daemon=True)
         self._thread.start()
-        try:
-            ready.result()
-        except BaseException:
-            self._thread.join(timeout=5)
-            self._thread = None
-            raise
+        started.wait()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        thread, loop = self._thread, self.loop
+        if thread is None or loop is None:
+            return
+        with contextlib.suppress(RuntimeError):  # already closed
+            loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=timeout)
+        self._thread = None
 
     def on_loop(self) -> bool:
         """Is the caller the loop's thread?"""
         return threading.get_ident() == self._ident
 
-    def _run(self, ready: concurrent.futures.Future[None]) -> None:
-        self._ident = threading.get_ident()
-        asyncio.set_event_loop(self.loop)
-        try:
-            server = self.loop.run_until_complete(
-                self.loop.create_server(lambda: _Conn(self), self.host, self.port, reuse_address=True, backlog=1024)
-            )
-        except BaseException as e:
-            ready.set_exception(e)
-            self.loop.close()
+    def soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run fn(*args) on the loop soon (from any thread; nothing if the loop is gone)."""
+        loop = self.loop
+        if loop is None:
             return
-        self._server = server
-        self.port = server.sockets[0].getsockname()[1]
-        self._sweeper = self.loop.call_later(30.0, self._sweep)
-        ready.set_result(None)
-        try:
-            self.loop.run_forever()
-        finally:
-            with contextlib.suppress(Exception):
-                self.loop.run_until_complete(self.loop.shutdown_asyncgens())
-            self.loop.close()
+        if self.on_loop():
+            loop.call_soon(fn, *args)
+        else:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(fn, *args)
 
-    def _sweep(self) -> None:
-        """Close keep-alive connections idle for longer than `idle_timeout`."""
-        cutoff = time.monotonic() - self.idle_timeout
-        for c in list(self._conns):
-            if c.current is None and c.last_active < cutoff and c.transport is not None:
-                c.transport.close()
-        self._sweeper = self.loop.call_later(30.0, self._sweep)
+    def later(self, delay: float, fn: Callable[..., Any], *args: Any) -> None:
+        """Run fn(*args) on the loop after `delay` seconds (from any thread)."""
+        loop = self.loop
+        if loop is None:
+            return
+        if self.on_loop():
+            loop.call_later(delay, fn, *args)
+        else:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(loop.call_later, delay, fn, *args)
 
-    def call(self, fn: Callable[[], Any], timeout: float = 10.0) -> Any:
-        """Run fn() on the loop and return its result (from any other thread)."""
+    def call(self, fn: Callable[[], Any], timeout: float = 30.0) -> Any:
+        """Run fn() on the loop and return its result (at once when called on the loop)."""
+        if self.on_loop():
+            return fn()
+        assert self.loop is not None, "the loop is not running"
         done: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
         def run() -> None:
@@ -438,23 +446,67 @@ class HTTPServer:
         self.loop.call_soon_threadsafe(run)
         return done.result(timeout=timeout)
 
+
+class HTTPServer:
+    """Serves `handler` on host:port on a `LoopThread`'s loop (port 0: any free port).
+
+    `start` listens, `stop` closes the listening socket and cuts every connection; the loop
+    goes on (the controllers of a partitioned cluster keep running on it).
+    """
+
+    def __init__(self, handler: Handler, host: str, port: int, runner: LoopThread, *, idle_timeout: float = 300.0):
+        self.handler = handler
+        self.host = host
+        self.port = port
+        self.runner = runner
+        self.idle_timeout = idle_timeout
+        self.delay = 0.0  # seconds every request waits before it is handled
+        self._conns: set[_Conn] = set()
+        self._server: asyncio.AbstractServer | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        assert self.runner.loop is not None
+        return self.runner.loop
+
+    def on_loop(self) -> bool:
+        return self.runner.on_loop()
+
+    def start(self) -> None:
+        """Listen and serve; raises OSError (e.g. the port is taken) before returning."""
+        fut = asyncio.run_coroutine_threadsafe(
+            self.loop.create_server(lambda: _Conn(self), self.host, self.port, reuse_address=True, backlog=1024), self.loop
+        )
+        server = fut.result(timeout=30)
+
+        def started() -> None:
+            self._server = server
+            self.port = server.sockets[0].getsockname()[1]
+            self._sweeper = self.loop.call_later(30.0, self._sweep)
+
+        self.runner.call(started)
+
+    def _sweep(self) -> None:
+        """Close keep-alive connections idle for longer than `idle_timeout`."""
+        cutoff = time.monotonic() - self.idle_timeout
+        for c in list(self._conns):
+            if c.current is None and c.last_active < cutoff and c.transport is not None:
+                c.transport.close()
+        self._sweeper = self.loop.call_later(30.0, self._sweep)
+
     def stop(self) -> None:
-        """Close the listening socket, cut every connection, end the loop thread."""
-        thread = self._thread
-        if thread is None:
-            return
+        """Close the listening socket and cut every connection (on the loop; waits for it)."""
 
         def close() -> None:
             if self._server is not None:
                 self._server.close()
+                self._server = None
             if self._sweeper is not None:
                 self._sweeper.cancel()
+                self._sweeper = None
             for c in list(self._conns):
                 if c.transport is not None:
                     c.transport.abort()
-            self.loop.call_soon(self.loop.stop)
 
-        with contextlib.suppress(RuntimeError):  # the loop already stopped
-            self.loop.call_soon_threadsafe(close)
-        thread.join(timeout=10)
-        self._thread = None
+        self.runner.call(close)
