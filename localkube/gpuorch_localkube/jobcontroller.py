@@ -323,7 +323,12 @@ class JobController:
         probe = {"status": json_copy(job.get("status") or {})}
         mutate(probe)
         if probe["status"] != (job.get("status") or {}):
-            core.store.update("jobs", ns, name, mutate, fields=("status",))
+            new_status = probe["status"]  # a copy of its own: it becomes the stored status as it is
+
+            def put(j: dict[str, Any]) -> None:
+                j["status"] = new_status
+
+            core.store.update("jobs", ns, name, put, fields=())
         ttl = spec.get("ttlSecondsAfterFinished")
         if tr.finish_mono is not None and ttl is not None:  # its own status write wakes nobody: time the TTL here
             self._after(uid, tr.finish_mono + core.config.job_clock_seconds(int(ttl)) - now)
