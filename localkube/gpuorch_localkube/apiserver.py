@@ -46,6 +46,10 @@ DEFAULT_WATCH_SECONDS = 1800
 #: A watcher that has this many bytes written and not yet read is cut (as an API server drops a
 #: watcher that cannot keep up); it lists again and resumes.
 MAX_WATCH_BACKLOG = 64 * 1024 * 1024
+#: Watch events go out at most this long after their commit (earlier when the controllers' pass
+#: that follows a request ends, `flush_watches`): a create and what the controllers do about it
+#: reach each watcher in one write, not one write per commit.
+FANOUT_SECONDS = 0.01
 
 _TRUE = ("1", "t", "T", "TRUE", "true", "True")
 _FALSE = ("0", "f", "F", "FALSE", "false", "False")
@@ -597,7 +601,7 @@ class APIServer:
             http = self._http
             if http is not None:
                 self._fanout_pending = True
-                self.runner.soon(self._fanout)  # on the loop's own thread without waking it through its pipe
+                self.runner.later(FANOUT_SECONDS, self._fanout)
 
     def _watch_started(self, w: _Watch, seconds: float) -> None:
         """Register a watch (on the loop, store lock held, `w.last` the store's resourceVersion)."""
@@ -627,9 +631,16 @@ class APIServer:
                 w.stream.write(w.bookmark % w.last)
             w.stream.end()
 
+    def flush_watches(self) -> None:
+        """Send the watch events committed so far now (on the loop), if any are waiting."""
+        if self._fanout_pending:
+            self._fanout()
+
     def _fanout(self) -> None:
         store = self.core.store
         with store.lock:
+            if not self._fanout_pending:
+                return  # sent already (flush_watches)
             self._fanout_pending = False
             seen = store.rv
             try:

@@ -438,7 +438,48 @@ def prepare_owned_pod(pod: dict[str, Any], namespace: str) -> dict[str, Any]:
     return pod
 
 
+def _resources_key(spec: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """The containers' resources as a hashable key (None if they are not plain string maps)."""
+    out: list[Any] = []
+    for key in ("containers", "initContainers"):
+        out.append(key)
+        for c in spec.get(key) or ():
+            res = c.get("resources") or {} if isinstance(c, dict) else None
+            if not isinstance(res, dict):
+                return None
+            for kind in ("limits", "requests"):
+                vals = res.get(kind) or {}
+                if not isinstance(vals, dict) or not all(isinstance(v, str) for v in vals.values()):
+                    return None
+                out.append(tuple(vals.items()))
+    return tuple(out)
+
+
+_ZERO = Fraction(0)
+_BY_RESOURCES: dict[tuple[Any, ...], tuple[str, dict[str, Fraction]]] = {}  # key -> (QoS class, requests)
+_BY_RESOURCES_MAX = 1024
+
+
+def _from_resources(spec: Mapping[str, Any]) -> tuple[str, dict[str, Fraction]]:
+    """QoS class and effective requests of a pod spec, computed once per shape of its resources
+    (a burst of pods repeats a few: parsing quantities and adding Fractions was a good part of a
+    pod's cost). The requests are shared: callers must not change them."""
+    key = _resources_key(spec)
+    hit = _BY_RESOURCES.get(key) if key is not None else None
+    if hit is None:
+        hit = (_qos_class(spec), _pod_requests(spec))
+        if key is not None:
+            if len(_BY_RESOURCES) >= _BY_RESOURCES_MAX:
+                _BY_RESOURCES.clear()
+            _BY_RESOURCES[key] = hit
+    return hit
+
+
 def qos_class(spec: Mapping[str, Any]) -> str:
+    return _from_resources(spec)[0]
+
+
+def _qos_class(spec: Mapping[str, Any]) -> str:
     containers = list(spec.get("containers") or []) + list(spec.get("initContainers") or [])
     any_set = False
     guaranteed = True
@@ -456,16 +497,21 @@ def qos_class(spec: Mapping[str, Any]) -> str:
 
 
 def pod_requests(pod: Mapping[str, Any]) -> dict[str, Fraction]:
-    """Effective requests: max(sum over containers, max over init containers), per resource."""
-    spec = pod.get("spec") or {}
+    """Effective requests: max(sum over containers, max over init containers), per resource.
+
+    Shared between pods of one shape of resources: do not change the answer."""
+    return _from_resources(pod.get("spec") or {})[1]
+
+
+def _pod_requests(spec: Mapping[str, Any]) -> dict[str, Fraction]:
     total: dict[str, Fraction] = {}
     for c in spec.get("containers") or []:
         for k, v in ((c.get("resources") or {}).get("requests") or {}).items():
-            total[k] = total.get(k, Fraction(0)) + parse_quantity(v)
+            total[k] = total.get(k, _ZERO) + parse_quantity(v)
     for c in spec.get("initContainers") or []:
         for k, v in ((c.get("resources") or {}).get("requests") or {}).items():
             q = parse_quantity(v)
-            if q > total.get(k, Fraction(0)):
+            if q > total.get(k, _ZERO):
                 total[k] = q
     return total
 
