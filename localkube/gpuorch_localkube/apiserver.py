@@ -46,10 +46,6 @@ DEFAULT_WATCH_SECONDS = 1800
 #: A watcher that has this many bytes written and not yet read is cut (as an API server drops a
 #: watcher that cannot keep up); it lists again and resumes.
 MAX_WATCH_BACKLOG = 64 * 1024 * 1024
-#: Watch events go out at most this long after their commit (earlier when the controllers' pass
-#: that follows a request ends, `flush_watches`): a create and what the controllers do about it
-#: reach each watcher in one write, not one write per commit.
-FANOUT_SECONDS = 0.01
 
 _TRUE = ("1", "t", "T", "TRUE", "true", "True")
 _FALSE = ("0", "f", "F", "FALSE", "false", "False")
@@ -601,7 +597,7 @@ class APIServer:
             http = self._http
             if http is not None:
                 self._fanout_pending = True
-                self.runner.later(FANOUT_SECONDS, self._fanout)
+                self.runner.soon(self._fanout)  # after the callbacks of this turn of the loop: commits batch up
 
     def _watch_started(self, w: _Watch, seconds: float) -> None:
         """Register a watch (on the loop, store lock held, `w.last` the store's resourceVersion)."""
@@ -632,7 +628,8 @@ class APIServer:
             w.stream.end()
 
     def flush_watches(self) -> None:
-        """Send the watch events committed so far now (on the loop), if any are waiting."""
+        """Send the watch events committed so far now (on the loop), if any are waiting: the end of
+        a controllers' pass, so that what it wrote reaches each watcher in one write."""
         if self._fanout_pending:
             self._fanout()
 

@@ -228,7 +228,7 @@ class LocalCluster:
                 self._last_resync = now
                 self.resync()
             more = self.reconcile()
-            self.api.flush_watches()  # the request's commits and this pass's, in one write per watcher
+            self.api.flush_watches()  # this pass's commits, in one write per watcher
         except Exception:  # pragma: no cover - keep the cluster alive, but say it loudly
             log.exception("cluster %s: reconcile failed", self.name)
             more = False
