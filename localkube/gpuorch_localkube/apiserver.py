@@ -165,9 +165,10 @@ class _Handler:
     def _send_bytes(self, code: int, data: bytes, ctype: str, headers: dict[str, str] | None = None) -> None:
         self.x.respond(code, data, ctype, headers)
 
-    def _send_stored(self, code: int, res: Resource, obj: dict[str, Any]) -> None:
-        """A stored object: its version's JSON, encoded once for the answer and every watcher."""
-        self._send_bytes(code, self.api.core.store.encoded(res.plural, obj), "application/json")
+    def _send_stored(self, code: int, res: Resource, obj: dict[str, Any], keep: bool = False) -> None:
+        """A stored object: its version's JSON, encoded once for the answer and every watcher
+        (`keep`: the answer to the write that committed it, the watchers' bytes too)."""
+        self._send_bytes(code, self.api.core.store.encoded(res.plural, obj, keep), "application/json")
 
     def _send_list(self, res: Resource, listed: dict[str, Any], q: dict[str, str]) -> None:
         if wants_table(self.headers.get("accept")):
@@ -224,10 +225,14 @@ class _Handler:
         except ApiError as e:
             if not self.x.answered:
                 self._send(e.code, e.status())
+            elif self.x.stream_obj is not None and not self.x.stream_obj.closed:
+                self.x.abort()
         except Exception as e:  # pragma: no cover - a bug: answer like an API server does
             log.exception("internal error serving %s %s", method, self.path)
             if not self.x.answered:
                 self._send(500, ApiError(500, "InternalError", f"Internal error occurred: {e!r}").status())
+            elif self.x.stream_obj is not None and not self.x.stream_obj.closed:
+                self.x.abort()  # a stream that broke half-way: the client sees the connection end
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s %s", method, self.path)
 
@@ -286,7 +291,7 @@ class _Handler:
                 return self._send(201, core.create_secret(ns, body, dry))
             if method == "POST" and ns is not None and res in (PODS, JOBS):
                 obj = core.create_job(ns, body, dry, self.body_owned) if res is JOBS else core.create_pod(ns, body, dry)
-                return self._send_stored(201, res, obj)
+                return self._send_stored(201, res, obj, keep=not dry)
             if method == "DELETE" and ns is not None and res in (PODS, JOBS):
                 return self._delete_collection(res, ns, q, body)
             raise ApiError.method_not_allowed()
@@ -403,6 +408,9 @@ class _Handler:
                     stream.end()
                     return
                 initial = [line for line in (w.event_line(ev) for ev in events) if line is not None]
+                for ev in events:
+                    if ev.rv <= api._seen:  # the fan-out is past it: keep no bytes for it
+                        ev.sent()
             w.last = store.rv
             w.stream = stream
             api._watch_started(w, seconds)
@@ -648,6 +656,13 @@ class APIServer:
         if events is None:
             self._fanout_slow(seen)
         elif events:
+            self._fan(events, seen)
+            for ev in events:
+                ev.sent()
+
+    def _fan(self, events: list[Event], seen: int) -> None:
+        """Hand every watch its lines of `events` (everything committed up to `seen`)."""
+        if events:
             by_resource: dict[str, list[Event]] = {}
             for ev in events:
                 by_resource.setdefault(ev.resource, []).append(ev)

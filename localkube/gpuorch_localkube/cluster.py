@@ -42,9 +42,6 @@ __all__ = ["LocalCluster", "LocalClusters", "kubeconfig_dict", "write_kubeconfig
 
 log = logging.getLogger("gpuorch_localkube")
 RESYNC_SECONDS = 30.0
-#: A commit schedules a pass this long after it, so that the commits of a burst are handled in one
-#: pass (docs/performance.md, "The local clusters' API").
-BATCH_SECONDS = 0.005
 #: A pass at least this often: the kubelet's clocks (restart back-off, grace periods) and the Job
 #: controller's deadlines are looked at by passes.
 TICK_SECONDS = 0.1
@@ -196,10 +193,13 @@ class LocalCluster:
         self.stop()
 
     def _poke(self) -> None:
-        """A commit (any thread): schedule a pass on the loop, unless one is already due."""
+        """A commit (any thread): schedule a pass on the loop, unless one is already due.
+
+        It runs after the callbacks of the loop's current turn: the requests that arrived together
+        are answered first and their commits share the pass, as a burst's commits do."""
         if not self._pass_due and not self._stopping:
             self._pass_due = True
-            self.runner.later(BATCH_SECONDS, self._pass)
+            self.runner.soon(self._pass)
 
     def _observe(self, event: Event) -> None:
         """Every store commit (lock held): queue the work it means for each controller."""

@@ -419,17 +419,6 @@ class LoopThread:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(fn, *args)
 
-    def later(self, delay: float, fn: Callable[..., Any], *args: Any) -> None:
-        """Run fn(*args) on the loop after `delay` seconds (from any thread)."""
-        loop = self.loop
-        if loop is None:
-            return
-        if self.on_loop():
-            loop.call_later(delay, fn, *args)
-        else:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(loop.call_later, delay, fn, *args)
-
     def call(self, fn: Callable[[], Any], timeout: float = 30.0) -> Any:
         """Run fn() on the loop and return its result (at once when called on the loop)."""
         if self.on_loop():

@@ -10,9 +10,10 @@ pods by controlling owner uid and pods by node, so no controller scans every pod
 pods or a node's pods. Commit hooks (the API server's watch fan-out) are called for every commit,
 core/v1 Events included.
 
-Each version of an object is serialised to JSON at most once (`encoded`): the bytes are kept on
-the version's `Event`, so the create's response, every watcher's event and every list that
-serves that version share them.
+Each version of an object is serialised to JSON once for its commit's answer and its watchers
+(`Event.data`): the bytes are kept on the version's `Event` until the watch fan-out has sent them
+(`Event.sent`), and lists reuse them when they are still there (`encoded`). Keeping them longer
+would cost a copy of every object's JSON in memory.
 """
 
 from __future__ import annotations
@@ -51,11 +52,15 @@ class Event:
         self._data: bytes | None = None
 
     def data(self) -> bytes:
-        """`obj` as JSON, encoded once (committed objects are never mutated)."""
+        """`obj` as JSON, encoded once until `sent` (committed objects are never mutated)."""
         d = self._data
         if d is None:
             d = self._data = _encode(self.obj)
         return d
+
+    def sent(self) -> None:
+        """Every open watch has this event: drop its bytes (a later reader encodes again)."""
+        self._data = None
 
     def __repr__(self) -> str:
         return f"Event({self.rv}, {self.resource}, {self.type}, {self.obj['metadata'].get('name')!r})"
@@ -117,12 +122,17 @@ class Store:
                 return []
         return None if found is None else sorted(found)
 
-    def encoded(self, resource: str, obj: Obj) -> bytes:
-        """JSON of `obj`: from its version's event when it is the stored version, else encoded now."""
+    def encoded(self, resource: str, obj: Obj, keep: bool = False) -> bytes:
+        """JSON of `obj`: its version's bytes when they are still kept, else encoded now (and kept
+        for the watchers with `keep`: the answer to the request that committed it)."""
         meta = obj["metadata"]
         ev = self._latest.get((resource, (meta.get("namespace", ""), meta["name"])))
         if ev is not None and ev.obj is obj:
-            return ev.data()
+            d = ev._data
+            if d is not None:
+                return d
+            if keep:
+                return ev.data()
         return _encode(obj)
 
     def by_uid(self, resource: str, uid: str) -> Obj | None:
@@ -174,10 +184,11 @@ class Store:
             self._compacted = self._history.popleft().rv
         meta = obj["metadata"]
         key = (meta.get("namespace", ""), meta["name"])
-        if etype == "DELETED":
-            self._latest.pop((resource, key), None)
-        else:
+        before = self._latest.pop((resource, key), None) if etype == "DELETED" else self._latest.get((resource, key))
+        if etype != "DELETED":
             self._latest[(resource, key)] = event
+        if before is not None:
+            before._data = None  # a version no longer current keeps no bytes (a watcher behind encodes again)
         if resource == "pods":
             self._index(key, prev, None if etype == "DELETED" else obj)
         old_labels = (prev or {}).get("metadata", {}).get("labels") or {}
