@@ -94,20 +94,34 @@ def _validate_name(meta: dict[str, Any], causes: Causes, max_len: int = 253) -> 
     return str(name)
 
 
+_GOOD_LABELS: set[tuple[str, str]] = set()  # (key, value) pairs known valid: Jobs repeat a few
+_GOOD_LABELS_MAX = 4096
+
+
 def _validate_labels(labels: Any, path: str, causes: Causes) -> None:
     if labels is None:
         return
     if not isinstance(labels, dict):
         causes.append((path, "FieldValueInvalid", "Invalid value: must be a map of strings"))
         return
+    good = _GOOD_LABELS
     for k, v in labels.items():
+        if isinstance(k, str) and isinstance(v, str) and (k, v) in good:
+            continue
+        ok = True
         if not isinstance(k, str) or not QUALIFIED_NAME.match(k.split("/")[-1] if "/" in k else k):
+            ok = False
             causes.append((path, "FieldValueInvalid", f'Invalid value: "{k}": name part must consist of alphanumeric characters'))
         if not isinstance(v, str) or len(v) > 63 or not LABEL_VALUE.match(v):
+            ok = False
             causes.append(
                 (f"{path}", "FieldValueInvalid", f'Invalid value: "{v}": a valid label must be an empty string or consist of '
                  "alphanumeric characters, '-', '_' or '.' (at most 63 characters)")
             )
+        if ok:
+            if len(good) >= _GOOD_LABELS_MAX:
+                good.clear()
+            good.add((k, v))
 
 
 def _validate_annotations(ann: Any, path: str, causes: Causes) -> None:
