@@ -58,7 +58,7 @@ def new_uid() -> str:
 
 
 def random_suffix(n: int = 5) -> str:
-    return "".join(random.choice(_SUFFIX_ALPHABET) for _ in range(n))
+    return "".join(random.choices(_SUFFIX_ALPHABET, k=n))
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
