@@ -247,8 +247,9 @@ class LocalCluster:
     def reconcile(self) -> bool:
         """One pass of every controller over its queued work; True when work is left for another.
 
-        The store lock is taken per controller, not for the whole pass, so API requests are
-        served between the steps.
+        Runs on the cluster's loop (or in a test's thread): the store lock is taken per
+        controller, so other threads get in between the steps; the loop's own requests are
+        served between passes (the Job controller does 32 Jobs per pass).
         """
         lock = self.core.store.lock
         with lock:
