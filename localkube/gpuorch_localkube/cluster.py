@@ -31,6 +31,7 @@ from .config import (
     parse_config,
 )
 from .core import ClusterCore, node_object
+from .httpserver import LoopThread
 from .jobcontroller import JobController, PodGC, mark_node_lost
 from .kubelet import Kubelet
 from .objects import GPU
@@ -41,6 +42,9 @@ __all__ = ["LocalCluster", "LocalClusters", "kubeconfig_dict", "write_kubeconfig
 
 log = logging.getLogger("gpuorch_localkube")
 RESYNC_SECONDS = 30.0
+#: A pass at least this often: the kubelet's clocks (restart back-off, grace periods) and the Job
+#: controller's deadlines are looked at by passes.
+TICK_SECONDS = 0.1
 
 
 def kubeconfig_dict(servers: Mapping[str, str], current: str | None = None) -> dict[str, Any]:
@@ -97,7 +101,8 @@ class LocalCluster:
             cfg = parse_cluster(config, time_scale=float(time_scale) if time_scale is not None else float(config.get("time_scale", 1.0)))
         self.config = cfg
         self.state_dir = Path(state_dir).resolve()
-        self._wake = threading.Event()
+        self.runner = LoopThread(f"localkube-{cfg.name}")  # the API and the controllers: one thread
+        self._pass_due = False  # a pass is scheduled on the loop
         self.core = ClusterCore(cfg, self.state_dir, self._poke)
         self.kubelet = Kubelet(self.core)
         self.core.kubelet = self.kubelet
@@ -107,8 +112,8 @@ class LocalCluster:
         self.background = BackgroundLoadManager(self.core)
         self.core.store.add_listener(self._observe)
         self._last_resync = 0.0
-        self.api = APIServer(self.core, host, cfg.port if port is None else port)
-        self._thread: threading.Thread | None = None
+        self.api = APIServer(self.core, host, cfg.port if port is None else port, self.runner)
+        self._tick: Any = None  # the loop's TimerHandle of the next periodic pass
         self._stopping = False
         self._started = False
 
@@ -144,10 +149,10 @@ class LocalCluster:
         self.core.add_configured_nodes()
         with self.core.store.lock:
             self.scheduler.resync()
-        self.api.start()
         self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name=f"localkube-{self.name}", daemon=True)
-        self._thread.start()
+        self.runner.start()
+        self.runner.call(self._periodic)
+        self.api.start()
         self._started = True
         atexit.register(self._atexit)
         log.info("cluster %s serving on %s", self.name, self.url)
@@ -166,14 +171,17 @@ class LocalCluster:
         if not self._started:
             return
         self._stopping = True
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
         self.api.stop()
+
+        def stop_passes() -> None:
+            if self._tick is not None:
+                self._tick.cancel()
+
+        self.runner.call(stop_passes)
+        self.runner.stop()
         with self.core.store.lock:
             self.kubelet.shutdown(grace)
             self.core.store.closed = True
-        self.core.store.notify()
         self._started = False
         atexit.unregister(self._atexit)
         log.info("cluster %s stopped", self.name)
@@ -185,9 +193,13 @@ class LocalCluster:
         self.stop()
 
     def _poke(self) -> None:
-        """Wake the loop (called on every commit: setting a set Event would take its lock again)."""
-        if not self._wake.is_set():
-            self._wake.set()
+        """A commit (any thread): schedule a pass on the loop, unless one is already due.
+
+        It runs after the callbacks of the loop's current turn: the requests that arrived together
+        are answered first and their commits share the pass, as a burst's commits do."""
+        if not self._pass_due and not self._stopping:
+            self._pass_due = True
+            self.runner.soon(self._pass)
 
     def _observe(self, event: Event) -> None:
         """Every store commit (lock held): queue the work it means for each controller."""
@@ -197,23 +209,32 @@ class LocalCluster:
         self.kubelet.observe(event)
         self.background.observe(event)
 
-    def _loop(self) -> None:
-        more = False
-        while not self._stopping:
-            if not more:
-                self._wake.wait(timeout=0.1)
-            self._wake.clear()
-            if self._stopping:
-                break
-            try:
-                now = time.monotonic()
-                if now - self._last_resync >= RESYNC_SECONDS:
-                    self._last_resync = now
-                    self.resync()
-                more = self.reconcile()
-            except Exception:  # pragma: no cover - keep the cluster alive, but say it loudly
-                log.exception("cluster %s: reconcile failed", self.name)
-                more = False
+    def _periodic(self) -> None:
+        """A pass every TICK_SECONDS (on the loop), whatever was committed."""
+        self._pass()
+        if not self._stopping:
+            assert self.runner.loop is not None
+            self._tick = self.runner.loop.call_later(TICK_SECONDS, self._periodic)
+
+    def _pass(self) -> None:
+        """One pass of the controllers on the loop, between requests (informers' resync every
+        RESYNC_SECONDS); another soon if work is left, so requests are served in between."""
+        self._pass_due = False
+        if self._stopping:
+            return
+        try:
+            now = time.monotonic()
+            if now - self._last_resync >= RESYNC_SECONDS:
+                self._last_resync = now
+                self.resync()
+            more = self.reconcile()
+            self.api.flush_watches()  # this pass's commits, in one write per watcher
+        except Exception:  # pragma: no cover - keep the cluster alive, but say it loudly
+            log.exception("cluster %s: reconcile failed", self.name)
+            more = False
+        if more and not self._pass_due:
+            self._pass_due = True
+            self.runner.soon(self._pass)
 
     def resync(self) -> None:
         """Queue every object for the controllers that follow objects (informers' periodic resync)."""
@@ -226,8 +247,9 @@ class LocalCluster:
     def reconcile(self) -> bool:
         """One pass of every controller over its queued work; True when work is left for another.
 
-        The store lock is taken per controller, not for the whole pass, so API requests are
-        served between the steps.
+        Runs on the cluster's loop (or in a test's thread): the store lock is taken per
+        controller, so other threads get in between the steps; the loop's own requests are
+        served between passes (the Job controller does 32 Jobs per pass).
         """
         lock = self.core.store.lock
         with lock:
@@ -273,7 +295,7 @@ class LocalCluster:
                     meta = p["metadata"]
                     self.core.store.update("pods", meta["namespace"], meta["name"], lambda o: mark_node_lost(o, name))
                     lost.append(f"{meta['namespace']}/{meta['name']}")
-        self._wake.set()
+        self._poke()
         log.warning("cluster %s: lost node %s (%d pods)", self.name, name, len(lost))
         return lost
 

@@ -241,8 +241,9 @@ class ClusterCore:
             cls = spec.get("priorityClassName")
             spec["priority"] = int(self.config.priority_classes.get(cls, 0)) if cls else 0
 
-    def create_job(self, namespace: str, body: Any, dry_run: bool = False) -> dict[str, Any]:
-        job = prepare_job(body, namespace)
+    def create_job(self, namespace: str, body: Any, dry_run: bool = False, owned: bool = False) -> dict[str, Any]:
+        """`owned`: the body was just decoded for this call and may be used as the stored object."""
+        job = prepare_job(body, namespace, owned)
         if dry_run:
             return job
         with self.store.lock:

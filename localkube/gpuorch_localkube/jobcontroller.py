@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuorch_proto.kubesem import TERMINAL_POD_PHASES, job_finished
 
+from .errors import ApiError
 from .objects import GANG_ANNOTATION, get_condition, set_condition
 from .util import json_copy, random_suffix, rfc3339
 
@@ -21,6 +22,9 @@ if TYPE_CHECKING:
 __all__ = ["JobController", "PodGC", "mark_node_lost"]
 
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
+#: Names tried for a pod (`<job>-<5 random characters>`, as the API server's generateName) before
+#: the create's conflict is let through: 1,000 pods of one Job collide about once in 30 Jobs.
+NAME_ATTEMPTS = 5
 
 
 def _status_only(prev: dict[str, Any], new: dict[str, Any]) -> bool:
@@ -323,7 +327,12 @@ class JobController:
         probe = {"status": json_copy(job.get("status") or {})}
         mutate(probe)
         if probe["status"] != (job.get("status") or {}):
-            core.store.update("jobs", ns, name, mutate, fields=("status",))
+            new_status = probe["status"]  # a copy of its own: it becomes the stored status as it is
+
+            def put(j: dict[str, Any]) -> None:
+                j["status"] = new_status
+
+            core.store.update("jobs", ns, name, put, fields=())
         ttl = spec.get("ttlSecondsAfterFinished")
         if tr.finish_mono is not None and ttl is not None:  # its own status write wakes nobody: time the TTL here
             self._after(uid, tr.finish_mono + core.config.job_clock_seconds(int(ttl)) - now)
@@ -384,7 +393,14 @@ class JobController:
             del body["metadata"]["annotations"]
         self._creating = True  # its ADDED event needs no second look at the Job: this sync counts it
         try:
-            pod = self.core.create_pod_internal(jmeta["namespace"], body)
+            for attempt in range(NAME_ATTEMPTS):
+                try:
+                    pod = self.core.create_pod_internal(jmeta["namespace"], body)
+                    break
+                except ApiError as e:  # the generated name is taken (1,000 pods of one Job collide now and then)
+                    if e.code != 409 or attempt == NAME_ATTEMPTS - 1:
+                        raise
+                    body["metadata"]["name"] = f"{base}-{random_suffix()}"
         finally:
             self._creating = False
         self.core.events.record(job, "Normal", "SuccessfulCreate", f"Created pod: {pod['metadata']['name']}", "job-controller")

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -133,6 +134,8 @@ class Kubelet:
         self.core = core
         self.runs: dict[str, PodRun] = {}
         self.dirty: set[str] = set()  # pod uids
+        self._exits: deque[str] = deque()  # pod uids whose process exited (appended by the waiter threads)
+        self._busy: set[str] = set()  # runs with a clock running: a restart back-off, a grace period, a start to do
         self._sleep = shutil.which("sleep")
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -161,7 +164,7 @@ class Kubelet:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(c.proc.pid, sig)
 
-    def _waiter(self, proc: subprocess.Popen[bytes]) -> None:
+    def _waiter(self, proc: subprocess.Popen[bytes], uid: str) -> None:
         try:
             os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -169,6 +172,7 @@ class Kubelet:
         except ChildProcessError:
             pass
         proc.wait()
+        self._exits.append(uid)
         self.core.wake()
 
     # -- the sync loop ---------------------------------------------------------------------------
@@ -184,10 +188,17 @@ class Kubelet:
         self.dirty.update(p["metadata"]["uid"] for p in self._store.values("pods"))
 
     def sync(self) -> None:
-        """Admit the bound pods that events pointed at, advance every run, finish deletions."""
+        """Admit the bound pods that events pointed at, advance the runs that something happened
+        to (an event for their pod, a process exit, a clock running), finish deletions.
+
+        A run whose containers are all running and that nothing happened to is not looked at: a
+        pass costs what changed, not the number of running pods.
+        """
         store = self._store
         now = time.monotonic()
         todo, self.dirty = self.dirty, set()
+        while self._exits:
+            todo.add(self._exits.popleft())
         for uid in sorted(todo):
             pod = store.by_uid("pods", uid)
             if pod is None:
@@ -202,7 +213,9 @@ class Kubelet:
                 and not meta.get("deletionTimestamp")
             ):
                 self._admit(pod, node_obj)
-        for uid, run in list(self.runs.items()):
+        for uid in sorted((todo | self._busy) & self.runs.keys()):
+            run = self.runs[uid]
+            self._busy.discard(uid)
             found = store.by_uid("pods", uid)
             if found is None:
                 # the object is gone (force delete, node controller): make sure the processes are too
@@ -210,16 +223,22 @@ class Kubelet:
                     self._signal(c, signal.SIGKILL)
                 if not run.live():
                     del self.runs[uid]
+                else:
+                    self._busy.add(uid)
                 continue
             pod = found
             if pod["metadata"].get("deletionTimestamp"):
                 self._terminate(run, pod, now)
+                if uid in self.runs:
+                    self._busy.add(uid)  # the grace period runs
                 continue
             self._advance(run, pod, now)
             self._write_status(run)
             if run.stage == "done" and not run.live():
                 del self.runs[uid]
                 todo.add(uid)
+            elif run.stage != "main" or any(c.next_restart is not None or (c.proc is None and not c.done) for c in run.containers()):
+                self._busy.add(uid)
         for uid in sorted(todo):
             pod = store.by_uid("pods", uid)
             if pod is not None and pod["metadata"].get("deletionTimestamp") and uid not in self.runs:
@@ -416,7 +435,7 @@ class Kubelet:
         c.proc = proc
         c.started_at = now
         c.state = {"running": {"startedAt": now}}
-        threading.Thread(target=self._waiter, args=(proc,), name=f"wait-{proc.pid}", daemon=True).start()
+        threading.Thread(target=self._waiter, args=(proc, run.uid), name=f"wait-{proc.pid}", daemon=True).start()
         log.debug("started %s/%s[%s] pid %d: %s", run.namespace, run.name, c.name, proc.pid, argv)
 
     def _exited(

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
 
+import msgspec
+
 from .errors import JOBS, PODS, ApiError, Resource
 from .quantity import QuantityError, parse_quantity
 from .util import (
@@ -92,20 +94,34 @@ def _validate_name(meta: dict[str, Any], causes: Causes, max_len: int = 253) -> 
     return str(name)
 
 
+_GOOD_LABELS: set[tuple[str, str]] = set()  # (key, value) pairs known valid: Jobs repeat a few
+_GOOD_LABELS_MAX = 4096
+
+
 def _validate_labels(labels: Any, path: str, causes: Causes) -> None:
     if labels is None:
         return
     if not isinstance(labels, dict):
         causes.append((path, "FieldValueInvalid", "Invalid value: must be a map of strings"))
         return
+    good = _GOOD_LABELS
     for k, v in labels.items():
+        if isinstance(k, str) and isinstance(v, str) and (k, v) in good:
+            continue
+        ok = True
         if not isinstance(k, str) or not QUALIFIED_NAME.match(k.split("/")[-1] if "/" in k else k):
+            ok = False
             causes.append((path, "FieldValueInvalid", f'Invalid value: "{k}": name part must consist of alphanumeric characters'))
         if not isinstance(v, str) or len(v) > 63 or not LABEL_VALUE.match(v):
+            ok = False
             causes.append(
                 (f"{path}", "FieldValueInvalid", f'Invalid value: "{v}": a valid label must be an empty string or consist of '
                  "alphanumeric characters, '-', '_' or '.' (at most 63 characters)")
             )
+        if ok:
+            if len(good) >= _GOOD_LABELS_MAX:
+                good.clear()
+            good.add((k, v))
 
 
 def _validate_annotations(ann: Any, path: str, causes: Causes) -> None:
@@ -146,7 +162,37 @@ def normalise_spec_quantities(pod_spec: Any) -> None:
                     res[kind] = {k: (str(v) if isinstance(v, int) and not isinstance(v, bool) else v) for k, v in vals.items()}
 
 
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
+_RESOURCES_SEEN: dict[bytes, tuple[bytes, Causes]] = {}  # what _check_resources made of a container's resources
+_RESOURCES_SEEN_MAX = 1024
+
+
 def _validate_resources(c: dict[str, Any], path: str, causes: Causes) -> None:
+    """Validate and default `c["resources"]`.
+
+    The outcome depends on the resources alone (and the path in the messages), and a burst of
+    Jobs repeats a few shapes: it is remembered by their JSON (a bounded memo), so the quantities
+    of a shape are parsed and compared once, not for every Job.
+    """
+    res = c.get("resources")
+    if not isinstance(res, dict):
+        _check_resources(c, path, causes)
+        return
+    key = b"%s|%s" % (path.encode(), _encode(res))
+    hit = _RESOURCES_SEEN.get(key)
+    if hit is None:
+        mine: Causes = []
+        _check_resources(c, path, mine)
+        if len(_RESOURCES_SEEN) >= _RESOURCES_SEEN_MAX:
+            _RESOURCES_SEEN.clear()
+        hit = _RESOURCES_SEEN[key] = (_encode(c["resources"]), mine)
+    else:
+        c["resources"] = _decode(hit[0])
+    causes.extend(hit[1])
+
+
+def _check_resources(c: dict[str, Any], path: str, causes: Causes) -> None:
     res = c.get("resources")
     if res is None:
         c["resources"] = res = {}
@@ -309,9 +355,13 @@ def _int_field(spec: dict[str, Any], fld: str, causes: Causes, minimum: int, pat
     return v
 
 
-def prepare_job(body: Any, namespace: str) -> dict[str, Any]:
-    """Validate and default a Job on create (raises ApiError 400/422)."""
-    job = check_type_meta(json_copy(body), JOBS, namespace)  # YAML dates become strings, as kubectl sends them
+def prepare_job(body: Any, namespace: str, owned: bool = False) -> dict[str, Any]:
+    """Validate and default a Job on create (raises ApiError 400/422).
+
+    The body is copied first (YAML dates become strings, as kubectl sends them), unless `owned`:
+    a body just decoded from JSON belongs to nobody else and is used as it is.
+    """
+    job = check_type_meta(body if owned else json_copy(body), JOBS, namespace)
     job["apiVersion"], job["kind"] = "batch/v1", "Job"
     meta = job["metadata"]
     causes: Causes = []
@@ -402,7 +452,48 @@ def prepare_owned_pod(pod: dict[str, Any], namespace: str) -> dict[str, Any]:
     return pod
 
 
+def _resources_key(spec: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """The containers' resources as a hashable key (None if they are not plain string maps)."""
+    out: list[Any] = []
+    for key in ("containers", "initContainers"):
+        out.append(key)
+        for c in spec.get(key) or ():
+            res = c.get("resources") or {} if isinstance(c, dict) else None
+            if not isinstance(res, dict):
+                return None
+            for kind in ("limits", "requests"):
+                vals = res.get(kind) or {}
+                if not isinstance(vals, dict) or not all(isinstance(v, str) for v in vals.values()):
+                    return None
+                out.append(tuple(vals.items()))
+    return tuple(out)
+
+
+_ZERO = Fraction(0)
+_BY_RESOURCES: dict[tuple[Any, ...], tuple[str, dict[str, Fraction]]] = {}  # key -> (QoS class, requests)
+_BY_RESOURCES_MAX = 1024
+
+
+def _from_resources(spec: Mapping[str, Any]) -> tuple[str, dict[str, Fraction]]:
+    """QoS class and effective requests of a pod spec, computed once per shape of its resources
+    (a burst of pods repeats a few: parsing quantities and adding Fractions was a good part of a
+    pod's cost). The requests are shared: callers must not change them."""
+    key = _resources_key(spec)
+    hit = _BY_RESOURCES.get(key) if key is not None else None
+    if hit is None:
+        hit = (_qos_class(spec), _pod_requests(spec))
+        if key is not None:
+            if len(_BY_RESOURCES) >= _BY_RESOURCES_MAX:
+                _BY_RESOURCES.clear()
+            _BY_RESOURCES[key] = hit
+    return hit
+
+
 def qos_class(spec: Mapping[str, Any]) -> str:
+    return _from_resources(spec)[0]
+
+
+def _qos_class(spec: Mapping[str, Any]) -> str:
     containers = list(spec.get("containers") or []) + list(spec.get("initContainers") or [])
     any_set = False
     guaranteed = True
@@ -420,16 +511,21 @@ def qos_class(spec: Mapping[str, Any]) -> str:
 
 
 def pod_requests(pod: Mapping[str, Any]) -> dict[str, Fraction]:
-    """Effective requests: max(sum over containers, max over init containers), per resource."""
-    spec = pod.get("spec") or {}
+    """Effective requests: max(sum over containers, max over init containers), per resource.
+
+    Shared between pods of one shape of resources: do not change the answer."""
+    return _from_resources(pod.get("spec") or {})[1]
+
+
+def _pod_requests(spec: Mapping[str, Any]) -> dict[str, Fraction]:
     total: dict[str, Fraction] = {}
     for c in spec.get("containers") or []:
         for k, v in ((c.get("resources") or {}).get("requests") or {}).items():
-            total[k] = total.get(k, Fraction(0)) + parse_quantity(v)
+            total[k] = total.get(k, _ZERO) + parse_quantity(v)
     for c in spec.get("initContainers") or []:
         for k, v in ((c.get("resources") or {}).get("requests") or {}).items():
             q = parse_quantity(v)
-            if q > total.get(k, Fraction(0)):
+            if q > total.get(k, _ZERO):
                 total[k] = q
     return total
 

@@ -7,7 +7,13 @@ share them without copying.
 Every commit is handed to the listeners as an `Event` (the controllers' work queues are fed from
 them, as client-go's informers feed a workqueue), and two pod indexes are kept up to date with it:
 pods by controlling owner uid and pods by node, so no controller scans every pod to find a Job's
-pods or a node's pods.
+pods or a node's pods. Commit hooks (the API server's watch fan-out) are called for every commit,
+core/v1 Events included.
+
+Each version of an object is serialised to JSON once for its commit's answer and its watchers
+(`Event.data`): the bytes are kept on the version's `Event` until the watch fan-out has sent them
+(`Event.sent`), and lists reuse them when they are still there (`encoded`). Keeping them longer
+would cost a copy of every object's JSON in memory.
 """
 
 from __future__ import annotations
@@ -16,8 +22,9 @@ import builtins
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from .errors import RESOURCES, ApiError
 from .util import json_copy
@@ -28,19 +35,40 @@ Obj = dict[str, Any]
 Key = tuple[str, str]
 
 
-@dataclass(frozen=True)
+_encode = msgspec.json.Encoder().encode
+
+
 class Event:
-    rv: int
-    resource: str
-    type: str  # ADDED, MODIFIED, DELETED
-    obj: Obj
-    prev: Obj | None
+    """One commit: the new version of an object (`obj`; for DELETED the last one) and the previous."""
+
+    __slots__ = ("_data", "obj", "prev", "resource", "rv", "type")
+
+    def __init__(self, rv: int, resource: str, type: str, obj: Obj, prev: Obj | None):
+        self.rv = rv
+        self.resource = resource
+        self.type = type  # ADDED, MODIFIED, DELETED
+        self.obj = obj
+        self.prev = prev
+        self._data: bytes | None = None
+
+    def data(self) -> bytes:
+        """`obj` as JSON, encoded once until `sent` (committed objects are never mutated)."""
+        d = self._data
+        if d is None:
+            d = self._data = _encode(self.obj)
+        return d
+
+    def sent(self) -> None:
+        """Every open watch has this event: drop its bytes (a later reader encodes again)."""
+        self._data = None
+
+    def __repr__(self) -> str:
+        return f"Event({self.rv}, {self.resource}, {self.type}, {self.obj['metadata'].get('name')!r})"
 
 
 class Store:
     def __init__(self, history_size: int = 5000):
         self.lock = threading.RLock()
-        self.cond = threading.Condition(self.lock)
         self._rv = 0
         self._objs: dict[str, dict[Key, Obj]] = {"pods": {}, "jobs": {}, "nodes": {}, "events": {}, "secrets": {}}
         self._history: deque[Event] = deque()
@@ -48,6 +76,8 @@ class Store:
         self._compacted = 0  # events with rv <= this are no longer in the history
         self._created_seq: dict[str, int] = {}
         self._listeners: list[Callable[[Event], None]] = []
+        self._hooks: list[Callable[[], None]] = []
+        self._latest: dict[tuple[str, Key], Event] = {}  # (resource, key) -> the event of its current version
         self._by_owner: dict[str, set[Key]] = {}
         self._by_node: dict[str, set[Key]] = {}
         self._uids: dict[str, dict[str, Key]] = {}  # resource -> uid -> key
@@ -92,6 +122,19 @@ class Store:
                 return []
         return None if found is None else sorted(found)
 
+    def encoded(self, resource: str, obj: Obj, keep: bool = False) -> bytes:
+        """JSON of `obj`: its version's bytes when they are still kept, else encoded now (and kept
+        for the watchers with `keep`: the answer to the request that committed it)."""
+        meta = obj["metadata"]
+        ev = self._latest.get((resource, (meta.get("namespace", ""), meta["name"])))
+        if ev is not None and ev.obj is obj:
+            d = ev._data
+            if d is not None:
+                return d
+            if keep:
+                return ev.data()
+        return _encode(obj)
+
     def by_uid(self, resource: str, uid: str) -> Obj | None:
         key = self._uids.get(resource, {}).get(uid)
         return None if key is None else self._objs[resource].get(key)
@@ -116,6 +159,10 @@ class Store:
         """`fn(event)` after every commit but those of core/v1 Events, with the lock held."""
         self._listeners.append(fn)
 
+    def add_hook(self, fn: Callable[[], None]) -> None:
+        """`fn()` after every commit, core/v1 Events included, with the lock held: it must be quick."""
+        self._hooks.append(fn)
+
     def _index(self, key: Key, old: Obj | None, new: Obj | None) -> None:
         for index, field in ((self._by_owner, _owner_uid), (self._by_node, _node_name)):
             before, after = field(old), field(new)
@@ -137,6 +184,11 @@ class Store:
             self._compacted = self._history.popleft().rv
         meta = obj["metadata"]
         key = (meta.get("namespace", ""), meta["name"])
+        before = self._latest.pop((resource, key), None) if etype == "DELETED" else self._latest.get((resource, key))
+        if etype != "DELETED":
+            self._latest[(resource, key)] = event
+        if before is not None:
+            before._data = None  # a version no longer current keeps no bytes (a watcher behind encodes again)
         if resource == "pods":
             self._index(key, prev, None if etype == "DELETED" else obj)
         old_labels = (prev or {}).get("metadata", {}).get("labels") or {}
@@ -153,7 +205,8 @@ class Store:
             for pair in new_labels.items():
                 if old_labels.get(pair[0]) != pair[1]:
                     index.setdefault(pair, set()).add(key)
-        self.cond.notify_all()
+        for hook in self._hooks:
+            hook()
         if resource == "events":
             return  # Events are records for people: no controller reacts to them
         for fn in self._listeners:
@@ -251,10 +304,6 @@ class Store:
             out.append(ev)
         out.reverse()
         return out
-
-    def notify(self) -> None:
-        with self.cond:
-            self.cond.notify_all()
 
 
 def _owner_uid(obj: Obj | None) -> str | None:

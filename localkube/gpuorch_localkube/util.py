@@ -6,7 +6,6 @@ import functools
 import random
 import re
 import time
-import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -47,13 +46,19 @@ def parse_rfc3339(text: str) -> float:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
 
 
+_UUID_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
+_UUID_V4 = (0x4000 << 64) | (0x8000 << 48)
+
+
 def new_uid() -> str:
-    """A version-4 UUID (from the `random` module: cheaper than os.urandom, and uids need no secrecy)."""
-    return str(uuid.UUID(int=random.getrandbits(128), version=4))
+    """A version-4 UUID (from the `random` module: cheaper than os.urandom, and uids need no
+    secrecy), formatted directly (what `str(uuid.UUID(int=..., version=4))` gives, for a quarter of its cost)."""
+    h = "%032x" % ((random.getrandbits(128) & _UUID_CLEAR) | _UUID_V4)
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def random_suffix(n: int = 5) -> str:
-    return "".join(random.choice(_SUFFIX_ALPHABET) for _ in range(n))
+    return "".join(random.choices(_SUFFIX_ALPHABET, k=n))
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")

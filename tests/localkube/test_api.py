@@ -228,6 +228,25 @@ def test_watch_ends_at_timeout_seconds(lk: LK) -> None:
     assert 0.9 <= elapsed < 3
 
 
+def test_a_watch_that_asks_for_bookmarks_ends_with_one_at_how_far_it_has_seen(lk: LK) -> None:
+    """A quiet selector's next watch resumes from the bookmark, not from its last matching object."""
+    h = lk({"name": "c1", "nodes": [node_group()]})
+    c = h.client("c1")
+    rv = c.batch.list_namespaced_job("default", label_selector="watched=yes", _request_timeout=TIMEOUT).metadata.resource_version
+    c.batch.create_namespaced_job("default", job_body("other", ["true"], suspend=True), _request_timeout=TIMEOUT)
+    wait_for(lambda: int(c.batch.list_namespaced_job("default", _request_timeout=TIMEOUT).metadata.resource_version) > int(rv) + 1)
+    after = int(c.batch.list_namespaced_job("default", _request_timeout=TIMEOUT).metadata.resource_version)
+    events = list(new_watch().stream(
+        c.batch.list_namespaced_job, "default", label_selector="watched=yes", resource_version=rv, timeout_seconds=1,
+        allow_watch_bookmarks=True, _request_timeout=(2, 10)))
+    assert [e["type"] for e in events] == ["BOOKMARK"]
+    assert int(events[0]["object"]["metadata"]["resourceVersion"]) >= after  # the client keeps a bookmark raw
+    plain = list(new_watch().stream(
+        c.batch.list_namespaced_job, "default", label_selector="watched=yes", resource_version=rv, timeout_seconds=1,
+        _request_timeout=(2, 10)))
+    assert plain == []  # none unless asked for
+
+
 def test_served_objects_validate_against_the_kubernetes_schema(lk: LK) -> None:
     h = lk({"name": "c1", "nodes": [node_group(pool="train", taints=[{"key": "a", "value": "b", "effect": "NoSchedule"}])]})
     c = h.client("c1")

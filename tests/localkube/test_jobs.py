@@ -249,3 +249,18 @@ def test_delete_with_grace_zero_overrides_the_pod_grace_period(lk: LK) -> None:
     c.core.delete_namespaced_pod(pod_name, "default", grace_period_seconds=0, _request_timeout=TIMEOUT)
     wait_for(lambda: not c.core.list_namespaced_pod("default", _request_timeout=TIMEOUT).items, timeout=5)
     assert not pid_alive(pid)
+
+
+def test_a_pod_name_taken_by_a_sibling_is_drawn_again(lk: LK, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pods are named `<job>-<5 random characters>`: a collision (1,000 pods of one Job meet one
+    about once in 30 Jobs) draws another name instead of failing the controllers' pass."""
+    import gpuorch_localkube.jobcontroller as jobcontroller
+
+    draws = iter(["aaaaa", "aaaaa", "aaaaa", "bbbbb"])
+    monkeypatch.setattr(jobcontroller, "random_suffix", lambda: next(draws))
+    h = lk({"name": "c1", "nodes": [node_group()]})
+    c = h.client("c1")
+    c.batch.create_namespaced_job("default", job_body("twins", ["sleep", "30"], parallelism=2, completions=2),
+                                  _request_timeout=TIMEOUT)
+    pods = wait_for(lambda: len(job_pods(c, "twins")) == 2 and job_pods(c, "twins"), what="both pods")
+    assert sorted(p.metadata.name for p in pods) == ["twins-aaaaa", "twins-bbbbb"]
