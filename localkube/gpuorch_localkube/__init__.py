@@ -7,7 +7,8 @@ command as a real local process. See docs/local-clusters.md.
         clusters["primary"].partition()
 """
 
-from .cluster import LocalCluster, LocalClusters, kubeconfig_dict, write_kubeconfig
+from typing import TYPE_CHECKING, Any
+
 from .config import (
     BackgroundLoad,
     ClusterConfig,
@@ -35,3 +36,20 @@ __all__ = [
     "parse_config",
     "write_kubeconfig",
 ]
+
+
+if TYPE_CHECKING:
+    from .cluster import LocalCluster, LocalClusters, kubeconfig_dict, write_kubeconfig
+
+_CLUSTER = {"LocalCluster", "LocalClusters", "kubeconfig_dict", "write_kubeconfig"}
+
+
+def __getattr__(name: str) -> Any:
+    """The serving parts (`cluster`: the asyncio API server) load on first use, so that the
+    pure parts (the scheduler's rules, the config) import without an I/O library: the
+    deterministic simulation uses them (tests/dst: it loads no I/O library)."""
+    if name in _CLUSTER:
+        from . import cluster
+
+        return getattr(cluster, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
