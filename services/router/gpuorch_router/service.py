@@ -250,7 +250,10 @@ class Router:
         if len(accepted) > 1:
             log.info("pipeline.expanded", workload=wid, children=len(accepted) - 2)
         r = self.gate_round(now)
-        await self.send_cancels(r.cancels)
+        if r.cancels:  # the reasons (stage-blocked, ...) go on record before the cancels they explain
+            await self.publisher.publish([*accepted, *r.events], context=msg.context)  # type: ignore[union-attr]
+            await self.send_cancels(r.cancels)
+            return []
         return [*accepted, *r.events]
 
     async def on_event(self, msg: Incoming) -> Sequence[ev.Base]:
@@ -265,9 +268,12 @@ class Router:
         if isinstance(e, ev.Completed) and fresh and view is not None:
             self.learn(view)
         r = self.gate_round(time.time())  # level-triggered: a slot freed, a stage promoted, ...
-        await self.send_cancels(r.cancels)
         # what the round decided goes out with this event's outputs; if this handler fails, the
         # gate still has it as unconfirmed and the re-evaluation loop publishes it (same ids)
+        if r.cancels:  # the reasons (stage-blocked, ...) go on record before the cancels they explain
+            await self.publisher.publish(list(r.events), context=msg.context)  # type: ignore[union-attr]
+            await self.send_cancels(r.cancels)
+            return self.on_route_requested(e)
         return [*r.events, *self.on_route_requested(e)]
 
     def on_route_requested(self, e: Event) -> list[ev.Base]:
@@ -309,9 +315,9 @@ class Router:
         events = [*(e for e in late if not isinstance(e, ev.Cancel)), *r.events]
         if late:
             log.warning("gate.resend", events=len(late))
-        await self.send_cancels(cancels)
-        for e in events:  # one at a time, each in its workload's trace
+        for e in events:  # one at a time, each in its workload's trace; before the cancels they explain
             await self.publisher.publish([e], context=self.follower.context(e.workload_id))
+        await self.send_cancels(cancels)
 
     async def reevaluate_once(self) -> int:
         """One round over the work awaiting a decision: publish what `core.reevaluation` says
