@@ -81,7 +81,8 @@ class Change(NamedTuple):
     labels: dict[str, str]
 
 
-def _key(obj: dict[str, Any]) -> Key:
+def object_key(obj: dict[str, Any]) -> Key:
+    """The cache's key of an object: (namespace, name)."""
     meta = obj.get("metadata") or {}
     return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
 
@@ -312,7 +313,7 @@ class Informer:
             doc = _decode.decode(resp.data)
         finally:
             resp.release_conn()
-        items = {_key(o): o for o in doc.get("items") or []}
+        items = {object_key(o): o for o in doc.get("items") or []}
         rv = _rv((doc.get("metadata") or {}).get("resourceVersion"))
         with self._lock:
             self._cache = items
@@ -353,7 +354,7 @@ class Informer:
             return
         rv = _rv((obj.get("metadata") or {}).get("resourceVersion"))
         if kind in ("ADDED", "MODIFIED", "DELETED"):
-            key = _key(obj)
+            key = object_key(obj)
             with self._lock:
                 old = self._cache.pop(key, None) if kind == "DELETED" else self._cache.get(key)
                 if kind != "DELETED":

@@ -477,8 +477,9 @@ def test_pod_starts_carry_gpuorchs_labels_and_trace_context():
     pod["spec"]["containers"][0]["env"] = [{"name": "A", "value": "b"}, {"name": "TRACEPARENT", "value": tp}]
     cpu = make_pod("cpu", node="g", created=T0 - 30, started=T0 - 29)
     starts, seen = observe_pod_starts([pod, cpu], make_registry("training"), time_scale=10.0)
-    first = starts[0]
+    assert [s.name for s in starts] == ["cpu", "att-pod"], "in order of start, whatever the listing's"
+    first = starts[1]
     assert (first.workload, first.attempt, first.traceparent, first.queue) == ("wl-1", "wl-1-a1", tp, "training")
     assert (first.created, first.started, first.delay_s, first.gpus) == (T0 - 30, T0 - 20, 100.0, 2)
-    assert starts[1].workload is None and starts[1].traceparent is None
+    assert starts[0].workload is None and starts[0].traceparent is None
     assert observe_pod_starts([pod, cpu], make_registry("training"), time_scale=10.0, seen=seen)[0] == []

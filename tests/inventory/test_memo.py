@@ -1,7 +1,8 @@
 """A `Memo` kept from round to round changes nothing in what inventory says: on random
 histories of a cluster (pods created, bound, started, finished, deleted; nodes relabelled,
 tainted, cordoned), each round's snapshot and pod starts with the memo equal those without it,
-while an unchanged pod is parsed once and its eligible nodes are worked out once."""
+while an unchanged pod is parsed once and its eligible nodes are worked out once. So do the
+pods kept as a `PodSet` from the changes alone (what inventory does with its watch's changes)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ class Cluster:
         self.rv = 0
         self.nodes: dict[str, dict[str, Any]] = {}
         self.pods: dict[str, dict[str, Any]] = {}
+        self.changed: list[str] = []  # the pods changed since the last round, as a watch tells them
         self.made = 0
         for n in NODES:
             self.put(self.nodes, n, make_node(n, gpus=4))
@@ -47,6 +49,8 @@ class Cluster:
         self.rv += 1
         obj["metadata"]["resourceVersion"] = str(self.rv)
         where[key] = obj
+        if where is self.pods:
+            self.changed.append(key)
 
     def pod(self, i: int) -> tuple[str, dict[str, Any]] | None:
         names = sorted(self.pods)
@@ -71,6 +75,7 @@ class Cluster:
             name, pod = got
             if kind == "delete":
                 del self.pods[name]
+                self.changed.append(name)
                 return
             if kind == "bind" and not pod["spec"].get("nodeName"):
                 pod["spec"]["nodeName"] = o[2]
@@ -94,8 +99,15 @@ class Cluster:
             self.put(self.nodes, o[1], node)
 
 
-def one_round(cluster: Cluster, registry: Any, now: float, seen: frozenset[str], memo: core.Memo | None) -> tuple[Any, ...]:
-    nodes, pods = list(cluster.nodes.values()), list(cluster.pods.values())
+def one_round(
+    cluster: Cluster, registry: Any, now: float, seen: frozenset[str], memo: core.Memo | None, pod_set: core.PodSet | None = None
+) -> tuple[Any, ...]:
+    nodes = list(cluster.nodes.values())
+    pods: core.Pods = list(cluster.pods.values())
+    if pod_set is not None:  # brought up to date from the changes alone, each once, as they are now
+        pod_set.update((k, cluster.pods.get(k)) for k in dict.fromkeys(cluster.changed))
+        cluster.changed = []
+        pods = pod_set
     starts, seen = core.observe_pod_starts(pods, registry, time_scale=60.0, seen=seen, memo=memo)
     snap = core.build_snapshot("c", nodes, pods, registry, now=now, observed_at=now, time_scale=60.0, memo=memo)
     return snap, starts, seen
@@ -104,8 +116,8 @@ def one_round(cluster: Cluster, registry: Any, now: float, seen: frozenset[str],
 @settings(max_examples=150, deadline=None)
 @given(st.sampled_from(REGISTRIES), st.lists(op, min_size=1, max_size=60))
 def test_the_memo_changes_no_snapshot(registry: Any, ops: list[tuple[Any, ...]]) -> None:
-    cluster, memo = Cluster(), core.Memo()
-    now, seen_plain, seen_memo = T0, frozenset[str](), frozenset[str]()
+    cluster, memo, memo2, pod_set = Cluster(), core.Memo(), core.Memo(), core.PodSet()
+    now, seen_plain, seen_memo, seen_set = T0, frozenset[str](), frozenset[str](), frozenset[str]()
     for o in [*ops, ("round", 1.0)]:
         if o[0] != "round":
             cluster.apply(o, now)
@@ -113,8 +125,11 @@ def test_the_memo_changes_no_snapshot(registry: Any, ops: list[tuple[Any, ...]])
         now += o[1]
         plain = one_round(cluster, registry, now, seen_plain, None)
         kept = one_round(cluster, registry, now, seen_memo, memo)
+        followed = one_round(cluster, registry, now, seen_set, memo2, pod_set)
         assert kept == plain
-        seen_plain, seen_memo = plain[2], kept[2]
+        assert followed == plain
+        assert len(pod_set) == len(cluster.pods)
+        seen_plain, seen_memo, seen_set = plain[2], kept[2], followed[2]
     assert set(memo.pods) <= {f"uid-{n}" for n in cluster.pods}, "only what is still listed is kept"
 
 

@@ -408,11 +408,13 @@ async def scenario_backlog(
                 at += fill
                 pending += int(f["created"]) - (capacity if pending == 0 else 0)
                 print(f"# backlog fill to {pending}: {f}", file=sys.stderr)
-            used = cpu(system)
+            used, kinds = cpu(system), dict(watch.kinds)
             f = await burst(client, watch, probe, tag, timeout, start=at)
             used = {k: v - used.get(k, 0.0) for k, v in cpu(system).items()}
             at += probe
             print(f"# backlog probe at {pending} (raw {raw:.0f}/s): {f}", file=sys.stderr)
+            more = {k: n - kinds.get(k, 0) for k, n in watch.kinds.items() if n > kinds.get(k, 0)}
+            print(f"# events by type during the probe: {dict(sorted(more.items(), key=lambda kv: -kv[1]))}", file=sys.stderr)
             rates[level] = f["rate"]
             case = f"probe {probe:,} at {pending:,} pending"
             rows += _rows(case, f, raw) + cpu_rows(case, used, f["created"])

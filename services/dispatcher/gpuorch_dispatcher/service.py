@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import heapq
 import json
+import math
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -157,6 +158,7 @@ def created_resource_version(raw: bytes) -> int | None:
 
 
 FULL_RECONCILE_EVERY = 30  # upkeep passes: every 30th re-checks every owned workload, quiet or not
+FULL_PRUNE_EVERY = 10  # lease renewals: every 10th looks at every record for finished workloads
 ENV_RECHECK = 1.0  # seconds between two looks at the data directory (`_environment_base`)
 FULL_WATCH_EVERY = 20  # watch ticks: every 20th looks at every live attempt, changed or not (a resync)
 
@@ -212,6 +214,12 @@ class Dispatcher:
         self.created_rv: dict[str, int] = {}  # attempt id -> resourceVersion of the Job we created
         # workload id -> (the last_seq that `reconcile` asked nothing for, until when that holds)
         self.quiet: dict[str, tuple[int, float]] = {}
+        # what the upkeep looks at next (`upkeep_list`): workloads with new events (or claimed) since
+        # their last look, and (time, workload) of quiet ones whose answer the clock changes then
+        self.upkeep_dirty: set[str] = set()
+        self.upkeep_due: list[tuple[float, str]] = []
+        self.ended: set[str] = set()  # workloads seen finished since the last renewal (their records go)
+        self.renewals = 0
         # what the watch looks at next (`to_look_at`): workloads with new events, (time, workload)
         # whose observation clock is due, running ones without their marker, the informers'
         # generations read, and when everything is looked at again
@@ -391,6 +399,7 @@ class Dispatcher:
         self.records[workload_id] = record
         self._owned[workload_id] = w.revision
         self.dirty.add(workload_id)  # ours now: the watch looks at its attempts
+        self.upkeep_dirty.add(workload_id)  # and the upkeep at what it still needs
         previous = current.owner if current else ""
         if previous and previous != me:
             log.info("ownership.takeover", workload=workload_id, previous=previous)
@@ -433,9 +442,14 @@ class Dispatcher:
     async def renew_once(self) -> None:
         """One write per period whatever we own: our instance lease (compare-and-set; on a
         conflict someone ended it, and the next generation starts)."""
-        for wid in [w for w in self.records if self._done(w)]:
+        self.renewals += 1
+        # the workloads seen finishing since the last renewal; now and then every record (a
+        # workload finished by a snapshot or replay, not by an event handled here)
+        ended = self.records if self.renewals % FULL_PRUNE_EVERY == 1 else self.ended
+        for wid in [w for w in ended if self._done(w)]:
             self.records.pop(wid, None)
             self._owned.pop(wid, None)
+        self.ended = set()
         if self.lease is None:
             await self.start_ownership()
             return
@@ -467,8 +481,10 @@ class Dispatcher:
                 generations[r.owner] = max(generations.get(r.owner, 0), r.generation)
         for instance, generation in sorted(generations.items()):
             await self._check_instance(instance, generation, now)
-        for wid, view in list(self.follower.projection.workloads.items()):
-            if view.terminal or view.workload is None or not view.routed_attempts or wid in self._owned:
+        views = self.follower.projection.workloads
+        for wid in list(views.keys() - self._owned.keys()):  # (a set difference: not a look at every view)
+            view = views.get(wid)
+            if view is None or view.terminal or view.workload is None or not view.routed_attempts:
                 continue
             if core.claim(self.records.get(wid), self.me, self.generation, self._over) is None:
                 continue
@@ -508,12 +524,20 @@ class Dispatcher:
         async def tick() -> None:
             nonlocal passes
             passes += 1
-            full = passes % FULL_RECONCILE_EVERY == 0  # now and then every owned workload, whatever
+            # the first pass and now and then every owned workload, quiet or not
+            full = passes % FULL_RECONCILE_EVERY == 1
             now = time.time()
-            for wid in list(self.owned):
+            owned = self.owned
+            for wid in self.upkeep_list(now, full):
+                if wid not in owned:
+                    continue
                 view = self.follower.projection.get(wid)
-                if view is None or view.terminal or view.workload is None or self.busy.get(wid):
+                if view is None or view.terminal or view.workload is None:
                     self.quiet.pop(wid, None)
+                    continue
+                if self.busy.get(wid):  # its handler is at it: looked at again next pass
+                    self.quiet.pop(wid, None)
+                    self.upkeep_dirty.add(wid)
                     continue
                 seen = self.quiet.get(wid)
                 if not full and seen is not None and seen[0] == view.last_seq and now < seen[1]:
@@ -522,8 +546,23 @@ class Dispatcher:
                     await self.redrive(view)
                 except Exception as exc:  # e.g. a cluster that does not answer a create: next round
                     log.warning("reconcile.failed", workload=wid, error=str(exc))
+                    self.upkeep_dirty.add(wid)
 
         await every(stop, self.reconcile_every, tick, name="reconcile_owned")
+
+    def upkeep_list(self, now: float, full: bool) -> list[str]:
+        """The owned workloads the upkeep looks at: all of them on a full pass; otherwise those
+        with new events (or newly ours) since their last look, and the quiet ones whose answer the
+        clock may change by now (`core.reconcile_due`). A workload neither lists is quiet at the
+        `last_seq` it was last looked at, before its due time: the full pass would skip it too."""
+        if full:
+            self.upkeep_dirty, self.upkeep_due = set(), []
+            return list(self.owned)
+        todo = dict.fromkeys(self.upkeep_dirty)
+        self.upkeep_dirty = set()
+        while self.upkeep_due and self.upkeep_due[0][0] <= now:
+            todo.setdefault(heapq.heappop(self.upkeep_due)[1])
+        return list(todo)
 
     async def redrive(self, view: WorkloadView) -> None:
         assert self.publisher is not None
@@ -536,9 +575,13 @@ class Dispatcher:
         mine = self.created.get(view.workload_id, set())
         actions = [a for a in actions if not (isinstance(a, core.CreateJob) and a.created.attempt_id in mine)]
         if not actions:  # on track: skip it until its state changes or `reconcile_due` comes
-            self.quiet[view.workload_id] = (seq, core.reconcile_due(view, env))
+            due = core.reconcile_due(view, env)
+            self.quiet[view.workload_id] = (seq, due)
+            if due != math.inf:
+                heapq.heappush(self.upkeep_due, (due, view.workload_id))
             return
         self.quiet.pop(view.workload_id, None)
+        self.upkeep_dirty.add(view.workload_id)  # looked at again next pass, until it is on track
         log.info("workload.redriven", workload=view.workload_id, actions=len(actions))
         await self.publisher.publish(
             await self.execute(actions, view.workload_id), context=self.follower.context(view.workload_id)
@@ -560,8 +603,11 @@ class Dispatcher:
         view = self.follower.projection.apply(e, msg.stream_seq)
         self.follower.remember(e.workload_id, msg.headers)
         self.dirty.add(e.workload_id)  # the watch looks at it again (`to_look_at`)
+        self.upkeep_dirty.add(e.workload_id)  # and so does the upkeep (`upkeep_list`)
         if view is None:
             return []
+        if view.terminal:
+            self.ended.add(e.workload_id)  # its owner record is dropped at the next renewal
         if e.workload_id in self.owned:
             spans.record_attempt(view, e, msg.context)  # an attempt that ended: its span and its phases
         now = time.time()

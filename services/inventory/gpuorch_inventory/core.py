@@ -13,6 +13,7 @@ the docstrings below are the precise rules.
 from __future__ import annotations
 
 import math
+import operator
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -156,6 +157,8 @@ class _Pod:
     workload: str | None = None
     attempt: str | None = None
     traceparent: str | None = None
+    #: its place in the line of pending pods: priority first, then age, then name and key
+    order: tuple[int, float, str, str] = (0, math.inf, "", "")
 
     @property
     def terminated(self) -> bool:
@@ -170,6 +173,9 @@ class _Pod:
     def pending(self) -> bool:
         """Waiting for a node: not bound, not finished, not being deleted."""
         return self.node is None and self.phase in ("Pending", "") and not self.deleting
+
+
+_ORDER = operator.attrgetter("order")
 
 
 def _container_resources(c: Any) -> tuple[float, float, float]:
@@ -226,6 +232,8 @@ def _parse_pod(obj: Mapping[str, Any]) -> _Pod:
     key = str(meta.get("uid") or f"{meta.get('namespace') or ''}/{name}")
     gpus, cpu, memory = _pod_resources(spec)
     priority = spec.get("priority")
+    priority = priority if isinstance(priority, int) and not isinstance(priority, bool) else 0
+    created = parse_time(meta.get("creationTimestamp"))
     tolerations = [t for t in spec.get("tolerations") or [] if isinstance(t, Mapping)]
     return _Pod(
         key=key,
@@ -238,8 +246,8 @@ def _parse_pod(obj: Mapping[str, Any]) -> _Pod:
         memory=memory,
         queue=labels.get(LABEL_QUEUE) or labels.get(LABEL_KUEUE_QUEUE),
         job=_job_key(meta, labels, key),
-        priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
-        created=parse_time(meta.get("creationTimestamp")),
+        priority=priority,
+        created=created,
         started=parse_time(status.get("startTime")),
         expected=_positive_float(annotations.get(ANN_EXPECTED_DURATION)),
         node_selector=_str_map(spec.get("nodeSelector")),
@@ -255,6 +263,7 @@ def _parse_pod(obj: Mapping[str, Any]) -> _Pod:
         workload=labels.get(LABEL_WORKLOAD),
         attempt=labels.get(LABEL_ATTEMPT),
         traceparent=_traceparent(spec),
+        order=(-priority, created if created is not None else math.inf, name, key),
     )
 
 
@@ -293,7 +302,48 @@ def _version(obj: Mapping[str, Any]) -> tuple[str, str] | None:
     return str(key), str(meta["resourceVersion"])
 
 
-def _parse_pods(objs: Iterable[Mapping[str, Any]], memo: Memo | None) -> list[_Pod]:
+class PodSet:
+    """One cluster's pods, parsed, kept up to date from a watch's changes (`update`): what the
+    functions below take in place of the listed objects, so that a round parses only the pods
+    that changed since the last one, not every pod listed (issue 12: with 10,000 pending, the
+    walk over every object was a third of inventory's time). Keys are the watch's (namespace,
+    name); an object's later version replaces its parse where it stands, as in the watch's
+    cache, and a new one is added at the end."""
+
+    def __init__(self) -> None:
+        self.parsed: dict[Any, _Pod] = {}
+        self._listed: list[_Pod] | None = None
+
+    def reset(self, objs: Iterable[tuple[Any, Mapping[str, Any]]]) -> None:
+        """Everything listed again (the first list, or a re-list): (key, object) pairs."""
+        self.parsed = {key: _parse_pod(obj) for key, obj in objs}
+        self._listed = None
+
+    def update(self, changed: Iterable[tuple[Any, Mapping[str, Any] | None]]) -> None:
+        """(key, the object as it is now; None: deleted) of each pod changed since the last call."""
+        for key, obj in changed:
+            self._listed = None
+            if obj is None:
+                self.parsed.pop(key, None)
+            else:
+                self.parsed[key] = _parse_pod(obj)
+
+    @property
+    def pods(self) -> list[_Pod]:
+        if self._listed is None:
+            self._listed = list(self.parsed.values())
+        return self._listed
+
+    def __len__(self) -> int:
+        return len(self.parsed)
+
+
+Pods = Iterable[Mapping[str, Any]] | PodSet  # the listed pod objects, or a PodSet kept from a watch
+
+
+def _parse_pods(objs: Pods, memo: Memo | None) -> list[_Pod]:
+    if isinstance(objs, PodSet):
+        return objs.pods
     if memo is None:
         return [_parse_pod(o) for o in objs]
     if memo.round is not None and memo.round[0] is objs:
@@ -604,7 +654,7 @@ class PodStart:
 
 
 def observe_pod_starts(
-    pods: Iterable[Mapping[str, Any]],
+    pods: Pods,
     registry: ClusterRegistryEntry,
     *,
     time_scale: float,
@@ -614,7 +664,8 @@ def observe_pod_starts(
     """Pods with a ``status.startTime`` that are not in `seen`, and the new `seen`.
 
     The returned set keeps only the keys of pods still listed (a pod that is gone never comes
-    back), so it does not grow without bound.
+    back), so it does not grow without bound. In order of start (then key): whatever order the
+    pods are listed in, the queue history learns the same.
     """
     known = set(_queue_names(registry))
     out: list[PodStart] = []
@@ -639,11 +690,12 @@ def observe_pod_starts(
                 traceparent=pod.traceparent,
             )
         )
+    out.sort(key=lambda s: (s.started, s.key))
     return out, frozenset(now_seen)
 
 
 def measure_queue_delays(
-    pods: Iterable[Mapping[str, Any]],
+    pods: Pods,
     registry: ClusterRegistryEntry,
     *,
     time_scale: float,
@@ -673,7 +725,7 @@ def _remaining(pod: _Pod, now: float, time_scale: float) -> float | None:
 def estimate_queue_waits(
     cluster: str,
     nodes: Sequence[Mapping[str, Any]],
-    pods: Sequence[Mapping[str, Any]],
+    pods: Pods,
     registry: ClusterRegistryEntry,
     *,
     now: float,
@@ -747,11 +799,14 @@ def _waits(
     holds = [Hold(p.node, p.gpus, _remaining(p, now, time_scale)) for p in parsed if p.holds and p.node]
     known = _queue_names(registry)
     known_set = set(known)
-    pending = sorted(
-        (p for p in parsed if p.pending and p.gpus > 0),
-        key=lambda p: (-p.priority, p.created if p.created is not None else math.inf, p.name),
-    )
+    pending = sorted((p for p in parsed if p.pending and p.gpus > 0), key=_ORDER)
     eligible = _eligibility(schedulable, memo)
+    by_queue: dict[str, list[_Pod]] = {}  # (only the first MAX_AHEAD of each line count)
+    if registry.admission != "none":
+        for p in pending:
+            line_of = by_queue.setdefault(_queue_of(p, known_set), [])
+            if len(line_of) < MAX_AHEAD:
+                line_of.append(p)
 
     def demand(p: _Pod) -> Demand:
         return Demand(gpus=p.gpus, duration=p.expected, nodes=eligible(p))
@@ -759,10 +814,10 @@ def _waits(
     out: dict[str, WaitEstimate] = {}
     starts: dict[tuple[str, ...], float | None] = {}  # queues with the same demand ahead share a result
     for queue in known:
-        ahead = pending if registry.admission == "none" else [p for p in pending if _queue_of(p, known_set) == queue]
+        ahead = (pending if registry.admission == "none" else by_queue.get(queue, []))[:MAX_AHEAD]
         line = tuple(p.key for p in ahead)
         if line not in starts:
-            starts[line] = earliest_start(capacity, holds, [demand(p) for p in ahead[:MAX_AHEAD]], reference_gpus)
+            starts[line] = earliest_start(capacity, holds, [demand(p) for p in ahead], reference_gpus)
         start = starts[line]
         if start is not None:
             out[queue] = WaitEstimate(start, "free" if start == 0 else "runtime")
@@ -832,7 +887,7 @@ def _with_cache(registry: ClusterRegistryEntry, staged: Iterable[str]) -> Cluste
 def build_snapshot(
     cluster: str,
     nodes: list[dict[str, Any]],
-    pods: list[dict[str, Any]],
+    pods: Pods,
     registry: ClusterRegistryEntry,
     *,
     now: float,

@@ -37,7 +37,8 @@ from nats.js.kv import KeyValue
 from opentelemetry.trace import SpanKind
 
 from gpuorch.config import Registry, Settings, load_registry
-from gpuorch.informer import ClusterInformers, describe
+from gpuorch.informer import ClusterInformers, Informer, describe
+from gpuorch.informer import object_key as informer_key
 from gpuorch.kube import TIMEOUT, ClusterClient, make_clients
 from gpuorch.observe import metrics
 from gpuorch.runtime import bus, logs, telemetry
@@ -122,6 +123,8 @@ class ClusterState:
     last_published_at: float = float("-inf")  # monotonic
     seen_started: frozenset[str] = frozenset()
     memo: core.Memo = field(default_factory=core.Memo)  # parsed pods and nodes, from round to round
+    pods: core.PodSet = field(default_factory=core.PodSet)  # parsed pods, from the watch's changes
+    pods_generation: int = -1  # the pods informer's generation `pods` covers (-1: none yet)
     published_once: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -167,7 +170,7 @@ class Inventory:
 
     # --- one round for one cluster -----------------------------------------------------------
     def snapshot_from(
-        self, state: ClusterState, nodes: list[dict[str, Any]], pods: list[dict[str, Any]], now: float
+        self, state: ClusterState, nodes: list[dict[str, Any]], pods: core.Pods, now: float
     ) -> ClusterSnapshot:
         entry = self.entry(state.name)
         starts, state.seen_started = core.observe_pod_starts(
@@ -204,12 +207,25 @@ class Inventory:
                 state.last_ok, state.name, self.entry(state.name), self.clock(), error,
                 time_scale=self.registry.time_scale,
             )
-        nodes, pods = inf["nodes"].items(), inf["pods"].items()
-        snap = self.snapshot_from(state, nodes, pods, self.clock())
+        snap = self.snapshot_from(state, inf["nodes"].items(), self.follow_pods(state, inf["pods"]), self.clock())
         if state.last_published is not None and not state.last_published.reachable:
             log.info("cluster.reachable", cluster=state.name)
         state.last_ok = snap
         return snap
+
+    @staticmethod
+    def follow_pods(state: ClusterState, pods: Informer) -> core.PodSet:
+        """`state.pods` brought up to the informer's cache: the pods changed since the last round
+        parsed again (each as the cache holds it now), or all of them when the changes are not
+        all known (the first round, a re-list)."""
+        generation, changes = pods.changes_since(state.pods_generation)
+        if changes is None:
+            state.pods.reset((informer_key(o), o) for o in pods.items())
+        else:
+            keys = dict.fromkeys(c.key for c in changes)  # each once (a pod may change many times)
+            state.pods.update((k, pods.get(k[1], k[0])) for k in keys)
+        state.pods_generation = generation
+        return state.pods
 
     async def publish(self, js: JetStreamContext, state: ClusterState, snap: ClusterSnapshot | None) -> None:
         due = time.monotonic() - state.last_published_at >= self.heartbeat
