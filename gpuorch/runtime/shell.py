@@ -36,7 +36,7 @@ import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
@@ -332,6 +332,8 @@ async def consume(
     # fetch round trip and an idle one has one request open.
     pulls = _Pulls(js, stream, durable, window=max(batch, 2 * concurrency), expires=max(fetch_timeout, 1.0) * 5)
     await pulls.start()
+    reminding = asyncio.Event()
+    reminder = asyncio.create_task(worker.remind(reminding), name=f"{durable}.in_progress")
     try:
         while not stop.is_set():
             got = await pulls.next(stop, timeout=fetch_timeout)
@@ -362,6 +364,8 @@ async def consume(
     finally:
         if pipeline is not None:
             await pipeline.drain()  # what is in hand finishes (and is acked) before the consumer goes
+        reminding.set()
+        await asyncio.gather(reminder, return_exceptions=True)
         await pulls.stop()  # the rest is handed back now rather than after ack_wait
         log.info("consumer.stopped", stream=stream, durable=durable)
 
@@ -536,6 +540,23 @@ class _Worker:
     ack_wait: float
     max_deliver: int
     backoff: Callable[[int], float]
+    #: the messages whose handler is running: id -> (message, when it was last said in progress)
+    in_hand: dict[int, list[Any]] = field(default_factory=dict)
+
+    async def remind(self, stop: asyncio.Event) -> None:
+        """Tell JetStream every ack_wait/2 that each message still in its handler is in progress
+        (so a slow handler's message is not redelivered to another replica). One loop for the
+        consumer, not a timer per message: almost every handler is done long before."""
+        every_s = max(self.ack_wait / 2, 0.05)
+        while not stop.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=every_s / 2)
+            now = time.monotonic()
+            for entry in list(self.in_hand.values()):
+                if now - entry[1] >= every_s:
+                    entry[1] = now
+                    with contextlib.suppress(Exception):
+                        await entry[0].in_progress()
 
     async def process(self, msg: Msg) -> None:
         md = msg.metadata
@@ -658,7 +679,11 @@ class _Worker:
         started = time.monotonic()
         try:
             with telemetry.phase_span(type_tag(event), ctx):  # "routing", "dispatch", "fence", ...
-                outputs = await _with_progress(msg, self.handler(incoming), self.ack_wait)
+                self.in_hand[id(msg)] = [msg, started]  # `remind` says it is in progress if it takes long
+                try:
+                    outputs = await self.handler(incoming)
+                finally:
+                    self.in_hand.pop(id(msg), None)
             await self.publisher.publish(outputs, context=ctx)
         except Reject as r:
             metrics.handled(self.handler_name, "rejected")
@@ -872,34 +897,6 @@ def subject_problem(names: Names, subject: str, event: Event | None) -> FieldErr
                 "the subject must be evt.<workload_id>.<type> of the body",
             )
     return None
-
-
-async def _with_progress(msg: Msg, aw: Awaitable[T], ack_wait: float) -> T:
-    """Await `aw`, telling JetStream the message is in progress every ack_wait/2 seconds.
-
-    The reminder is a timer on the loop, not a task beside the handler: almost every handler is
-    done long before the first reminder, and this runs for every message."""
-    loop = asyncio.get_running_loop()
-    every_s = max(ack_wait / 2, 0.05)
-    timer: asyncio.TimerHandle | None = None
-    reminders: set[asyncio.Task[None]] = set()
-
-    async def remind() -> None:
-        with contextlib.suppress(Exception):
-            await msg.in_progress()
-
-    def tick() -> None:
-        nonlocal timer
-        task = loop.create_task(remind())
-        reminders.add(task)
-        task.add_done_callback(reminders.discard)
-        timer = loop.call_later(every_s, tick)
-
-    timer = loop.call_later(every_s, tick)
-    try:
-        return await aw
-    finally:
-        timer.cancel()
 
 
 def moved(names: Names, subject: str, event: Event) -> bool:

@@ -6,6 +6,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from nats.js import JetStreamContext
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -142,3 +144,40 @@ def test_where_nothing_exports_a_span_is_what_the_sdk_would_make_without_its_cos
         assert telemetry.inject(telemetry.span_context(child, ctx))["traceparent"].split("-")[1] == f"{a.trace_id:032x}"
     finally:
         telemetry.shutdown_tracing(provider)
+
+
+_hexes = st.text(alphabet="0123456789abcdefABCDEF-x ", min_size=0, max_size=4)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    version=st.sampled_from(["00", "01", "ff", "0", "zz"]),
+    trace_id=st.one_of(st.sampled_from(["0" * 32, "0af7651916cd43dd8448eb211c80319c", "0AF7651916CD43DD8448EB211C80319C"]),
+                       st.text(alphabet="0123456789abcdef", min_size=31, max_size=33)),
+    span_id=st.one_of(st.sampled_from(["0" * 16, "b7ad6b7169203331"]), st.text(alphabet="0123456789abcdef", min_size=15, max_size=17)),
+    flags=st.sampled_from(["00", "01", "03", "ff", "0g", "1"]),
+    tail=_hexes,
+    state=st.sampled_from([None, "vendor=x", "a=1,b=2", ""]),
+    present=st.booleans(),
+)  # fmt: skip
+def test_the_fast_reading_of_a_traceparent_is_the_propagators(
+    version: str, trace_id: str, span_id: str, flags: str, tail: str, state: str | None, present: bool
+) -> None:
+    """`telemetry.extract` reads the common header itself; whatever the header, it must find the
+    same span context as OpenTelemetry's W3C propagator (or none where the propagator finds none)."""
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+
+    headers = {"Content-Type": "application/json"}
+    if present:
+        headers["traceparent"] = f"{version}-{trace_id}-{span_id}-{flags}{tail}"
+    if state is not None:
+        headers["tracestate"] = state
+    ours = trace.get_current_span(telemetry.extract(headers)).get_span_context()
+    theirs = trace.get_current_span(
+        telemetry._propagator.extract(carrier=dict(headers), context=otel_context.Context())
+    ).get_span_context()
+    assert ours == theirs
+    assert (ours.is_valid, ours.is_remote, ours.trace_flags, ours.trace_state) == (
+        theirs.is_valid, theirs.is_remote, theirs.trace_flags, theirs.trace_state
+    )  # fmt: skip

@@ -9,6 +9,7 @@ from __future__ import annotations
 BENCHES: list[str] = [
     "gpuorch.dev.bench.routing:run",
     "gpuorch.dev.bench.faults:run",
+    "gpuorch.dev.bench.shell:run",
     "gpuorch.dev.bench.throughput:run",
     "gpuorch.dev.bench.restart:run",
     "gpuorch.dev.bench.localkube:run",
