@@ -406,14 +406,17 @@ def preemptions(
     views: Iterable[WorkloadView],
     snapshots: Iterable[ClusterSnapshot],
     now: float,
+    candidates: Iterable[WorkloadView] | None = None,
 ) -> list[ev.Base]:
     """Level-triggered, every round: `preempt.plan` for each workload with a priority that waits
     for capacity (in the router: its waiting decision's capacity-only clusters; or queued at its
     destination: that cluster). `preemption-planned` (whose GPUs it waits for, who is preempted)
-    and a `preemption-requested` per victim, each only when its plan changed."""
-    views = list(views)
+    and a `preemption-requested` per victim, each only when its plan changed. `candidates`: the
+    views among `views` that may be such a workload (every one with a priority above 0; default:
+    all of `views`), so that a round need not look at every workload when few have a priority."""
+    views = list(views) if candidates is None else views
     waiting: list[tuple[WorkloadView, Workload, list[str]]] = []
-    for v in views:
+    for v in views if candidates is None else candidates:
         wl = v.workload
         if wl is None or wl.spec.priority <= 0 or v.terminal or v.cancel_requested:
             continue
@@ -423,7 +426,7 @@ def preemptions(
             waiting.append((v, wl, where))
     if not waiting:
         return []  # (who holds GPUs is looked up only when someone waits for them)
-    holders = preempt.holders_of(views, state.preempting)
+    holders = preempt.holders_of(list(views), state.preempting)
     free = preempt.free_gpus(snapshots)
     out: list[ev.Base] = []
     for v, wl, where in waiting:

@@ -97,6 +97,8 @@ class Router:
         # and those awaiting a decision (None: not built yet, every workload is looked at)
         self.touched: set[str] = set()
         self.awaiting: dict[str, None] | None = None
+        # workloads with a priority above 0 not finished: the only ones preemption plans for
+        self.prioritized: dict[str, None] = {}  # (a dict: in the order they came, as the projection's)
         self.seed = settings.nats_creds.read_text() if settings.nats_creds and settings.nats_creds.suffix != ".creds" else None
 
     # --- pure-ish helpers -------------------------------------------------------------
@@ -108,10 +110,20 @@ class Router:
         fresh = not seq or seq > self.state.seqs.get(e.workload_id, 0)
         view = self.follower.projection.apply(e, seq)
         self.touched.add(e.workload_id)
+        self.note_priority(e.workload_id, view)
         self.state.apply(e, seq)
         self.gate.apply(e, seq)
         if isinstance(e, ev.Completed) and fresh and view is not None:
             self.learn(view)
+
+    def note_priority(self, workload_id: str, view: WorkloadView | None) -> None:
+        """Keep `prioritized` (what preemption looks at) as the workload's view now stands."""
+        if view is None:
+            return
+        if view.terminal or view.workload is None or view.workload.spec.priority <= 0:
+            self.prioritized.pop(workload_id, None)
+        else:
+            self.prioritized.setdefault(workload_id)
 
     def gate_round(self, now: float, *, force: bool = False) -> pl.GateRound:
         """The gate's round (`core.gate_round`), released work routed at once. With replicas, one
@@ -262,6 +274,7 @@ class Router:
         fresh = before is None or msg.stream_seq > before.last_seq  # per workload: folded out of global order
         view = self.follower.projection.apply(e, msg.stream_seq)
         self.touched.add(e.workload_id)  # re-evaluation looks at it again (`awaiting_decision`)
+        self.note_priority(e.workload_id, view)
         self.state.apply(e, msg.stream_seq)
         self.follower.remember(e.workload_id, msg.headers)
         self.gate.apply(e, msg.stream_seq)
@@ -340,7 +353,9 @@ class Router:
             self.state.note_published(out)
             published += 1
         # preemption of checkpoint-safe work for waiting or queued work with a priority (gpuorch_router.preempt)
-        pre = core.preemptions(self.state, self.follower.projection.workloads.values(), self.snapshots.values(), time.time())
+        views = self.follower.projection.workloads
+        pre = core.preemptions(self.state, views.values(), self.snapshots.values(), time.time(),
+                               candidates=[views[w] for w in self.prioritized if w in views])  # fmt: skip
         if pre:
             log.info("workload.preemption", events=[e.event_id for e in pre])
             await self.publisher.publish(pre)
@@ -394,6 +409,8 @@ class Router:
             if folded is not None:
                 self.state, self.gate, self.history = folded
             n = await self.catch_up(js, start)  # learns from what completed after the snapshot
+            for wid, view in self.follower.projection.workloads.items():  # (a snapshot restores no fold)
+                self.note_priority(wid, view)
             log.info("router.caught_up", events=n)
             sub = await js.subscribe(
                 self.names.inventory_all, cb=self.on_snapshot, ordered_consumer=True,
