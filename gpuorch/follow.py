@@ -7,13 +7,14 @@ durable consumer redelivers changes nothing).
 
 It also remembers each workload's trace context (the `traceparent` of the event
 that carried it), so that work a service starts on its own (a timer, a watch) is
-still a span of the workload's one trace.
+still a span of the workload's one trace: the `traceparent` string alone, or the
+carrier dict when a `tracestate` comes with it (memory: docs/performance.md).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +30,16 @@ from gpuorch.runtime.snapshot import no_gc, settle_heap
 
 
 def _services_projection() -> Projection:
-    return Projection(retire=True)  # settled finished workloads as compact records (gpuorch.projection)
+    # settled finished workloads as compact records, live views in the compact form (gpuorch.projection)
+    return Projection(retire=True, compact=True)
+
+
+#: A remembered trace context: the `traceparent` alone, or the carrier with its `tracestate`.
+Carrier = str | dict[str, str]
+
+
+def carrier_of(kept: Carrier) -> dict[str, str]:
+    return {"traceparent": kept} if isinstance(kept, str) else kept
 
 
 RETIRE = ("settled", "never")  # `Tuning.retire_finished`
@@ -38,14 +48,14 @@ RETIRE = ("settled", "never")  # `Tuning.retire_finished`
 @dataclass
 class Follower:
     projection: Projection = field(default_factory=_services_projection)
-    traceparents: dict[str, dict[str, str]] = field(default_factory=dict)
+    traceparents: dict[str, Carrier] = field(default_factory=dict)
 
     @classmethod
     def of(cls, tuning: Tuning) -> Follower:
         """A service's follower, retiring finished workloads as `tuning.retire_finished` says."""
         if tuning.retire_finished not in RETIRE:
             raise SettingError(f"GPUORCH_RETIRE_FINISHED={tuning.retire_finished!r}: one of {', '.join(RETIRE)}")
-        return cls(Projection(retire=tuning.retire_finished == "settled"))
+        return cls(Projection(retire=tuning.retire_finished == "settled", compact=True))
 
     def __post_init__(self) -> None:
         metrics.watch_projection(self.projection)  # gauges of workloads and attempts, read at scrape time
@@ -57,25 +67,31 @@ class Follower:
             self.traceparents.pop(workload_id, None)
             return
         if headers and "traceparent" in headers and workload_id not in self.traceparents:
-            self.traceparents[workload_id] = {
-                k: v for k, v in headers.items() if k in ("traceparent", "tracestate")
-            }
+            view = self.projection.workloads.get(workload_id)  # its id as the projection's one string
+            key = view.workload_id if view is not None else workload_id
+            tp = headers["traceparent"]
+            self.traceparents[key] = {"traceparent": tp, "tracestate": headers["tracestate"]} if "tracestate" in headers else tp
 
     def context(self, workload_id: str) -> Context | None:
-        carrier = self.traceparents.get(workload_id)
-        return telemetry.extract(carrier) if carrier else None
+        kept = self.traceparents.get(workload_id)
+        return telemetry.extract(carrier_of(kept)) if kept else None
 
     def traceparent(self, workload_id: str) -> str | None:
-        carrier = self.traceparents.get(workload_id)
-        return carrier.get("traceparent") if carrier else None
+        kept = self.traceparents.get(workload_id)
+        return carrier_of(kept).get("traceparent") if kept else None
 
-    def restore(self, projection: Projection, traceparents: dict[str, dict[str, str]]) -> None:
+    def restore(self, projection: Projection, traceparents: Mapping[str, dict[str, str]]) -> None:
         """Start from a state snapshot's projection (gpuorch.runtime.snapshot), before `catch_up`."""
         self.projection.workloads, self.projection.last_seq = projection.workloads, projection.last_seq
         self.projection.retired = projection.retired
         if self.projection.retire:
             self.projection.retire_settled()  # a snapshot of a release that kept every view whole
-        self.traceparents.update(traceparents)
+        if self.projection.compact:
+            self.projection.compact_all()  # decoded whole: shared parts and one string per id again
+        views = self.projection.workloads
+        for w, c in traceparents.items():
+            v = views.get(w)
+            self.traceparents[v.workload_id if v is not None else w] = c["traceparent"] if c.keys() == {"traceparent"} else c
 
     async def catch_up(self, js: Any, stream: str, subject: str | Sequence[str], *, start_seq: int = 0) -> int:
         """Replay the log (from `start_seq`: what a restored snapshot does not cover) into the projection."""

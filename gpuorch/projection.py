@@ -26,13 +26,14 @@ the rest retire the same workloads (tests/snapshot).
 from __future__ import annotations
 
 import hashlib
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
-from gpuorch_proto import Event, RoutingDecision, Workload, k8s
+from gpuorch_proto import ClusterVerdict, Estimate, Event, RoutingDecision, Workload, k8s
 from gpuorch_proto import events as ev
 from gpuorch_proto.workload import Metadata, OutputPolicy, Resources, RetryPolicy, WorkloadSpecBody
 
@@ -40,7 +41,7 @@ LIVE_ATTEMPT = frozenset({"created", "admitted", "running", "lost"})
 TERMINAL = ev.TERMINAL_STATUSES
 
 
-@dataclass
+@dataclass(slots=True)
 class AttemptView:
     attempt_id: str
     number: int
@@ -76,7 +77,7 @@ class AttemptView:
         return self.cancel_confirmed is not None or self.orphan_deleted
 
 
-@dataclass
+@dataclass(slots=True)
 class WorkloadView:
     workload_id: str
     workload: Workload | None = None
@@ -135,6 +136,7 @@ class Projection:
     last_seq: int = 0
     retire: bool = False  # keep settled finished workloads as `Retired` records (the services)
     retired: dict[str, Retired] = field(default_factory=dict)
+    compact: bool = False  # live views in the services' compact form (see the module doc)
 
     @classmethod
     def of(cls, events: Iterable[tuple[int, Event]]) -> Projection:
@@ -163,7 +165,18 @@ class Projection:
         view = self.workloads.get(workload_id)
         if view is None:
             r = self.retired.pop(workload_id, None)
-            view = self.workloads[workload_id] = r.view(workload_id) if r is not None else WorkloadView(workload_id)
+            if r is not None:
+                view = r.view(workload_id)
+                if self.compact:
+                    compact_view(view)
+            elif self.compact:
+                view = WorkloadView(  # its id: this event's string, set into the later events' (`_share_ids`)
+                    workload_id, routed_attempts=_numbers(set()), route_requested=_numbers(set()),
+                    parameters=_NO_PARAMETERS, stage_inputs=_NO_INPUTS, children=_NO_CHILDREN, history=_NO_HISTORY,
+                )  # fmt: skip
+            else:
+                view = WorkloadView(workload_id)
+            self.workloads[view.workload_id] = view
         return view
 
     def apply(self, evt: Event, seq: int) -> WorkloadView | None:
@@ -197,10 +210,23 @@ class Projection:
                 if child.status == "submitted":
                     child.reason = "waiting for its dependencies" if c.depends_on else "waiting for the pipeline's admission"
                 self._maybe_retire(child)
+        if self.compact:
+            _share_ids(view, evt)
         _fold(view, evt)
-        view.history.append((seq, ev.type_tag(evt), evt.at))
+        if self.compact:
+            _compact_after(view, evt)
+        else:
+            view.history.append((seq, ev.type_tag(evt), evt.at))
         self._maybe_retire(view)
         return view
+
+    def compact_all(self) -> None:
+        """Every live view in the compact form (a projection restored from a snapshot, whose
+        views were decoded whole); sets `compact`."""
+        self.compact = True
+        for wid, v in self.workloads.items():
+            v.workload_id = wid  # (the key's string, which the services' tables take from the events)
+            compact_view(v)
 
     def _maybe_retire(self, view: WorkloadView) -> None:
         if self.retire and settled(view):
@@ -215,6 +241,163 @@ class Projection:
             del self.workloads[v.workload_id]
             self.retired[v.workload_id] = retired_record(v)
         return len(done)
+
+
+# --- the services' compact views (`Projection(compact=True)`) ------------------------------------
+#
+# The same `WorkloadView`s, with what they hold shared or dropped (docs/performance.md, *Memory per
+# pending workload*): the document's parts shared with equal parts of other documents and its
+# low-cardinality strings interned (`compact_workload`: a document equal to the one submitted);
+# the routing decision without the checks that passed and with only the estimate terms a service
+# reads (`compact_decision`); ids as one string per id (the event's own `workload_id` and
+# `attempt_id` are set to the projection's: equal strings, so every table a service keys by them
+# shares it); empty collections shared (the fold assigns, never mutates them); no `history`.
+
+_NO_PARAMETERS: dict[str, Any] = {}  # shared, never mutated (the fold assigns a new dict)
+_NO_INPUTS: list[ev.StageInput] = []
+_NO_CHILDREN: list[ev.PipelineChild] = []
+_NO_HISTORY: list[tuple[int, str, float]] = []
+_SHARE_MAX = 65536  # distinct parts shared at once (beyond it each document keeps its own)
+_SHARED: dict[tuple[type, bytes], Any] = {}
+_PART_ENCODER = msgspec.msgpack.Encoder()
+
+
+def _shared(x: Any) -> Any:
+    """`x`, or an equal object already held (frozen structs, and lists or dicts never mutated)."""
+    if x is None or (isinstance(x, list | dict) and not x):
+        return _EMPTY_LIST if isinstance(x, list) else _EMPTY_DICT if isinstance(x, dict) else None
+    key = (type(x), _PART_ENCODER.encode(x))
+    got = _SHARED.get(key)
+    if got is None:
+        if len(_SHARED) >= _SHARE_MAX:
+            return x
+        got = _SHARED[key] = x
+    return got
+
+
+_EMPTY_LIST: list[Any] = []
+_EMPTY_DICT: dict[str, Any] = {}
+
+
+_NUMBER_SETS: dict[frozenset[int], frozenset[int]] = {}
+
+
+def _numbers(n: set[int]) -> set[int]:
+    """An attempt-number set as a shared frozenset (the fold assigns a new set, never adds)."""
+    f = frozenset(n)
+    got = _NUMBER_SETS.get(f)
+    if got is None:
+        if len(_NUMBER_SETS) >= _SHARE_MAX:
+            return f  # type: ignore[return-value]
+        got = _NUMBER_SETS[f] = f
+    return got  # type: ignore[return-value]
+
+
+def _interned(s: str | None) -> str | None:
+    return sys.intern(s) if s is not None else None
+
+
+def compact_workload(wl: Workload) -> Workload:
+    """A document equal to `wl` (`==`, and the same digest) whose parts are shared with equal
+    parts of documents already held: resources, requirements, policies, the command, inputs, env,
+    labels; its repeated strings interned. Documents are frozen and never mutated in place."""
+    m, s = wl.metadata, wl.spec
+    rep = msgspec.structs.replace
+    meta = rep(m, owner=sys.intern(m.owner), labels=_shared(m.labels), workload_class=_interned(m.workload_class))
+    spec = rep(
+        s, image=sys.intern(s.image), command=_shared(s.command), args=list(s.args) if s.args else _EMPTY_LIST,
+        env=_shared(s.env), inputs=_shared(s.inputs), resources=_shared(s.resources),
+        requirements=_shared(s.requirements), preferences=_shared(s.preferences), stages=_shared(s.stages),
+        queue=_interned(s.queue), timeout=_interned(s.timeout), expected_runtime=_interned(s.expected_runtime),
+        reference_accelerator=_interned(s.reference_accelerator), retry=_shared(s.retry),
+        checkpoint=_shared(s.checkpoint), output=_shared(s.output), fencing=sys.intern(s.fencing),
+        lease=sys.intern(s.lease), sweep=_shared(s.sweep), limits=_shared(s.limits),
+        policy_queue=_interned(s.policy_queue),
+    )  # fmt: skip
+    return rep(wl, api_version=sys.intern(wl.api_version), metadata=meta, spec=spec)
+
+
+def _zero(x: float) -> float:
+    return 0.0 if x == 0.0 else x  # (the one 0.0 object, not a float per decoded field)
+
+
+def compact_decision(d: RoutingDecision, workload_id: str) -> RoutingDecision:
+    """What the services read of a decision: its outcome, target, queue and placement; per
+    cluster its verdict with the checks that failed (`preempt.capacity_clusters`, the
+    invariants' blockers) and of its estimate the terms read: queue wait (the dispatcher's
+    requeue limit, for the chosen cluster) and staging (what the router learns from a promoted
+    attempt). Passing checks, the other estimate terms, snapshot ages and the summary (the
+    view's `reason` has it while it is the reason) are dropped."""
+    verdicts = []
+    for v in d.verdicts:
+        failed = [c for c in v.checks if not c.ok]
+        est = v.estimate
+        unique = est is not None and v.cluster == d.cluster and est.queue_wait != 0.0
+        if est is not None:
+            est = Estimate(queue_wait=est.queue_wait if unique else 0.0, image_staging=_zero(est.image_staging), data_staging=_zero(est.data_staging))
+            est = est if unique else _shared(est)
+        kept = ClusterVerdict(cluster=sys.intern(v.cluster), eligible=v.eligible, checks=failed or _EMPTY_LIST, estimate=est)
+        verdicts.append(kept if unique else _shared(kept))
+    return RoutingDecision(
+        schema_version=d.schema_version, workload_id=workload_id, decided_at=d.decided_at, outcome=d.outcome,
+        cluster=_interned(d.cluster), queue=_interned(d.queue), summary="", verdicts=verdicts,
+        placement=_shared(d.placement),
+    )  # fmt: skip
+
+
+def compact_attempt(a: AttemptView) -> None:
+    a.cluster, a.namespace, a.queue, a.mode = sys.intern(a.cluster), sys.intern(a.namespace), _interned(a.queue), sys.intern(a.mode)
+    a.mode_reason = sys.intern(a.mode_reason)
+    if a.job_name == a.attempt_id:
+        a.job_name = a.attempt_id
+
+
+def compact_view(v: WorkloadView) -> None:
+    """`v` (decoded whole, or rebuilt from a retired record) in the compact form."""
+    if v.workload is not None:
+        v.workload = compact_workload(v.workload)
+    if v.decision is not None:
+        v.decision = compact_decision(v.decision, v.workload_id)
+    v.routed_attempts, v.route_requested = _numbers(v.routed_attempts), _numbers(v.route_requested)
+    v.idempotency_key = None
+    v.parameters = v.parameters or _NO_PARAMETERS
+    v.stage_inputs = v.stage_inputs or _NO_INPUTS
+    v.children = v.children or _NO_CHILDREN
+    v.history = _NO_HISTORY
+    for k, a in v.attempts.items():
+        a.attempt_id = k
+        compact_attempt(a)
+
+
+def _share_ids(view: WorkloadView, e: Event) -> None:
+    """The event's ids as the projection's own strings (equal: nothing a reader sees changes)."""
+    if e.workload_id is not view.workload_id:
+        msgspec.structs.force_setattr(e, "workload_id", view.workload_id)
+    if isinstance(e, ev.AttemptEvent):
+        a = view.attempts.get(e.attempt_id)
+        aid = a.attempt_id if a is not None else e.attempt_id
+        if e.attempt_id is not aid:
+            msgspec.structs.force_setattr(e, "attempt_id", aid)
+
+
+def _compact_after(view: WorkloadView, e: Event) -> None:
+    """What the fold just stored, in the compact form."""
+    if isinstance(e, ev.Submitted):
+        view.idempotency_key = None  # (no service reads it: the router deduplicates by the log)
+        if view.workload is e.workload:
+            view.workload = compact_workload(e.workload)
+            msgspec.structs.force_setattr(e, "workload", view.workload)  # who folds it next shares it
+    elif isinstance(e, ev.Routed | ev.Unroutable | ev.Rejected):
+        if e.decision is not None and view.decision is e.decision:
+            view.decision = compact_decision(e.decision, view.workload_id)
+        if isinstance(e, ev.Routed):
+            view.routed_attempts = _numbers(view.routed_attempts)
+    elif isinstance(e, ev.RouteRequested):
+        view.route_requested = _numbers(view.route_requested)
+    elif isinstance(e, ev.AttemptCreated):
+        a = view.attempts.get(e.attempt_id)
+        if a is not None:
+            compact_attempt(a)
 
 
 def settled(view: WorkloadView) -> bool:
@@ -458,7 +641,7 @@ def _fold(view: WorkloadView, e: Event) -> None:
                 view.decision = e.decision
         case ev.Routed():
             view.decision = e.decision
-            view.routed_attempts.add(e.attempt_number)
+            view.routed_attempts = {*view.routed_attempts, e.attempt_number}
             if not view.terminal and not view.cancel_requested:
                 view.status = "routed"
                 view.reason = e.decision.summary
@@ -468,7 +651,7 @@ def _fold(view: WorkloadView, e: Event) -> None:
                 view.status = "waiting"
                 view.reason = e.decision.summary
         case ev.RouteRequested():
-            view.route_requested.add(e.attempt_number)
+            view.route_requested = {*view.route_requested, e.attempt_number}
         case ev.AttemptCreated():
             a = _attempt(view, e)
             a.number, a.epoch, a.cluster = e.attempt_number, e.epoch, e.cluster

@@ -32,7 +32,7 @@ import gc
 import hashlib
 import time
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import msgspec
@@ -170,10 +170,14 @@ def encode_body(body: Body) -> bytes:
     return msgspec.msgpack.encode(body)
 
 
-def follower_body(projection: Projection, traceparents: dict[str, dict[str, str]], core: bytes = b"") -> bytes:
-    """A follower's body: its projection, the trace context of workloads not finished, `core`."""
+def follower_body(projection: Projection, traceparents: Mapping[str, str | dict[str, str]], core: bytes = b"") -> bytes:
+    """A follower's body: its projection, the trace context of workloads not finished, `core`.
+    (A follower keeps a lone `traceparent` as its string: the body has the carrier dict.)"""
     retired, views = projection.retired, projection.workloads
-    live = {w: tp for w, tp in traceparents.items() if w not in retired and ((v := views.get(w)) is None or not v.terminal)}
+    live = {
+        w: {"traceparent": tp} if isinstance(tp, str) else tp
+        for w, tp in traceparents.items() if w not in retired and ((v := views.get(w)) is None or not v.terminal)
+    }  # fmt: skip
     return encode_body(Body(projection=dump_projection(projection), traceparents=live, core=core))
 
 

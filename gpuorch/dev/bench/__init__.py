@@ -12,5 +12,6 @@ BENCHES: list[str] = [
     "gpuorch.dev.bench.shell:run",
     "gpuorch.dev.bench.throughput:run",
     "gpuorch.dev.bench.restart:run",
+    "gpuorch.dev.bench.pending:run",
     "gpuorch.dev.bench.localkube:run",
 ]

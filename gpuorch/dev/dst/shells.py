@@ -169,7 +169,7 @@ class RouterSim(Service):
 
     def __init__(self, w: World, name: str, consumers: dict[str, SimConsumer]) -> None:
         super().__init__(w, name)
-        self.projection = Projection(retire=True)  # as the services' (gpuorch.follow.Follower)
+        self.projection = Projection(retire=True, compact=True)  # as the services' (gpuorch.follow.Follower)
         self.state = rcore.RouterState()
         self.gate = Gate()  # the admission gate: every workload is released before it is routed
         self.policy = AdmissionPolicy()
@@ -301,7 +301,7 @@ class DispatcherSim(Service):
         super().__init__(w, name)
         self.me = me
         self.c = consumers
-        self.projection = Projection(retire=True)  # as the services' (gpuorch.follow.Follower)
+        self.projection = Projection(retire=True, compact=True)  # as the services' (gpuorch.follow.Follower)
         self.contacts: dict[str, dcore.Contact] = {}
         self.lease: InstanceLease | None = None  # ours, as last written
         self.lease_rev = 0
@@ -624,7 +624,7 @@ class FencerSim(Service):
     def __init__(self, w: World, name: str, consumers: dict[str, SimConsumer]) -> None:
         super().__init__(w, name)
         self.c = consumers
-        self.projection = Projection(retire=True)  # as the services' (gpuorch.follow.Follower)
+        self.projection = Projection(retire=True, compact=True)  # as the services' (gpuorch.follow.Follower)
         self.pursuits: dict[str, Pursuit] = {}
         self.kv = w.fence
         self.published: dict[str, str] = {}  # result path -> output path (publish_dir)

@@ -604,6 +604,12 @@ class Dispatcher:
         self.follower.remember(e.workload_id, msg.headers)
         self.dirty.add(e.workload_id)  # the watch looks at it again (`to_look_at`)
         self.upkeep_dirty.add(e.workload_id)  # and so does the upkeep (`upkeep_list`)
+        if isinstance(e, ev.AttemptCreated) and (mine := self.created.get(e.workload_id)) is not None:
+            mine.discard(e.attempt_id)  # in the projection now: what `created` bridged until it was
+            if not mine:
+                del self.created[e.workload_id]
+            if (rv := self.created_rv.pop(e.attempt_id, None)) is not None:
+                self.created_rv[e.attempt_id] = rv  # keyed by the projection's string of the id
         if view is None:
             return []
         if view.terminal:

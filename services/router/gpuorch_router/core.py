@@ -64,7 +64,7 @@ class RouteRequest:
     checkpoint: CheckpointRef | None = None  # the latest valid checkpoint, for a resume
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Published:
     """The latest routing decision of a workload in the log (or just published by this router)."""
 
@@ -91,6 +91,18 @@ class RouterState:
     placed: dict[str, float] = field(default_factory=dict)  # workload -> its latest admitted / running
     plans: dict[str, tuple[object, ...]] = field(default_factory=dict)  # the last plan published, per workload
     stage_inputs: dict[str, list[ev.StageInput]] = field(default_factory=dict)  # a stage's `stage-ready` inputs
+    # equal signatures as one tuple (one is kept per workload; most routed decisions have one of a
+    # few): a cache, not folded state (not in a snapshot, not compared)
+    signatures: dict[Signature, Signature] = field(default_factory=dict, compare=False, repr=False)
+
+    def shared(self, d: RoutingDecision) -> Signature:
+        sig = signature(d)
+        got = self.signatures.get(sig)
+        if got is None:
+            if len(self.signatures) >= SIGNATURES_SHARED:
+                return sig
+            got = self.signatures[sig] = sig
+        return got
 
     def apply(self, e: Event, seq: int) -> None:
         """Fold one event of the log (a sequence already applied changes nothing).
@@ -110,9 +122,14 @@ class RouterState:
             if old is None or e.attempt_number >= old.attempt_number:
                 self.requests[wid] = RouteRequest(e.attempt_number, tuple(e.exclude), e.at, e.checkpoint)
         elif isinstance(e, ev.Routed | ev.Unroutable):
-            self.published[wid] = Published(e.attempt_number, signature(e.decision), e.at)
+            p = self.published[wid] = Published(e.attempt_number, self.shared(e.decision), e.at)
             if isinstance(e, ev.Unroutable):
                 self.unroutable[wid] = self.unroutable.get(wid, 0) + 1
+            # what this router sent is in the log now: `last` and `unroutable_count` read the log's
+            if (s := self.sent.get(wid)) is not None and s.at <= p.at:
+                del self.sent[wid]
+            if (n := self.unroutable_sent.get(wid)) is not None and n <= self.unroutable.get(wid, 0):
+                del self.unroutable_sent[wid]
         elif isinstance(e, ev.PreemptionRequested):
             self.preempted[wid] = (e.preemptor, e.at)
             self.preempting[e.attempt_id] = e.preemptor
@@ -136,7 +153,7 @@ class RouterState:
         """Remember decisions this router is publishing before the log echoes them back."""
         for e in events:
             if isinstance(e, ev.Routed | ev.Unroutable):
-                self.sent[e.workload_id] = Published(e.attempt_number, signature(e.decision), e.at)
+                self.sent[e.workload_id] = Published(e.attempt_number, self.shared(e.decision), e.at)
             if isinstance(e, ev.Unroutable):
                 self.unroutable_sent[e.workload_id] = self.unroutable_count(e.workload_id) + 1
 
@@ -152,7 +169,7 @@ class RouterState:
         return p
 
 
-_NOT_FOLDED = ("sent", "unroutable_sent")  # what this router sent, not yet echoed: a full replay has none
+_NOT_FOLDED = ("sent", "unroutable_sent", "signatures")  # sent, not yet echoed (a full replay has none); a cache
 
 
 def dump_state(state: RouterState) -> bytes:
@@ -309,6 +326,9 @@ def _reason(code: str, message: str) -> str:
     if code == "CLUSTER_UNREACHABLE":  # its message shows the age: keep "unreachable" / "snapshot is stale"
         return message.split(":", 1)[0].split(" (", 1)[0]
     return message
+
+
+SIGNATURES_SHARED = 65536  # distinct signatures a `RouterState` shares at once (`RouterState.shared`)
 
 
 def signature(d: RoutingDecision) -> Signature:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import sys
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -580,7 +581,7 @@ def candidate(
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Running:
     """Released work that has not finished: it holds its slot (and GPUs) until it does."""
 
@@ -1076,6 +1077,8 @@ class Gate:
                 return
             self.seqs[wid] = seq
             if e.event_id and self.unconfirmed.pop(e.event_id, None) is not None:
+                if isinstance(e, ev.Submitted) and wid in self.workloads:
+                    self.workloads[wid] = e.workload  # the log's copy (equal), which the projection shares
                 return  # its own decision coming back: applied when noted, and it changes nothing
         pid = self.parent_of.get(wid)
         match e:
@@ -1089,7 +1092,8 @@ class Gate:
                     self.dirty_pipelines.add(wid)
                 return
             case ev.Submitted():
-                self.workloads.setdefault(wid, e.workload)
+                if seq or wid not in self.workloads:  # the log's copy: the projection's, shared (gpuorch.projection)
+                    self.workloads[wid] = e.workload
                 if pid is None and is_pipeline(e.workload):
                     self.docs.setdefault(wid, (e.workload, e.at))
                 elif pid is None and wid not in self.finished and wid not in self.running:
@@ -1104,7 +1108,7 @@ class Gate:
             case ev.Released():
                 self.waiting.pop(wid, None)
                 if wid not in self.finished and wid not in self.running:
-                    self.running[wid] = Running(wid, e.queue, e.gpus, e.pipeline)
+                    self.running[wid] = Running(wid, sys.intern(e.queue), e.gpus, e.pipeline)
                     if (t := self.__dict__.get("_tally")) is not None:
                         t.add(e.queue, e.pipeline, e.gpus)
                 self.dirty = True
