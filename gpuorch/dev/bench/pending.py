@@ -19,8 +19,7 @@ handlers do:
   writes and remembers (`core.on_attempt_created`, `Records._known` as `Records.cas` sets it).
 
 Each figure is the state's growth over the N workloads: tracemalloc (exact: what the state
-holds) and the process's RSS growth (what the allocator took for it), per workload, with the
-ratio to the 2 KB target. `--baseline N` measures the same with the views kept whole
+holds), per workload, with the ratio to the 2 KB target. `--baseline N` measures the same with the views kept whole
 (`Projection(compact=False)`, the representation before; a smaller N: whole views take about
 13 KB each). Run it with another checkout's interpreter to measure that tree's code (features
 it lacks are skipped: `compact`). Inventory holds no per-workload state.
@@ -31,6 +30,7 @@ it lacks are skipped: `compact`). Inventory holds no per-workload state.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import sys
 import time
@@ -228,6 +228,7 @@ def _service_state(service: str, n: int, baseline: bool, wire: list[list[tuple[b
     return svc
 
 
+@functools.cache
 def _prunes_created() -> bool:
     """Does this tree's dispatcher drop `created` once the projection has the attempt?"""
     import inspect
@@ -258,21 +259,17 @@ def measure_one(service: str, n: int, baseline: bool, traced: bool) -> float:
     return size / n
 
 
-def measure(n: int, baseline: bool = False) -> dict[str, tuple[float, float]]:
-    """Per service: (tracemalloc bytes, RSS bytes) per pending workload, each from a fresh
-    process (an RSS growth in a process that freed memory before is not one)."""
+def measure(n: int, baseline: bool = False) -> dict[str, float]:
+    """Per service: tracemalloc's bytes per pending workload, each from a fresh process. (Not the
+    RSS growth: the allocator reuses what building the events freed, so it says next to nothing.)"""
     import subprocess
 
-    out: dict[str, tuple[float, float]] = {}
+    out: dict[str, float] = {}
     for service in SERVICES:
-        got = []
-        for traced in (True, False):
-            cmd = [sys.executable, "-m", "gpuorch.dev.bench.pending", "--one", service, "--workloads", str(n)]
-            cmd += ["--whole"] if baseline else []
-            cmd += [] if traced else ["--rss"]
-            res = subprocess.run(cmd, check=True, capture_output=True, text=True)
-            got.append(float(res.stdout.strip().splitlines()[-1]))
-        out[service] = (got[0], got[1])
+        cmd = [sys.executable, "-m", "gpuorch.dev.bench.pending", "--one", service, "--workloads", str(n)]
+        cmd += ["--whole"] if baseline else []
+        res = subprocess.run(cmd, check=True, capture_output=True, text=True)
+        out[service] = float(res.stdout.strip().splitlines()[-1])
     return out
 
 
@@ -288,11 +285,8 @@ def run(quick: bool = False, workloads: int | None = None, baseline: int | None 
         got = measure(count, whole)
         print(f"# pending {case}: {time.perf_counter() - t0:.1f}s", file=sys.stderr)
         for service in SERVICES:
-            traced, rss = got[service]
-            rows += [
-                Row("pending", case, f"{service}: bytes per pending workload", traced, f"B traced ({traced / TARGET:.2f} x the 2 KB target)"),
-                Row("pending", case, f"{service}: RSS per pending workload", rss, f"B RSS growth ({rss / TARGET:.2f} x target)"),
-            ]
+            traced = got[service]
+            rows.append(Row("pending", case, f"{service}: bytes per pending workload", traced, f"B traced ({traced / TARGET:.2f} x the 2 KB target)"))
     return rows
 
 
