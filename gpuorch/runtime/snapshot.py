@@ -49,6 +49,13 @@ log = structlog.get_logger("gpuorch.runtime.snapshot")
 FORMAT = 1
 CHUNK = 512 * 1024  # bytes per KV value (the server's max payload is 1 MiB)
 DEFAULT_INTERVAL = 60.0  # seconds between periodic snapshots (`Tuning.snapshot_interval`)
+#: a snapshot's cost bounded to about 1/COST_SHARE of the time: the next one waits at least that
+#: many times as long as the last one took (a big state is written less often)
+COST_SHARE = 30
+#: while the service's durable has more than BUSY messages waiting, a due snapshot waits for a
+#: lull (a burst is not slowed by writing the whole state), for at most MAX_DEFER intervals
+BUSY = 200
+MAX_DEFER = 5
 
 T = TypeVar("T")
 
@@ -194,6 +201,13 @@ class Snapshots:
     """A service's snapshots: `restore` at start-up, `run` takes one every `interval` seconds
     (when anything was folded since), `take` at a clean stop.
 
+    When: a snapshot writes the whole state (its cost grows with it), so `run` waits at least
+    `COST_SHARE` times as long as the last one took, and a due snapshot waits while the
+    service's durable has more than `BUSY` messages waiting (a burst), for at most `MAX_DEFER`
+    intervals: with 10,000 workloads pending, snapshots taken in the middle of bursts were most of
+    the slowdown of the backlog bench (docs/performance.md). A restart then replays more, at most
+    what came in those intervals.
+
     `dump()` returns the body's bytes (synchronously: nothing is folded while it runs); the
     sequence is the ack floor of `durable` on the event stream, read just before."""
 
@@ -211,6 +225,7 @@ class Snapshots:
         self.interval = interval
         self.store: SnapshotStore | None = None
         self.last: Head | None = None
+        self.took = 0.0  # seconds the last snapshot took (dump and write)
 
     async def _store(self) -> SnapshotStore:
         if self.store is None:
@@ -254,14 +269,32 @@ class Snapshots:
         body = self.dump()  # synchronous: the state does not change under it
         head = await (await self._store()).save(body, seq)
         self.last = head
+        self.took = time.perf_counter() - t0
         log.info("snapshot.written", owner=self.owner, seq=seq, bytes=head.size, raw_bytes=head.raw_size, seconds=round(time.perf_counter() - t0, 3))
         return head
 
+    def pause(self) -> float:
+        """Seconds until the next snapshot is due: the interval, or longer after a costly one."""
+        return max(self.interval, COST_SHARE * self.took)
+
+    async def busy(self) -> bool:
+        """Has the service's durable more than `BUSY` messages waiting for it (a burst)?"""
+        try:
+            info = await self.js.consumer_info(self.names.stream_evt, self.durable)
+        except Exception:  # not known: as if quiet, the snapshot goes ahead
+            return False
+        return int(info.num_pending or 0) > BUSY
+
     async def run(self, stop: asyncio.Event) -> None:
-        """A snapshot every `interval` seconds until `stop` (a failed one is logged, then the next)."""
+        """A snapshot every `pause()` seconds until `stop`, each waiting for a lull for at most
+        `MAX_DEFER` intervals (a failed one is logged, then the next)."""
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self.interval)
+                await asyncio.wait_for(stop.wait(), timeout=self.pause())
+            deadline = time.monotonic() + self.interval * (MAX_DEFER - 1)
+            while not stop.is_set() and time.monotonic() < deadline and await self.busy():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=1.0)
             if stop.is_set():
                 return
             try:

@@ -169,3 +169,48 @@ async def test_the_retention_floor_is_what_every_owner_s_snapshot_covers(js: Jet
         await (await store(js, names, owner=owner)).save(b"x", seq)
     assert await retention_floor(js, names, owners) == 10
     assert await retention_floor(js, names, [*owners, "dispatcher.1"]) == 0, "an owner without one holds it at 0"
+
+
+async def test_a_due_snapshot_waits_for_a_lull_and_a_costly_one_comes_less_often(
+    js: JetStreamContext, names: Names, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`Snapshots.run`: while the durable has more than BUSY messages waiting, the due snapshot
+    waits (at most MAX_DEFER intervals); once they are read, it is written. A snapshot that took
+    long pushes the next one out (`pause`)."""
+    import asyncio
+
+    from gpuorch.runtime import snapshot
+
+    monkeypatch.setattr(snapshot, "BUSY", 5)
+    pub = Publisher(js, names)
+    await pub.publish([MAKERS["submitted"](f"w{i}-a", 0, 1, 1.0) for i in range(20)])
+    durable = names.durable("router", "events")
+    sub = await bind_consumer(js, stream=names.stream_evt, durable=durable, filter_subject=names.evt_all, ack_wait=30, max_deliver=5)
+    first = await sub.fetch(2, timeout=5)
+    for msg in first:
+        await msg.ack_sync()  # an ack floor: something to snapshot
+    dumps: list[float] = []
+    snaps = Snapshots(js, names, "router", durable, lambda: dumps.append(1.0) or b"state", interval=1.0)
+    asked: list[bool] = []
+    busy = snaps.busy
+
+    async def counted() -> bool:
+        asked.append(await busy())
+        return asked[-1]
+
+    snaps.busy = counted  # type: ignore[method-assign]
+    stop = asyncio.Event()
+    task = asyncio.create_task(snaps.run(stop))
+    try:
+        await assert_eventually(lambda: len(asked) >= 2, timeout=10)  # due, and asked again a second later
+        assert all(asked) and not dumps, "a snapshot was written while the durable was busy"
+        for msg in await sub.fetch(18, timeout=5):
+            await msg.ack_sync()
+        await assert_eventually(lambda: dumps, timeout=10)  # the lull: it is written
+        assert snaps.last is not None and snaps.last.seq == 20
+    finally:
+        stop.set()
+        await task
+        await sub.unsubscribe()
+    snaps.took = 1.0
+    assert snaps.pause() == 30.0, "a snapshot that took 1 s: the next one not before 30 s"
