@@ -220,9 +220,13 @@ class Snapshots:
         dump: Callable[[], bytes],
         *,
         interval: float = DEFAULT_INTERVAL,
+        inputs: Sequence[tuple[str, str]] = (),
     ) -> None:
         self.js, self.names, self.owner, self.durable, self.dump = js, names, owner, durable, dump
         self.interval = interval
+        #: (stream, durable) of the service's other inputs, whose backlog is a burst too (the
+        #: router's submits: its events durable keeps up with what it publishes itself)
+        self.inputs = [(names.stream_evt, durable), *inputs]
         self.store: SnapshotStore | None = None
         self.last: Head | None = None
         self.took = 0.0  # seconds the last snapshot took (dump and write)
@@ -278,12 +282,15 @@ class Snapshots:
         return max(self.interval, COST_SHARE * self.took)
 
     async def busy(self) -> bool:
-        """Has the service's durable more than `BUSY` messages waiting for it (a burst)?"""
-        try:
-            info = await self.js.consumer_info(self.names.stream_evt, self.durable)
-        except Exception:  # not known: as if quiet, the snapshot goes ahead
-            return False
-        return int(info.num_pending or 0) > BUSY
+        """Has one of the service's durables more than `BUSY` messages waiting for it (a burst)?"""
+        for stream, durable in self.inputs:
+            try:
+                info = await self.js.consumer_info(stream, durable)
+            except Exception:  # not known: as if quiet
+                continue
+            if int(info.num_pending or 0) > BUSY:
+                return True
+        return False
 
     async def run(self, stop: asyncio.Event) -> None:
         """A snapshot every `pause()` seconds until `stop`, each waiting for a lull for at most

@@ -404,7 +404,7 @@ class Router:
             await bus.await_topology(js, self.names)  # created by the admin identity
             self.publisher = Publisher(js, self.names)
             me = self.settings.tuning.instance  # a replica folds every event through its own durable
-            snapshots = Snapshots(js, self.names, snapshot_owner("router", me), events_durable(self.names, "router", me), self.dump_snapshot, interval=self.settings.tuning.snapshot_interval)
+            snapshots = Snapshots(js, self.names, snapshot_owner("router", me), events_durable(self.names, "router", me), self.dump_snapshot, interval=self.settings.tuning.snapshot_interval, inputs=[(self.names.stream_cmd, self.names.durable("router", "submit"))])
             start, folded = await restore_follower(snapshots, self.follower, core.load_router)
             if folded is not None:
                 self.state, self.gate, self.history = folded
