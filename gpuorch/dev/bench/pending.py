@@ -107,8 +107,9 @@ def _decide(n: int, sink: Callable[[int, list[Event], dict[str, str]], None]) ->
     env = dcore.Environment(registry={}, store_roots={"prod": "/store/prod"}, data_roots={}, cache_roots={})
     scratch = Projection(retire=True)  # the dispatcher's view to make the Job from (not measured)
     seq = 0
+    start = time.time()  # the clusters' snapshots were observed now
     for i in range(n):
-        now = time.time()
+        now = start + i * 1e-6  # (the clock of a burst: with the real one a long run's snapshots go stale, and the router stops routing)
         wl = doc(i)
         key = f"bench-pending-{i}"
         wid = sys.intern(workload_id_for(key, wl.metadata.name))  # as `Router.on_command`
