@@ -266,12 +266,16 @@ def _shared(x: Any) -> Any:
     """`x`, or an equal object already held (frozen structs, and lists or dicts never mutated)."""
     if x is None or (isinstance(x, list | dict) and not x):
         return _EMPTY_LIST if isinstance(x, list) else _EMPTY_DICT if isinstance(x, dict) else None
-    key = (type(x), _PART_ENCODER.encode(x))
-    got = _SHARED.get(key)
+    return _keep(_SHARED, (type(x), _PART_ENCODER.encode(x)), x, _SHARE_MAX)
+
+
+def _keep(table: dict[Any, Any], key: Any, value: Any, most: int) -> Any:
+    """The value `table` holds under `key`, else `value` (kept there while it holds fewer than `most`)."""
+    got = table.get(key)
     if got is None:
-        if len(_SHARED) >= _SHARE_MAX:
-            return x
-        got = _SHARED[key] = x
+        if len(table) >= most:
+            return value
+        got = table[key] = value
     return got
 
 
@@ -515,12 +519,8 @@ _INTERN_MAX = 65536  # distinct stand-ins shared at once (beyond it each record 
 
 
 def _intern(doc: RetiredDoc) -> RetiredDoc:
-    got = _INTERNED.get(doc)
-    if got is None:
-        if len(_INTERNED) >= _INTERN_MAX:
-            return doc
-        got = _INTERNED[doc] = doc
-    return got
+    kept: RetiredDoc = _keep(_INTERNED, doc, doc, _INTERN_MAX)
+    return kept
 
 
 _DOC_DECODER = msgspec.msgpack.Decoder(Workload)
