@@ -15,8 +15,9 @@ Scenarios (issue 12, item 1; sizes are parameters, the defaults are the issue's)
   the Job); the router's own rate (N / (last `routed` - first publish)); memory per pending
   workload per service (RSS growth of each process / workloads pending at the destinations).
 * ``backlog``: one system filled to 1k, 3k and 10k pending (``--levels``), a probe burst of
-  ``--probe`` (1,000) at each level; the probe's rate at 10k over its rate at 1k (target:
-  within 20 %).
+  ``--probe`` (1,000) at each level, once the processes are idle after the fill (`settle`, at
+  most 20 s: a state snapshot deferred during the fill is written in that lull, not in the
+  probe); the probe's rate at 10k over its rate at 1k (target: within 20 %).
 * ``steady R/s x D s`` (default 250/s for 60 s): submits paced at R per second; latency p50/p99
   (target p99 < 250 ms) and whether the system kept up.
 * every scenario measures the raw JetStream publish rate first (same client, same server, a
@@ -391,6 +392,20 @@ async def scenario_burst(
     return rows
 
 
+async def settle(system: System, most: float = 20.0, idle: float = 0.25) -> float:
+    """Wait until the processes were idle (less than `idle` of a core in all over half a second)
+    after a fill, for at most `most` seconds: what the fill left to do (the last events, a state
+    snapshot deferred to the first lull: gpuorch.runtime.snapshot) is not counted in the probe
+    after it. Returns the seconds waited."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < most:
+        before = sum(cpu(system).values())
+        await asyncio.sleep(0.5)  # the CPU clock's window, not a wait for a condition
+        if sum(cpu(system).values()) - before < idle * 0.5:
+            break
+    return time.monotonic() - t0
+
+
 async def scenario_backlog(
     root: Path, levels: list[int], probe: int, timeout: float, nodes: int = NODES
 ) -> list[Row]:
@@ -408,6 +423,8 @@ async def scenario_backlog(
                 at += fill
                 pending += int(f["created"]) - (capacity if pending == 0 else 0)
                 print(f"# backlog fill to {pending}: {f}", file=sys.stderr)
+            settled = await settle(system)
+            print(f"# backlog at {pending}: the system was idle {settled:.1f} s after the fill", file=sys.stderr)
             used, kinds = cpu(system), dict(watch.kinds)
             f = await burst(client, watch, probe, tag, timeout, start=at)
             used = {k: v - used.get(k, 0.0) for k, v in cpu(system).items()}
