@@ -72,10 +72,11 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
         s.stop()
 
 
-def work(seconds: int) -> list[str]:
-    """The project's training program for `seconds` simulated seconds (20 steps; it writes its
-    output where the attempt's goes)."""
-    return ["--steps", "20", "--step-seconds", str(seconds / 20), "--checkpoint-every", "1000"]
+# The job sleeps its run time (simulated seconds / the cluster's time scale) and writes its result.
+WORK = (
+    "import os, pathlib, time; time.sleep(float(os.environ['RUN_SECONDS']) / float(os.environ['GPUORCH_TIME_SCALE'])); "
+    "d = pathlib.Path(os.environ['GPUORCH_OUTPUT_DIR']); d.mkdir(parents=True, exist_ok=True); (d / 'done').write_text('ok')"
+)
 
 
 def job(name: str, run: int, expected: int) -> Workload:
@@ -83,8 +84,8 @@ def job(name: str, run: int, expected: int) -> Workload:
         "metadata": {"name": name, "owner": "team-a"},
         "spec": {
             "image": "example.org/gpuorch/train@sha256:" + "5e" * 32,
-            "command": ["python", "-m", "gpuorch.workloads.train"],
-            "args": work(run),
+            "command": ["python", "-c", WORK],
+            "env": {"RUN_SECONDS": str(run)},
             "resources": {"gpus": 1, "gpu_memory_gib": 80, "cpu": "1", "memory": "1Gi"},
             "expected_runtime": f"{expected}s",
             "output": {"store": "prod"},

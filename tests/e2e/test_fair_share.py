@@ -106,10 +106,11 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
         s.stop()
 
 
-def work(seconds: int) -> list[str]:
-    """The project's training program for `seconds` simulated seconds (20 steps; it writes its
-    output where the attempt's goes)."""
-    return ["--steps", "20", "--step-seconds", str(seconds / 20), "--checkpoint-every", "1000"]
+# Each job sleeps its run time (simulated seconds / the clusters' time scale) and writes its result.
+WORK = (
+    "import os, pathlib, time; time.sleep(float(os.environ['RUN_SECONDS']) / float(os.environ['GPUORCH_TIME_SCALE'])); "
+    "d = pathlib.Path(os.environ['GPUORCH_OUTPUT_DIR']); d.mkdir(parents=True, exist_ok=True); (d / 'done').write_text('ok')"
+)
 
 
 def job(name: str, owner: str, queue: str, gpus: int, **spec: object) -> Workload:
@@ -117,8 +118,8 @@ def job(name: str, owner: str, queue: str, gpus: int, **spec: object) -> Workloa
         "metadata": {"name": name, "owner": owner},
         "spec": {
             "image": "example.org/gpuorch/train@sha256:" + "5e" * 32,
-            "command": ["python", "-m", "gpuorch.workloads.train"],
-            "args": work(RUN),
+            "command": ["python", "-c", WORK],
+            "env": {"RUN_SECONDS": str(RUN)},
             "resources": {"gpus": gpus, "gpu_memory_gib": 80, "cpu": "1", "memory": "1Gi"},
             "expected_runtime": f"{RUN}s",
             "output": {"store": "prod"},
