@@ -30,6 +30,7 @@ from gpuorch.informer import ClusterInformers, Informer
 from gpuorch.kube import TIMEOUT, ClusterClient, make_clients, unreachable
 from gpuorch.observe import progress, spans
 from gpuorch.projection import AttemptView, WorkloadView
+from gpuorch.resync import Resync
 from gpuorch.runtime import bus, kv
 from gpuorch.runtime.shell import Incoming, Publisher, Reject, Retry, consume, guard_commands, run_service
 from gpuorch.runtime.snapshot import Snapshots, follower_body, restore_follower
@@ -157,10 +158,14 @@ def created_resource_version(raw: bytes) -> int | None:
         return None
 
 
-FULL_RECONCILE_EVERY = 30  # upkeep passes: every 30th re-checks every owned workload, quiet or not
+#: upkeep passes: every 30th re-checks every owned workload, quiet or not (at most, `gpuorch.resync`:
+#: a costly one puts the next off)
+FULL_RECONCILE_EVERY = 30
 FULL_PRUNE_EVERY = 10  # lease renewals: every 10th looks at every record for finished workloads
 ENV_RECHECK = 1.0  # seconds between two looks at the data directory (`_environment_base`)
-FULL_WATCH_EVERY = 20  # watch ticks: every 20th looks at every live attempt, changed or not (a resync)
+#: watch ticks: every 20th looks at every live attempt, changed or not (a resync; at most,
+#: `gpuorch.resync`: a costly one puts the next off)
+FULL_WATCH_EVERY = 20
 
 
 class Dispatcher:
@@ -228,7 +233,8 @@ class Dispatcher:
         self.due_at: dict[str, float] = {}
         self.unmarked: set[str] = set()
         self.seen_generation: dict[tuple[str, str], int] = {}
-        self.next_full_watch = 0.0
+        self.watch_resync = Resync(FULL_WATCH_EVERY)  # when the watch looks at every live attempt
+        self.upkeep_resync = Resync(FULL_RECONCILE_EVERY)  # when the upkeep looks at every owned workload
 
     def environment(self, attempts: Sequence[AttemptView] = ()) -> core.Environment:
         """Where things live, for the core. The registry's part is resolved once; the data
@@ -519,14 +525,11 @@ class Dispatcher:
         """Level-triggered upkeep of the workloads we own: whatever is due by time alone (a
         replacement once its retry backoff has passed) or was missed. `core.reconcile` asks for
         nothing the state already shows, so this is a no-op for a workload that is on track."""
-        passes = 0
 
         async def tick() -> None:
-            nonlocal passes
-            passes += 1
             # the first pass and now and then every owned workload, quiet or not
-            full = passes % FULL_RECONCILE_EVERY == 1
-            now = time.time()
+            now, began = time.time(), time.perf_counter()
+            full = self.upkeep_resync.full(now)
             owned = self.owned
             for wid in self.upkeep_list(now, full):
                 if wid not in owned:
@@ -547,6 +550,8 @@ class Dispatcher:
                 except Exception as exc:  # e.g. a cluster that does not answer a create: next round
                     log.warning("reconcile.failed", workload=wid, error=str(exc))
                     self.upkeep_dirty.add(wid)
+            if full:
+                self.upkeep_resync.took(now, time.perf_counter() - began)
 
         await every(stop, self.reconcile_every, tick, name="reconcile_owned")
 
@@ -707,15 +712,15 @@ class Dispatcher:
         a work queue fed by event handlers: those whose events were folded (`dirty`), whose Job
         or pods changed (the informers' `changes_since`), whose clock is due (`due`, from
         `core.observation_due`), and those running without their first-step marker yet. None:
-        everything, on the resync period (FULL_WATCH_EVERY) or when a cache was re-listed."""
+        everything, on the resync period (`watch_resync`) or when a cache was re-listed."""
         wids, self.dirty = self.dirty, set()
-        full = now >= self.next_full_watch
+        relisted = False
         for cluster, inf in self.informers.items():
             for name in ("jobs", "pods"):
                 gen, changes = inf[name].changes_since(self.seen_generation.get((cluster, name), -1))
                 self.seen_generation[(cluster, name)] = gen
                 if changes is None:
-                    full = True
+                    relisted = True
                     continue
                 wids.update(w for c in changes if (w := c.labels.get(k8s.LABEL_WORKLOAD)))
         while self.due and self.due[0][0] <= now:
@@ -726,8 +731,9 @@ class Dispatcher:
         views = self.follower.projection.workloads
         self.unmarked = {w for w in self.unmarked if (v := views.get(w)) is not None and not v.terminal}
         wids |= self.unmarked
-        if full:
-            self.next_full_watch = now + FULL_WATCH_EVERY * self.interval
+        if relisted:
+            self.watch_resync.again()
+        if self.watch_resync.full(now):
             self.due.clear()
             self.due_at.clear()
             return None
@@ -767,7 +773,7 @@ class Dispatcher:
             now = time.time()
             # a cluster that went silent: every attempt there is looked at (lost, when it is)
             everything = any(inf.failing or not inf.synced for inf in self.informers.values())
-            looked = self.to_look_at(now)
+            began, looked = time.perf_counter(), self.to_look_at(now)
             views = self.follower.projection.workloads.values() if looked is None or everything else looked
             for cluster, items in core.watched(views, self.owned).items():
                 inf = self.informers.get(cluster)
@@ -820,6 +826,8 @@ class Dispatcher:
                         )
                     if a.status in ("succeeded", "failed") or a.gone:
                         self.created_rv.pop(a.attempt_id, None)
+            if looked is None:  # a full pass: the next one waits for its share of the time
+                self.watch_resync.took(now, time.perf_counter() - began)
 
         await every(stop, self.interval, tick, name="watch")
 

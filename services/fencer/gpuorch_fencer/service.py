@@ -34,6 +34,7 @@ from gpuorch.config import Settings, load_registry
 from gpuorch.follow import Follower, every, run_until_stopped
 from gpuorch.informer import ClusterInformers
 from gpuorch.kube import TIMEOUT, ClusterClient, make_clients, unreachable
+from gpuorch.resync import Resync
 from gpuorch.runtime import bus, kv
 from gpuorch.runtime.shell import Incoming, Publisher, Reject, consume, run_service
 from gpuorch.runtime.snapshot import Snapshots, follower_body, restore_follower
@@ -47,7 +48,9 @@ from . import core
 
 log = structlog.get_logger("gpuorch.fencer")
 
-FULL_COLLECT_EVERY = 10  # orphan rounds: every 10th judges every Job, changed or not (a resync)
+#: orphan rounds: every 10th judges every Job, changed or not (a resync; at most, `gpuorch.resync`:
+#: a costly one puts the next off)
+FULL_COLLECT_EVERY = 10
 LABEL_JOB_NAME = "job-name"  # set on a Job's pods by the Job controller (every Kubernetes version)
 
 
@@ -210,7 +213,7 @@ class Fencer:
         self.judge_dirty: set[str] = set()
         self.judged_generation: dict[str, int] = {}
         self.judge_due: list[tuple[float, str, str, str]] = []
-        self.rounds = 0
+        self.collect_resync = Resync(FULL_COLLECT_EVERY)  # when a round judges every Job
         self.publisher: Publisher | None = None
         self.interval = settings.tuning.fence_interval
         self.orphan_grace = settings.tuning.orphan_grace
@@ -418,11 +421,10 @@ class Fencer:
 
     async def collect_once(self) -> None:
         """One round of `collect_orphans`: the Jobs whose verdict may have changed (`to_judge`),
-        every Job every FULL_COLLECT_EVERY rounds."""
-        self.rounds += 1
-        full = self.rounds % FULL_COLLECT_EVERY == 1
+        every Job every FULL_COLLECT_EVERY rounds (`collect_resync`)."""
+        began, now = time.perf_counter(), time.time()
+        full = self.collect_resync.full(now)
         dirty, self.judge_dirty = self.judge_dirty, set()
-        now = time.time()
         due: set[tuple[str, str, str]] = set()
         while self.judge_due and self.judge_due[0][0] <= now:
             due.add(heapq.heappop(self.judge_due)[1:])
@@ -444,6 +446,13 @@ class Fencer:
             seen = {(j["metadata"].get("namespace", NAMESPACE), j["metadata"]["name"]) for j in picked}
             picked += [j for w in dirty for j in jobs.by_index(w) if (j["metadata"].get("namespace", NAMESPACE), j["metadata"]["name"]) not in seen]
             await self.judge_all(cluster, picked, now, every_job=False)
+        if full:  # the next full round waits for its share of the time
+            self.collect_resync.took(now, time.perf_counter() - began)
+
+    @property
+    def rounds(self) -> int:
+        """Orphan rounds so far."""
+        return self.collect_resync.passes
 
     async def judge_all(self, cluster: str, jobs: Iterable[dict[str, Any]], now: float, *, every_job: bool = True) -> None:
         """Judge these Jobs of the cluster, each read once per resourceVersion (`SeenJob`);
