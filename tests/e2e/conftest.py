@@ -9,7 +9,7 @@ import pytest
 
 from gpuorch.client import Client
 from gpuorch.system import System
-from tests.support.system import client, kube  # noqa: F401 (fixtures for the tests here)
+from tests.support.system import client, kube, running  # noqa: F401 (fixtures for the tests here)
 
 HERE = Path(__file__).parent
 
@@ -18,19 +18,11 @@ HERE = Path(__file__).parent
 def system(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
     """One system per test module; a module may add service settings in `E2E_ENV`."""
     state = tmp_path_factory.mktemp("e2e")
-    s = System(
-        state_dir=state,
-        clusters_file=HERE / "clusters.yaml",
-        env_extra={
-            "GPUORCH_TRACE_FILE": str(state / "spans.jsonl"), "GPUORCH_LOST_AFTER": "2",
-            **getattr(request.module, "E2E_ENV", {}),
-        },
-    )
-    s.start()
-    try:
+    with running(state, HERE / "clusters.yaml", env_extra={
+        "GPUORCH_TRACE_FILE": str(state / "spans.jsonl"), "GPUORCH_LOST_AFTER": "2",
+        **getattr(request.module, "E2E_ENV", {}),
+    }) as s:  # fmt: skip
         yield s
-    finally:
-        s.stop()
 
 
 @pytest.fixture

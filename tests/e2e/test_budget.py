@@ -19,12 +19,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from gpuorch.client import Client
 from gpuorch.system import System
 from gpuorch_proto import Workload, workload_from_obj
 from gpuorch_proto import events as ev
+from tests.support.system import one_node, registry, running
 from tests.support.wait import assert_eventually
 
 pytestmark = pytest.mark.e2e
@@ -34,21 +34,7 @@ WINDOW = 3 * 3600  # the budget's window, simulated: 18 real seconds
 USED = 3600  # a's simulated run time: 6 real seconds, 1 GPU-hour on 1 GPU
 EXPECTED = 1800  # b's expected run time: 0.5 GPU-hours on 1 GPU
 
-CLUSTERS = f"""
-time_scale: {SCALE}
-job_clock: simulated
-admission_policy: policy.yaml
-clusters:
-  - name: solo
-    nodes:
-      - {{name: solo-gpu, count: 1, pool: train, cpu: "16", memory: 64Gi,
-         gpu: {{model: NVIDIA-A100-SXM4-80GB, memory_mib: 81920, count: 2}}}}
-    registry:
-      price_per_gpu_hour: 3.0
-      artifact_stores: [prod]
-      queues: [{{name: default, owners: ["*"]}}]
-      startup_seconds: 30
-"""
+CLUSTERS = registry(one_node("solo", 2, cpu="16", memory="64Gi"), time_scale=SCALE, admission_policy="policy.yaml")
 
 POLICY = {
     "queues": [
@@ -61,15 +47,8 @@ POLICY = {
 
 @pytest.fixture(scope="module")
 def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
-    state = tmp_path_factory.mktemp("e2e-budget")
-    (state / "clusters.yaml").write_text(CLUSTERS)
-    (state / "policy.yaml").write_text(yaml.safe_dump(POLICY))
-    s = System(state_dir=state, clusters_file=state / "clusters.yaml", env_extra={"GPUORCH_LOST_AFTER": "2"})
-    s.start()
-    try:
+    with running(tmp_path_factory.mktemp("e2e-budget"), clusters=CLUSTERS, policy=POLICY, env_extra={"GPUORCH_LOST_AFTER": "2"}) as s:
         yield s
-    finally:
-        s.stop()
 
 
 # The job sleeps its run time (simulated seconds / the cluster's time scale) and writes its result.

@@ -27,7 +27,6 @@ from pathlib import Path
 
 import msgspec
 import pytest
-import yaml
 
 from gpuorch.client import Client
 from gpuorch.projection import Projection, WorkloadView
@@ -35,6 +34,7 @@ from gpuorch.system import System
 from gpuorch_proto import Workload, workload_from_obj
 from gpuorch_proto.policy import AdmissionPolicy, load_policy_yaml
 from gpuorch_router import fairshare
+from tests.support.system import one_node, registry, running
 from tests.support.wait import assert_eventually
 
 pytestmark = pytest.mark.e2e
@@ -48,30 +48,7 @@ TRIALS = 32  # vision-team: 32 1-GPU trials (32 GPU-runs, four times what the cl
 JOBS = 16  # nlp-team: 16 2-GPU jobs (also 32 GPU-runs)
 OWNERS = {"vision": "vision-team", "nlp": "nlp-team"}  # client identity -> the one owner it may submit as
 
-CLUSTERS = f"""
-time_scale: {SCALE}
-job_clock: simulated
-admission_policy: policy.yaml
-clusters:
-  - name: east
-    nodes:
-      - {{name: east-gpu, count: 1, pool: train, cpu: "64", memory: 512Gi,
-         gpu: {{model: NVIDIA-A100-SXM4-80GB, memory_mib: 81920, count: 4}}}}
-    registry:
-      price_per_gpu_hour: 3.0
-      artifact_stores: [prod]
-      queues: [{{name: default, owners: ["*"]}}]
-      startup_seconds: 30
-  - name: west
-    nodes:
-      - {{name: west-gpu, count: 1, pool: train, cpu: "64", memory: 512Gi,
-         gpu: {{model: NVIDIA-A100-SXM4-80GB, memory_mib: 81920, count: 4}}}}
-    registry:
-      price_per_gpu_hour: 3.0
-      artifact_stores: [prod]
-      queues: [{{name: default, owners: ["*"]}}]
-      startup_seconds: 30
-"""
+CLUSTERS = registry(one_node("east", 4), one_node("west", 4), time_scale=SCALE, admission_policy="policy.yaml")
 
 
 def policy() -> AdmissionPolicy:
@@ -92,18 +69,11 @@ def policy() -> AdmissionPolicy:
 
 @pytest.fixture(scope="module")
 def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
-    state = tmp_path_factory.mktemp("e2e-fair")
-    (state / "clusters.yaml").write_text(CLUSTERS)
-    (state / "policy.yaml").write_text(yaml.safe_dump(msgspec.to_builtins(policy())))
-    s = System(
-        state_dir=state, clusters_file=state / "clusters.yaml", clients={i: [o] for i, o in OWNERS.items()},
-        env_extra={"GPUORCH_LOST_AFTER": "2"},
-    )  # fmt: skip
-    s.start()
-    try:
+    with running(
+        tmp_path_factory.mktemp("e2e-fair"), clusters=CLUSTERS, policy=msgspec.to_builtins(policy()),
+        clients={i: [o] for i, o in OWNERS.items()}, env_extra={"GPUORCH_LOST_AFTER": "2"},
+    ) as s:  # fmt: skip
         yield s
-    finally:
-        s.stop()
 
 
 # Each job sleeps its run time (simulated seconds / the clusters' time scale) and writes its result.

@@ -34,6 +34,7 @@ from gpuorch.system import System
 from gpuorch_proto import Event, type_tag
 from gpuorch_proto import events as ev
 from tests.e2e.workloads import train
+from tests.support.system import running
 from tests.support.wait import assert_eventually
 
 pytestmark = pytest.mark.e2e
@@ -106,16 +107,11 @@ def otlp() -> Iterator[OtlpReceiver]:
 
 @pytest.fixture(scope="module")
 def system(tmp_path_factory: pytest.TempPathFactory, otlp: OtlpReceiver) -> Iterator[System]:
-    state = tmp_path_factory.mktemp("observe")
-    s = System(state_dir=state, clusters_file=HERE / "clusters.yaml", env_extra={
+    with running(tmp_path_factory.mktemp("observe"), HERE / "clusters.yaml", env_extra={
         "GPUORCH_LOST_AFTER": "2", "GPUORCH_METRICS_PORT": "0",
         "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.url, "OTEL_BSP_SCHEDULE_DELAY": "200",
-    })  # fmt: skip
-    s.start()
-    try:
+    }) as s:  # fmt: skip
         yield s
-    finally:
-        s.stop()
 
 
 @pytest.fixture(scope="module")

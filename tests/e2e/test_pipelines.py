@@ -41,6 +41,7 @@ from gpuorch_proto import (
     workload_to_builtins,
 )
 from gpuorch_proto import events as ev
+from tests.support.system import running
 from tests.support.wait import assert_eventually
 
 pytestmark = pytest.mark.e2e
@@ -53,15 +54,9 @@ K = 5  # the sweep's limit
 @pytest.fixture(scope="module")
 def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
     state = tmp_path_factory.mktemp("pipelines")
-    s = System(
-        state_dir=state, clusters_file=ROOT / "deploy" / "local" / "clusters.yaml",
-        clients={"intern": ["interns"]}, env_extra={"GPUORCH_TRACE_FILE": str(state / "spans.jsonl")},
-    )  # fmt: skip
-    s.start()
-    try:
+    with running(state, ROOT / "deploy" / "local" / "clusters.yaml", clients={"intern": ["interns"]},
+                 env_extra={"GPUORCH_TRACE_FILE": str(state / "spans.jsonl")}) as s:  # fmt: skip
         yield s
-    finally:
-        s.stop()
 
 
 def gpuorch(system: System, *args: str) -> subprocess.CompletedProcess[str]:

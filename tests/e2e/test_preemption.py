@@ -20,42 +20,22 @@ from gpuorch_proto import events as ev
 from gpuorch_proto import type_tag
 from gpuorch_router.explain import render_waits
 from tests.e2e.workloads import train
+from tests.support.system import one_node, registry, running
 from tests.support.wait import assert_eventually
 
 pytestmark = pytest.mark.e2e
 
-CLUSTERS = """
-time_scale: 600
-job_clock: simulated
-clusters:
-  - name: solo
-    nodes:
-      - {name: solo-gpu, count: 1, pool: train, cpu: "64", memory: 512Gi,
-         gpu: {model: NVIDIA-A100-SXM4-80GB, memory_mib: 81920, count: 4}}
-    registry:
-      price_per_gpu_hour: 3.0
-      artifact_stores: [prod, scratch]
-      data_locations: [alpha-nfs]
-      bandwidth_mbps: {alpha-nfs: 2000}
-      queues: [{name: default, owners: ["*"]}]
-      startup_seconds: 30
-datasets:
-  - {ref: mnist@v1, location: alpha-nfs}
-"""
+CLUSTERS = registry(
+    one_node("solo", 4, stores=("prod", "scratch"), data_locations=["alpha-nfs"], bandwidth_mbps={"alpha-nfs": 2000}),
+    datasets=[{"ref": "mnist@v1", "location": "alpha-nfs"}],
+)
 
 
 @pytest.fixture(scope="module")
 def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
     """One cluster of 4 GPUs, so that two 2-GPU jobs fill it."""
-    state = tmp_path_factory.mktemp("e2e-preempt")
-    clusters = state / "clusters.yaml"
-    clusters.write_text(CLUSTERS)
-    s = System(state_dir=state, clusters_file=clusters, env_extra={"GPUORCH_LOST_AFTER": "2"})
-    s.start()
-    try:
+    with running(tmp_path_factory.mktemp("e2e-preempt"), clusters=CLUSTERS, env_extra={"GPUORCH_LOST_AFTER": "2"}) as s:
         yield s
-    finally:
-        s.stop()
 
 
 async def trail(client: Client, wid: str) -> str:

@@ -25,6 +25,7 @@ from gpuorch.system import System, process_names
 from gpuorch_proto import events as ev
 from gpuorch_proto import k8s, type_tag
 from tests.e2e.workloads import train
+from tests.support.system import running
 from tests.support.wait import assert_eventually
 
 pytestmark = pytest.mark.e2e
@@ -36,16 +37,9 @@ N = 30
 @pytest.fixture(scope="module")
 def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
     """A system with two routers, two dispatchers and two fencers (one inventory)."""
-    state = tmp_path_factory.mktemp("replicas")
-    s = System(
-        state_dir=state, clusters_file=HERE / "clusters.yaml", replicas=2,
-        env_extra={"GPUORCH_LOST_AFTER": "2", "GPUORCH_OWNER_TTL": "3"},
-    )  # fmt: skip
-    s.start()
-    try:
+    with running(tmp_path_factory.mktemp("replicas"), HERE / "clusters.yaml", replicas=2,
+                 env_extra={"GPUORCH_LOST_AFTER": "2", "GPUORCH_OWNER_TTL": "3"}) as s:  # fmt: skip
         yield s
-    finally:
-        s.stop()
 
 
 class JobLog:

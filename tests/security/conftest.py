@@ -13,21 +13,16 @@ from nats.aio.client import Client as NatsClient
 
 from gpuorch.runtime import bus
 from gpuorch.system import System
-from tests.support.system import client, kube  # noqa: F401 (fixtures for the tests here)
+from tests.support.system import client, kube, running  # noqa: F401 (fixtures for the tests here)
 
 E2E = Path(__file__).parent.parent / "e2e"
 
 
 @pytest.fixture(scope="module")
 def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
-    state = tmp_path_factory.mktemp("attacked")
-    s = System(state_dir=state, clusters_file=E2E / "clusters.yaml", clients={"mallory": ["team-x"]},
-               env_extra={"GPUORCH_LOST_AFTER": "2"})  # fmt: skip
-    s.start()
-    try:
+    with running(tmp_path_factory.mktemp("attacked"), E2E / "clusters.yaml", clients={"mallory": ["team-x"]},
+                 env_extra={"GPUORCH_LOST_AFTER": "2"}) as s:  # fmt: skip
         yield s
-    finally:
-        s.stop()
 
 
 @dataclass

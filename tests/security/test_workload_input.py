@@ -37,6 +37,7 @@ from gpuorch_proto import events as ev
 from gpuorch_proto.k8s import NAMESPACE
 from gpuorch_proto.validate import MAX_SUBMIT_BYTES
 from tests.e2e.workloads import train
+from tests.support.system import running
 from tests.support.wait import assert_eventually
 
 E2E = Path(__file__).parent.parent / "e2e"
@@ -60,12 +61,8 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
     alpha["credential_refs"] = {"wandb": {"secret": "wandb-key", "key": "token", "env": "WANDB_API_KEY"}}
     (conf / "clusters.yaml").write_text(yaml.safe_dump(doc))
     (conf / "policy.yaml").write_text(yaml.safe_dump(POLICY))
-    s = System(state_dir=tmp_path_factory.mktemp("input"), clusters_file=conf / "clusters.yaml", env_extra={"GPUORCH_LOST_AFTER": "2"})
-    s.start()
-    try:
+    with running(tmp_path_factory.mktemp("input"), conf / "clusters.yaml", env_extra={"GPUORCH_LOST_AFTER": "2"}) as s:
         yield s
-    finally:
-        s.stop()
 
 
 async def refusal(client: Client, key: str, timeout: float = 30) -> ev.Rejected:
