@@ -57,7 +57,7 @@ from gpuorch_proto.codec import decode_event, is_msgpack
 from gpuorch_proto.events import Cancel, Rejected, Submit, message_ref
 from gpuorch_proto.subjects import valid_token
 
-from . import logs, telemetry
+from . import heap, logs, telemetry
 
 log = structlog.get_logger("gpuorch.runtime.shell")
 
@@ -1160,6 +1160,7 @@ async def serve(
     """Configure logging and tracing, run `main(stop)` until it returns; SIGTERM/SIGINT set `stop`.
 
     A second signal cancels `main`. The tracer provider is flushed and shut down on the way out.
+    Meanwhile what the service holds is kept out of the cyclic collector's passes (`heap.keep`).
     """
     tuning = Tuning.from_env()
     logs.configure_logging(name, log_level or tuning.log_level)
@@ -1168,6 +1169,7 @@ async def serve(
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(main(stop))
+    keeper = asyncio.ensure_future(heap.keep(stop))
 
     def on_signal(sig: signal.Signals) -> None:
         if stop.is_set():
@@ -1194,6 +1196,8 @@ async def serve(
         log.exception("service.crashed")
         raise
     finally:
+        keeper.cancel()
+        await asyncio.gather(keeper, return_exceptions=True)
         for sig in installed:
             loop.remove_signal_handler(sig)
         _write_profile(profiler, tuning.profile_dir, name)
