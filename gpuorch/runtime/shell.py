@@ -195,7 +195,8 @@ class Publisher:
                 continue
             if result.duplicate:
                 span.set_attribute("messaging.nats.duplicate", True)
-                log.debug(logs.MSG_DUPLICATE, to=subject, msg_id=msg_id)
+                if logs.debugging:
+                    log.debug(logs.MSG_DUPLICATE, to=subject, msg_id=msg_id)
             else:
                 metrics.published(event)  # counted once: a republished duplicate is not
             span.end()
@@ -710,7 +711,8 @@ class _Worker:
             log.warning("msg.ack_failed", error=repr(exc))
         # at debug: a line costs about a quarter of the shell's time per message, and the
         # handlers log what they decide (workload.routed, job.created, fence.bumped, ...)
-        log.debug(logs.MSG_PROCESSED, outputs=len(outputs), handler=self.handler_name)
+        if logs.debugging:
+            log.debug(logs.MSG_PROCESSED, outputs=len(outputs), handler=self.handler_name)
 
     async def _failed(
         self,
