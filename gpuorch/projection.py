@@ -26,10 +26,11 @@ the rest retire the same workloads (tests/snapshot).
 from __future__ import annotations
 
 import hashlib
+import struct
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import msgspec
 
@@ -39,6 +40,162 @@ from gpuorch_proto.workload import Metadata, OutputPolicy, Resources, RetryPolic
 
 LIVE_ATTEMPT = frozenset({"created", "admitted", "running", "lost"})
 TERMINAL = ev.TERMINAL_STATUSES
+
+
+# --- packed containers of the compact views (docs/performance.md, *Memory per pending workload*) --
+
+_DOUBLE = struct.Struct("d")
+_KIND_TUPLES: dict[tuple[str, ...], tuple[str, ...]] = {}  # equal kind sequences as one tuple
+
+
+class Times(MutableMapping[str, float]):
+    """When each kind of event was first seen, as a compact view keeps it: a `dict[str, float]`
+    in behaviour (insertion order, `==` with a dict of the same items, `setdefault`, `pop`), held
+    as the kinds in order (one tuple shared by every view with the same sequence) and their times
+    packed as doubles in one `bytes` (exact: a float is a double). About 100 bytes with three
+    entries, where a dict and its floats take 256."""
+
+    __slots__ = ("_at", "_kinds")
+
+    def __init__(self, items: Mapping[str, float] | None = None) -> None:
+        self._kinds: tuple[str, ...] = ()
+        self._at = b""
+        if items:
+            kinds = tuple(sys.intern(k) for k in items)
+            self._kinds = _keep(_KIND_TUPLES, kinds, kinds, _SHARE_MAX)
+            self._at = struct.pack(f"{len(kinds)}d", *items.values())
+
+    def __getitem__(self, kind: str) -> float:
+        try:
+            i = self._kinds.index(kind)
+        except ValueError:
+            raise KeyError(kind) from None
+        at: float = _DOUBLE.unpack_from(self._at, 8 * i)[0]
+        return at
+
+    @overload
+    def get(self, kind: str, /) -> float | None: ...
+    @overload
+    def get(self, kind: str, /, default: float) -> float: ...
+    @overload
+    def get(self, kind: str, /, default: Any) -> Any: ...
+
+    def get(self, kind: str, /, default: Any = None) -> Any:
+        if kind not in self._kinds:
+            return default
+        return _DOUBLE.unpack_from(self._at, 8 * self._kinds.index(kind))[0]
+
+    def __contains__(self, kind: object) -> bool:
+        return kind in self._kinds
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._kinds)
+
+    def __len__(self) -> int:
+        return len(self._kinds)
+
+    def __setitem__(self, kind: str, at: float) -> None:
+        kinds = self._kinds
+        if kind in kinds:
+            i = 8 * kinds.index(kind)
+            self._at = self._at[:i] + _DOUBLE.pack(at) + self._at[i + 8 :]
+        else:
+            more = (*kinds, sys.intern(kind))
+            self._kinds = _keep(_KIND_TUPLES, more, more, _SHARE_MAX)
+            self._at += _DOUBLE.pack(at)
+
+    def __delitem__(self, kind: str) -> None:
+        kinds = self._kinds
+        if kind not in kinds:
+            raise KeyError(kind)
+        i = kinds.index(kind)
+        fewer = kinds[:i] + kinds[i + 1 :]
+        self._kinds = _keep(_KIND_TUPLES, fewer, fewer, _SHARE_MAX)
+        self._at = self._at[: 8 * i] + self._at[8 * i + 8 :]
+
+    def setdefault(self, kind: str, default: float) -> float:
+        if kind in self._kinds:
+            return self[kind]
+        self[kind] = default
+        return default
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
+
+class Attempts(MutableMapping[str, "AttemptView"]):
+    """A workload's attempts by id, as a compact view keeps them: a `dict` in behaviour
+    (insertion order, `==` with a dict of the same items); a lone attempt is held without a dict
+    (its key is its `attempt_id`), more in one."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self, items: Mapping[str, AttemptView] | None = None) -> None:
+        self._held: AttemptView | dict[str, AttemptView] | None = None
+        for k, a in (items or {}).items():
+            self[k] = a
+
+    def _dict(self) -> dict[str, AttemptView]:
+        h = self._held
+        return {} if h is None else {h.attempt_id: h} if isinstance(h, AttemptView) else h
+
+    def __getitem__(self, attempt_id: str) -> AttemptView:
+        h = self._held
+        if isinstance(h, AttemptView):
+            if h.attempt_id == attempt_id:
+                return h
+            raise KeyError(attempt_id)
+        if h is None:
+            raise KeyError(attempt_id)
+        return h[attempt_id]
+
+    def get(self, attempt_id: str, default: Any = None) -> Any:
+        h = self._held
+        if isinstance(h, AttemptView):
+            return h if h.attempt_id == attempt_id else default
+        return default if h is None else h.get(attempt_id, default)
+
+    def __contains__(self, attempt_id: object) -> bool:
+        h = self._held
+        if isinstance(h, AttemptView):
+            return h.attempt_id == attempt_id
+        return h is not None and attempt_id in h
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._dict())
+
+    def __len__(self) -> int:
+        h = self._held
+        return 0 if h is None else 1 if isinstance(h, AttemptView) else len(h)
+
+    def values(self) -> Any:
+        h = self._held
+        return () if h is None else (h,) if isinstance(h, AttemptView) else h.values()
+
+    def items(self) -> Any:
+        h = self._held
+        return () if h is None else ((h.attempt_id, h),) if isinstance(h, AttemptView) else h.items()
+
+    def __setitem__(self, attempt_id: str, a: AttemptView) -> None:
+        h = self._held
+        if h is None and a.attempt_id == attempt_id:
+            self._held = a
+        elif isinstance(h, dict):
+            h[attempt_id] = a
+        else:
+            d = self._dict()
+            d[attempt_id] = a
+            self._held = d
+
+    def __delitem__(self, attempt_id: str) -> None:
+        d = self._dict()
+        del d[attempt_id]
+        self._held = None
+        for k, a in d.items():
+            self[k] = a
+
+    def __repr__(self) -> str:
+        return repr(self._dict())
 
 
 @dataclass(slots=True)
@@ -65,7 +222,7 @@ class AttemptView:
     orphan_deleted: bool = False
     unschedulable: str = ""  # the scheduler's message while its pods cannot be placed ("" once placed)
     placement_failed: bool = False  # failed because the cluster could not place its pods
-    times: dict[str, float] = field(default_factory=dict)
+    times: MutableMapping[str, float] = field(default_factory=dict)  # a dict; compact: `Times`
 
     @property
     def live(self) -> bool:
@@ -88,13 +245,13 @@ class WorkloadView:
     decision: RoutingDecision | None = None
     routed_attempts: set[int] = field(default_factory=set)
     route_requested: set[int] = field(default_factory=set)
-    attempts: dict[str, AttemptView] = field(default_factory=dict)
+    attempts: MutableMapping[str, AttemptView] = field(default_factory=dict)  # a dict; compact: `Attempts`
     epoch: int = 1
     promoted_attempt: str | None = None
     result_path: str | None = None
     cancel_requested: bool = False
     idempotency_key: str | None = None
-    times: dict[str, float] = field(default_factory=dict)
+    times: MutableMapping[str, float] = field(default_factory=dict)  # a dict; compact: `Times`
     preemption: ev.PreemptionPlanned | None = None  # the latest: whose GPUs it waits for (explain)
     # pipelines (docs/pipelines.md): a child knows its pipeline, stage, parameters and inputs;
     # a pipeline its children (in declared order) and, once every child finished, its outcome
@@ -128,6 +285,50 @@ class WorkloadView:
     @property
     def next_attempt_number(self) -> int:
         return max([0, *self.routed_attempts, *(a.number for a in self.attempts.values())]) + 1
+
+
+class _Packed:
+    """A view's field that a compact view may hold packed (a marker in its slot, see
+    `compact_attempt`, `_pack_reason`): read, it is the value the marker stands for
+    (`unpack(view, marker)`), so every reader, `==`, `repr`, `replace` and the snapshot's
+    encoder see the plain value. A plain `str` is held and read as it is."""
+
+    __slots__ = ("slot", "unpack")
+
+    def __init__(self, cls: type, name: str, unpack: Callable[[Any, Any], str]) -> None:
+        self.slot = cls.__dict__[name]  # the dataclass's member descriptor of the slot
+        self.unpack = unpack
+        setattr(cls, name, self)
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        v = self.slot.__get__(obj, owner)
+        return v if type(v) is str else self.unpack(obj, v)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        self.slot.__set__(obj, value)
+
+
+class _Root(str):
+    """An attempt's output or checkpoint path held as its store's root: the rest is derived from
+    the attempt id (`_attempt_dir`), as the dispatcher made it (`_attempt_paths`)."""
+
+    __slots__ = ()
+
+
+def _attempt_dir(aid: str, root: str) -> str:
+    return f"{root}/{aid[: aid.rfind('-a')]}/attempts/{aid}"
+
+
+def _job_reason(a: AttemptView) -> str:
+    """A workload's reason once its attempt's Job is created (the fold's, and a compact view's derived one)."""
+    return f"Job {a.job_name} created on {a.cluster}; waiting for the cluster to place its pods"
+
+
+_OUTPUT = _Packed(AttemptView, "output_path", lambda a, root: _attempt_dir(a.attempt_id, root))
+_CHECKPOINT = _Packed(AttemptView, "checkpoint_path", lambda a, root: _attempt_dir(a.attempt_id, root) + "/checkpoints")
+_REASON = _Packed(WorkloadView, "reason", lambda v, a: _job_reason(a))  # held: the attempt whose Job it names
 
 
 @dataclass
@@ -171,7 +372,7 @@ class Projection:
                     compact_view(view)
             elif self.compact:
                 view = WorkloadView(  # its id: this event's string, set into the later events' (`_share_ids`)
-                    workload_id, routed_attempts=_numbers(set()), route_requested=_numbers(set()),
+                    workload_id, attempts=Attempts(), times=Times(), routed_attempts=_numbers(set()), route_requested=_numbers(set()),
                     parameters=_NO_PARAMETERS, stage_inputs=_NO_INPUTS, children=_NO_CHILDREN, history=_NO_HISTORY,
                 )  # fmt: skip
             else:
@@ -350,10 +551,37 @@ def compact_decision(d: RoutingDecision, workload_id: str) -> RoutingDecision:
 
 
 def compact_attempt(a: AttemptView) -> None:
+    """`a` in the compact form: its low-cardinality strings interned, its job name the id's string
+    when equal, its times packed (`Times`), its paths held as their roots when they are the
+    dispatcher's (`_Root`)."""
     a.cluster, a.namespace, a.queue, a.mode = sys.intern(a.cluster), sys.intern(a.namespace), _interned(a.queue), sys.intern(a.mode)
     a.mode_reason = sys.intern(a.mode_reason)
     if a.job_name == a.attempt_id:
         a.job_name = a.attempt_id
+    if not isinstance(a.times, Times):
+        a.times = Times(a.times)
+    aid = a.attempt_id
+    cut = aid.rfind("-a")
+    if cut > 0:
+        tail = f"/{aid[:cut]}/attempts/{aid}"
+        out, ckpt = _OUTPUT.slot.__get__(a), _CHECKPOINT.slot.__get__(a)
+        if type(out) is str and out.endswith(tail):
+            _OUTPUT.slot.__set__(a, _root(out[: len(out) - len(tail)]))
+        if type(ckpt) is str and ckpt.endswith(tail + "/checkpoints"):
+            _CHECKPOINT.slot.__set__(a, _root(ckpt[: len(ckpt) - len(tail) - len("/checkpoints")]))
+
+
+_ROOTS: dict[str, _Root] = {}
+
+
+def _root(path: str) -> _Root | str:
+    """A store root as its one shared `_Root` (the path itself once the table is full)."""
+    got = _ROOTS.get(path)
+    if got is None:
+        if len(_ROOTS) >= _SHARE_MAX:
+            return path  # (a plain str: held whole)
+        got = _ROOTS[path] = _Root(path)
+    return got
 
 
 def compact_view(v: WorkloadView) -> None:
@@ -368,9 +596,25 @@ def compact_view(v: WorkloadView) -> None:
     v.stage_inputs = v.stage_inputs or _NO_INPUTS
     v.children = v.children or _NO_CHILDREN
     v.history = _NO_HISTORY
-    for k, a in v.attempts.items():
-        a.attempt_id = k
+    if not isinstance(v.times, Times):
+        v.times = Times(v.times)
+    if not isinstance(v.attempts, Attempts):
+        for k, a in v.attempts.items():
+            a.attempt_id = k
+        v.attempts = Attempts(v.attempts)
+    for a in v.attempts.values():
         compact_attempt(a)
+    _pack_reason(v)
+
+
+def _pack_reason(v: WorkloadView) -> None:
+    """The reason held as the attempt it is derived from (`_job_reason`), when it is that one."""
+    reason = v.reason
+    if reason.startswith("Job "):
+        for a in v.attempts.values():
+            if reason == _job_reason(a):
+                _REASON.slot.__set__(v, a)
+                return
 
 
 def _share_ids(view: WorkloadView, e: Event) -> None:
@@ -402,6 +646,7 @@ def _compact_after(view: WorkloadView, e: Event) -> None:
         a = view.attempts.get(e.attempt_id)
         if a is not None:
             compact_attempt(a)
+            _pack_reason(view)
 
 
 def settled(view: WorkloadView) -> bool:
@@ -561,13 +806,20 @@ def retired_record(view: WorkloadView) -> Retired:
         [RetiredAttempt(
             a.attempt_id, a.number, a.epoch, a.cluster, a.job_name, a.namespace, a.queue, a.output_path, a.mode, a.status,
             a.exit_code, a.reason, a.fenced, a.cancel_confirmed, a.promoted, a.promotion_rejected, a.orphan_deleted,
-            a.placement_failed, a.times,
+            a.placement_failed, dict(a.times),
         ) for a in view.attempts.values()],
         view.decision is not None,
     )  # fmt: skip
 
 
-_PROJECTION_ENCODER = msgspec.msgpack.Encoder()
+def _plain(obj: Any) -> Any:
+    """A compact view's containers as the dicts they stand for (the snapshot's format is the whole views')."""
+    if isinstance(obj, Times | Attempts):
+        return dict(obj)
+    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
+
+
+_PROJECTION_ENCODER = msgspec.msgpack.Encoder(enc_hook=_plain)
 _PROJECTION_DECODER = msgspec.msgpack.Decoder(Projection)
 
 
@@ -598,7 +850,10 @@ def _attempt(view: WorkloadView, e: ev.AttemptEvent) -> AttemptView:
     if a is None:
         parsed = k8s.parse_attempt_id(e.attempt_id)
         number = parsed[1] if parsed is not None else 0
-        a = view.attempts[e.attempt_id] = AttemptView(e.attempt_id, number, e.epoch, e.cluster)
+        a = AttemptView(e.attempt_id, number, e.epoch, e.cluster)
+        if isinstance(view.attempts, Attempts):  # a compact view's
+            a.times = Times()
+        view.attempts[e.attempt_id] = a
     return a
 
 
@@ -662,7 +917,7 @@ def _fold(view: WorkloadView, e: Event) -> None:
             if not view.terminal and not view.cancel_requested:
                 # the Job exists; nothing runs until the cluster admits it and places its pods
                 view.status = "dispatched"
-                view.reason = f"Job {e.job_name} created on {e.cluster}; waiting for the cluster to place its pods"
+                view.reason = _job_reason(a)
         case ev.Unschedulable():
             a = _attempt(view, e)
             a.unschedulable = e.message

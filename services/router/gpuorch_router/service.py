@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -174,7 +174,7 @@ class Router:
                 if v.cluster == a.cluster and v.estimate is not None:
                     staged = v.estimate.data_staging > 0 or v.estimate.image_staging > 0
 
-        def sim(key: str, times: dict[str, float]) -> float | None:
+        def sim(key: str, times: Mapping[str, float]) -> float | None:
             t = times.get(key)
             return t * scale if t is not None else None
 
