@@ -44,34 +44,60 @@ TERMINAL = ev.TERMINAL_STATUSES
 
 # --- packed containers of the compact views (docs/performance.md, *Memory per pending workload*) --
 
-_DOUBLE = struct.Struct("d")
-_KIND_TUPLES: dict[tuple[str, ...], tuple[str, ...]] = {}  # equal kind sequences as one tuple
+_DOUBLE = struct.Struct("=d")
+_KIND_CODES: dict[str, int] = {}  # the kinds of times packed so far, each its one-byte code
+_KIND_NAMES: list[str] = []
+
+
+def _code(kind: str) -> int | None:
+    """The kind's code (None once 256 kinds have one: a view with another keeps its times as a dict)."""
+    c = _KIND_CODES.get(kind)
+    if c is None:
+        if len(_KIND_NAMES) > 255:
+            return None
+        kind = sys.intern(kind)
+        c = _KIND_CODES[kind] = len(_KIND_NAMES)
+        _KIND_NAMES.append(kind)
+    return c
+
+
+def _pack_times(items: Mapping[str, float]) -> bytes | dict[str, float]:
+    """Times as a compact view holds them: one `bytes`, the kinds' codes in order then the times
+    as doubles (exact: a float is a double); a dict when a kind has no code."""
+    codes = [_code(k) for k in items]
+    if None in codes:
+        return dict(items)
+    return bytes(codes) + struct.pack(f"={len(codes)}d", *items.values())  # type: ignore[arg-type]
 
 
 class Times(MutableMapping[str, float]):
-    """When each kind of event was first seen, as a compact view keeps it: a `dict[str, float]`
-    in behaviour (insertion order, `==` with a dict of the same items, `setdefault`, `pop`), held
-    as the kinds in order (one tuple shared by every view with the same sequence) and their times
-    packed as doubles in one `bytes` (exact: a float is a double). About 100 bytes with three
-    entries, where a dict and its floats take 256."""
+    """A compact view's `times` (when each kind of event was first seen) as its readers see it:
+    a `dict[str, float]` in behaviour (insertion order, `==` with a dict of the same items,
+    `setdefault`, `pop`), read from and written to the one `bytes` the view holds
+    (`_pack_times`: about 60 bytes with three entries, where a dict and its floats take 256).
+    Made on each read of the field (`_TimesField`), as small as a bound method."""
 
-    __slots__ = ("_at", "_kinds")
+    __slots__ = ("_of", "_slot")
 
-    def __init__(self, items: Mapping[str, float] | None = None) -> None:
-        self._kinds: tuple[str, ...] = ()
-        self._at = b""
-        if items:
-            kinds = tuple(sys.intern(k) for k in items)
-            self._kinds = _keep(_KIND_TUPLES, kinds, kinds, _SHARE_MAX)
-            self._at = struct.pack(f"{len(kinds)}d", *items.values())
+    def __init__(self, of: Any, slot: Any) -> None:
+        self._of, self._slot = of, slot
+
+    def _index(self, kind: object) -> int:
+        """The entry's index, -1 when absent."""
+        b: bytes = self._slot.__get__(self._of)
+        c = _KIND_CODES.get(kind) if isinstance(kind, str) else None
+        return -1 if c is None else b.find(c, 0, len(b) // 9)
+
+    def _value(self, i: int) -> float:
+        b: bytes = self._slot.__get__(self._of)
+        at: float = _DOUBLE.unpack_from(b, len(b) // 9 + 8 * i)[0]
+        return at
 
     def __getitem__(self, kind: str) -> float:
-        try:
-            i = self._kinds.index(kind)
-        except ValueError:
-            raise KeyError(kind) from None
-        at: float = _DOUBLE.unpack_from(self._at, 8 * i)[0]
-        return at
+        i = self._index(kind)
+        if i < 0:
+            raise KeyError(kind)
+        return self._value(i)
 
     @overload
     def get(self, kind: str, /) -> float | None: ...
@@ -81,46 +107,85 @@ class Times(MutableMapping[str, float]):
     def get(self, kind: str, /, default: Any) -> Any: ...
 
     def get(self, kind: str, /, default: Any = None) -> Any:
-        if kind not in self._kinds:
-            return default
-        return _DOUBLE.unpack_from(self._at, 8 * self._kinds.index(kind))[0]
+        i = self._index(kind)
+        return default if i < 0 else self._value(i)
 
     def __contains__(self, kind: object) -> bool:
-        return kind in self._kinds
+        return self._index(kind) >= 0
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._kinds)
+        b: bytes = self._slot.__get__(self._of)
+        return iter([_KIND_NAMES[c] for c in b[: len(b) // 9]])
 
     def __len__(self) -> int:
-        return len(self._kinds)
+        return len(self._slot.__get__(self._of)) // 9
 
     def __setitem__(self, kind: str, at: float) -> None:
-        kinds = self._kinds
-        if kind in kinds:
-            i = 8 * kinds.index(kind)
-            self._at = self._at[:i] + _DOUBLE.pack(at) + self._at[i + 8 :]
+        i = self._index(kind)
+        b: bytes = self._slot.__get__(self._of)
+        n = len(b) // 9
+        if i >= 0:
+            j = n + 8 * i
+            self._slot.__set__(self._of, b[:j] + _DOUBLE.pack(at) + b[j + 8 :])
+        elif (c := _code(kind)) is None:
+            self._slot.__set__(self._of, {**self, kind: at})  # (a kind without a code: a dict from now on)
         else:
-            more = (*kinds, sys.intern(kind))
-            self._kinds = _keep(_KIND_TUPLES, more, more, _SHARE_MAX)
-            self._at += _DOUBLE.pack(at)
+            self._slot.__set__(self._of, b[:n] + bytes((c,)) + b[n:] + _DOUBLE.pack(at))
 
     def __delitem__(self, kind: str) -> None:
-        kinds = self._kinds
-        if kind not in kinds:
+        i = self._index(kind)
+        if i < 0:
             raise KeyError(kind)
-        i = kinds.index(kind)
-        fewer = kinds[:i] + kinds[i + 1 :]
-        self._kinds = _keep(_KIND_TUPLES, fewer, fewer, _SHARE_MAX)
-        self._at = self._at[: 8 * i] + self._at[8 * i + 8 :]
+        b: bytes = self._slot.__get__(self._of)
+        n = len(b) // 9
+        self._slot.__set__(self._of, b[:i] + b[i + 1 : n + 8 * i] + b[n + 8 * i + 8 :])
 
     def setdefault(self, kind: str, default: float) -> float:
-        if kind in self._kinds:
-            return self[kind]
+        i = self._index(kind)
+        if i >= 0:
+            return self._value(i)
         self[kind] = default
         return default
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (dict, (list(self.items()),))  # a copy (`copy`, `asdict`, pickle) is a plain dict
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> dict[str, float]:
+        return dict(self)
+
+    def packed(self) -> bytes | dict[str, float]:
+        """What the view holds (its `bytes`; a copy of the items once it holds a dict)."""
+        held: bytes | dict[str, float] = self._slot.__get__(self._of)
+        return held if isinstance(held, bytes) else dict(held)
+
     def __repr__(self) -> str:
         return repr(dict(self))
+
+
+class _TimesField:
+    """A view's `times`: a dict (whole views), or packed (`_pack_times`: compact views), read as
+    a `Times`. Setting a `Times` (`replace`, a copy) keeps its packed form."""
+
+    __slots__ = ("slot",)
+
+    def __init__(self, cls: type, name: str = "times") -> None:
+        self.slot = cls.__dict__[name]
+        setattr(cls, name, self)
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        v = self.slot.__get__(obj, owner)
+        return Times(obj, self.slot) if type(v) is bytes else v
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        self.slot.__set__(obj, value.packed() if isinstance(value, Times) else value)
+
+    def pack(self, obj: Any) -> None:
+        """`obj`'s times in the packed form (a no-op when they are)."""
+        v = self.slot.__get__(obj)
+        if type(v) is not bytes:
+            self.slot.__set__(obj, _pack_times(v))
 
 
 class Attempts(MutableMapping[str, "AttemptView"]):
@@ -326,6 +391,8 @@ def _job_reason(a: AttemptView) -> str:
     return f"Job {a.job_name} created on {a.cluster}; waiting for the cluster to place its pods"
 
 
+_ATTEMPT_TIMES, _VIEW_TIMES = _TimesField(AttemptView), _TimesField(WorkloadView)
+_NO_TIMES: Any = b""  # a compact view's times when none is known yet (`_TimesField`)
 _OUTPUT = _Packed(AttemptView, "output_path", lambda a, root: _attempt_dir(a.attempt_id, root))
 _CHECKPOINT = _Packed(AttemptView, "checkpoint_path", lambda a, root: _attempt_dir(a.attempt_id, root) + "/checkpoints")
 _REASON = _Packed(WorkloadView, "reason", lambda v, a: _job_reason(a))  # held: the attempt whose Job it names
@@ -372,7 +439,7 @@ class Projection:
                     compact_view(view)
             elif self.compact:
                 view = WorkloadView(  # its id: this event's string, set into the later events' (`_share_ids`)
-                    workload_id, attempts=Attempts(), times=Times(), routed_attempts=_numbers(set()), route_requested=_numbers(set()),
+                    workload_id, attempts=Attempts(), times=_NO_TIMES, routed_attempts=_numbers(set()), route_requested=_numbers(set()),
                     parameters=_NO_PARAMETERS, stage_inputs=_NO_INPUTS, children=_NO_CHILDREN, history=_NO_HISTORY,
                 )  # fmt: skip
             else:
@@ -502,6 +569,20 @@ def _interned(s: str | None) -> str | None:
     return sys.intern(s) if s is not None else None
 
 
+def _arg(x: str) -> str:
+    """An argument, an option's name (``--seed``: what runs of one program share) interned."""
+    return sys.intern(x) if x.startswith("-") and len(x) <= 64 else x
+
+
+def _args(args: list[str]) -> list[str]:
+    if not args:
+        return _EMPTY_LIST
+    out = list(args)  # (exactly its size: a comprehension's list may be larger)
+    for i, x in enumerate(out):
+        out[i] = _arg(x)
+    return out
+
+
 def compact_workload(wl: Workload) -> Workload:
     """A document equal to `wl` (`==`, and the same digest) whose parts are shared with equal
     parts of documents already held: resources, requirements, policies, the command, inputs, env,
@@ -510,7 +591,7 @@ def compact_workload(wl: Workload) -> Workload:
     rep = msgspec.structs.replace
     meta = rep(m, owner=sys.intern(m.owner), labels=_shared(m.labels), workload_class=_interned(m.workload_class))
     spec = rep(
-        s, image=sys.intern(s.image), command=_shared(s.command), args=list(s.args) if s.args else _EMPTY_LIST,
+        s, image=sys.intern(s.image), command=_shared(s.command), args=_args(s.args),
         env=_shared(s.env), inputs=_shared(s.inputs), resources=_shared(s.resources),
         requirements=_shared(s.requirements), preferences=_shared(s.preferences), stages=_shared(s.stages),
         queue=_interned(s.queue), timeout=_interned(s.timeout), expected_runtime=_interned(s.expected_runtime),
@@ -526,14 +607,17 @@ def _zero(x: float) -> float:
     return 0.0 if x == 0.0 else x  # (the one 0.0 object, not a float per decoded field)
 
 
-def compact_decision(d: RoutingDecision, workload_id: str) -> RoutingDecision:
+def compact_decision(d: RoutingDecision, workload_id: str, at: float | None = None) -> RoutingDecision:
     """What the services read of a decision: its outcome, target, queue and placement; per
     cluster its verdict with the checks that failed (`preempt.capacity_clusters`, the
     invariants' blockers) and of its estimate the terms read: queue wait (the dispatcher's
     requeue limit, for the chosen cluster) and staging (what the router learns from a promoted
     attempt). Passing checks, the other estimate terms, snapshot ages and the summary (the
-    view's `reason` has it while it is the reason) are dropped."""
+    view's `reason` has it while it is the reason) are dropped. The list of verdicts is shared
+    with equal decisions' when none is this decision's own (a queue wait); `decided_at` is the
+    float `at` (its event's, which the router's tables hold too) when equal."""
     verdicts = []
+    shared = True
     for v in d.verdicts:
         failed = [c for c in v.checks if not c.ok]
         est = v.estimate
@@ -543,9 +627,11 @@ def compact_decision(d: RoutingDecision, workload_id: str) -> RoutingDecision:
             est = est if unique else _shared(est)
         kept = ClusterVerdict(cluster=sys.intern(v.cluster), eligible=v.eligible, checks=failed or _EMPTY_LIST, estimate=est)
         verdicts.append(kept if unique else _shared(kept))
+        shared = shared and not unique
     return RoutingDecision(
-        schema_version=d.schema_version, workload_id=workload_id, decided_at=d.decided_at, outcome=d.outcome,
-        cluster=_interned(d.cluster), queue=_interned(d.queue), summary="", verdicts=verdicts,
+        schema_version=d.schema_version, workload_id=workload_id, decided_at=at if at is not None and at == d.decided_at else d.decided_at,
+        outcome=d.outcome, cluster=_interned(d.cluster), queue=_interned(d.queue), summary="",
+        verdicts=_shared(verdicts) if shared else verdicts,
         placement=_shared(d.placement),
     )  # fmt: skip
 
@@ -558,8 +644,7 @@ def compact_attempt(a: AttemptView) -> None:
     a.mode_reason = sys.intern(a.mode_reason)
     if a.job_name == a.attempt_id:
         a.job_name = a.attempt_id
-    if not isinstance(a.times, Times):
-        a.times = Times(a.times)
+    _ATTEMPT_TIMES.pack(a)
     aid = a.attempt_id
     cut = aid.rfind("-a")
     if cut > 0:
@@ -596,8 +681,7 @@ def compact_view(v: WorkloadView) -> None:
     v.stage_inputs = v.stage_inputs or _NO_INPUTS
     v.children = v.children or _NO_CHILDREN
     v.history = _NO_HISTORY
-    if not isinstance(v.times, Times):
-        v.times = Times(v.times)
+    _VIEW_TIMES.pack(v)
     if not isinstance(v.attempts, Attempts):
         for k, a in v.attempts.items():
             a.attempt_id = k
@@ -637,7 +721,7 @@ def _compact_after(view: WorkloadView, e: Event) -> None:
             msgspec.structs.force_setattr(e, "workload", view.workload)  # who folds it next shares it
     elif isinstance(e, ev.Routed | ev.Unroutable | ev.Rejected):
         if e.decision is not None and view.decision is e.decision:
-            view.decision = compact_decision(e.decision, view.workload_id)
+            view.decision = compact_decision(e.decision, view.workload_id, e.at)
         if isinstance(e, ev.Routed):
             view.routed_attempts = _numbers(view.routed_attempts)
     elif isinstance(e, ev.RouteRequested):
@@ -852,7 +936,7 @@ def _attempt(view: WorkloadView, e: ev.AttemptEvent) -> AttemptView:
         number = parsed[1] if parsed is not None else 0
         a = AttemptView(e.attempt_id, number, e.epoch, e.cluster)
         if isinstance(view.attempts, Attempts):  # a compact view's
-            a.times = Times()
+            a.times = _NO_TIMES
         view.attempts[e.attempt_id] = a
     return a
 

@@ -13,9 +13,11 @@ from hypothesis import strategies as st
 
 from gpuorch.follow import Follower
 from gpuorch.projection import (
+    _ATTEMPT_TIMES,
     _CHECKPOINT,
     _OUTPUT,
     _REASON,
+    _VIEW_TIMES,
     Attempts,
     AttemptView,
     Projection,
@@ -118,7 +120,9 @@ _ops = st.lists(st.tuples(st.sampled_from(["set", "setdefault", "pop", "del", "g
 @given(ops=_ops)
 def test_packed_times_behave_as_a_dict(ops: list[tuple[str, str, float]]) -> None:
     d: dict[str, float] = {}
-    t = Times()
+    a = AttemptView("w-a1", 1, 1, "east", times=b"")  # type: ignore[arg-type]  # (packed: a compact attempt's)
+    t = a.times
+    assert isinstance(t, Times)
     for op, k, at in ops:
         outcomes = []
         for m in (d, t):
@@ -141,7 +145,10 @@ def test_packed_times_behave_as_a_dict(ops: list[tuple[str, str, float]]) -> Non
         assert outcomes[0] == outcomes[1]
         assert list(t) == list(d) and list(t.items()) == list(d.items()) and len(t) == len(d)
         assert t == d and d == t and dict(t) == d
-        assert Times(d) == t and list(Times(d).items()) == list(d.items())
+        b = AttemptView("w-a1", 1, 1, "east", times=dict(d))
+        _ATTEMPT_TIMES.pack(b)
+        assert isinstance(b.times, Times) and b.times == t and list(b.times.items()) == list(d.items())
+        assert replace(a).times == d and type(_ATTEMPT_TIMES.slot.__get__(replace(a))) is bytes  # a copy keeps the packed form
 
 
 @given(ids=st.lists(st.sampled_from(["w-a1", "w-a2", "w-a3"]), max_size=6))
@@ -172,6 +179,7 @@ def test_a_pending_compact_view_holds_its_times_packed_and_its_paths_and_reason_
     c, w = _pending(True).workloads["w0-a"], _pending(False).workloads["w0-a"]
     a = c.attempts["w0-a-a1"]
     assert isinstance(c.times, Times) and isinstance(a.times, Times) and isinstance(c.attempts, Attempts)
+    assert type(_VIEW_TIMES.slot.__get__(c)) is bytes and type(_ATTEMPT_TIMES.slot.__get__(a)) is bytes
     assert type(_OUTPUT.slot.__get__(a)) is _Root and type(_CHECKPOINT.slot.__get__(a)) is _Root
     assert _REASON.slot.__get__(c) is a  # the reason is derived from the attempt whose Job it names
     wa = w.attempts["w0-a-a1"]
