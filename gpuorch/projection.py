@@ -47,6 +47,7 @@ TERMINAL = ev.TERMINAL_STATUSES
 _DOUBLE = struct.Struct("=d")
 _KIND_CODES: dict[str, int] = {}  # the kinds of times packed so far, each its one-byte code
 _KIND_NAMES: list[str] = []
+_BYTE = [bytes((c,)) for c in range(256)]
 
 
 def _code(kind: str) -> int | None:
@@ -123,14 +124,20 @@ class Times(MutableMapping[str, float]):
     def __setitem__(self, kind: str, at: float) -> None:
         i = self._index(kind)
         b: bytes = self._slot.__get__(self._of)
-        n = len(b) // 9
         if i >= 0:
-            j = n + 8 * i
+            j = len(b) // 9 + 8 * i
             self._slot.__set__(self._of, b[:j] + _DOUBLE.pack(at) + b[j + 8 :])
-        elif (c := _code(kind)) is None:
-            self._slot.__set__(self._of, {**self, kind: at})  # (a kind without a code: a dict from now on)
         else:
-            self._slot.__set__(self._of, b[:n] + bytes((c,)) + b[n:] + _DOUBLE.pack(at))
+            self._add(b, kind, at)
+
+    def _add(self, b: bytes, kind: str, at: float) -> None:
+        """A kind not in `b` (what the view holds) added, last."""
+        c = _KIND_CODES.get(kind)
+        if c is None and (c := _code(kind)) is None:
+            self._slot.__set__(self._of, {**self, kind: at})  # (a kind without a code: a dict from now on)
+            return
+        n = len(b) // 9
+        self._slot.__set__(self._of, b[:n] + _BYTE[c] + b[n:] + _DOUBLE.pack(at))
 
     def __delitem__(self, kind: str) -> None:
         i = self._index(kind)
@@ -141,10 +148,15 @@ class Times(MutableMapping[str, float]):
         self._slot.__set__(self._of, b[:i] + b[i + 1 : n + 8 * i] + b[n + 8 * i + 8 :])
 
     def setdefault(self, kind: str, default: float) -> float:
-        i = self._index(kind)
-        if i >= 0:
-            return self._value(i)
-        self[kind] = default
+        b: bytes = self._slot.__get__(self._of)
+        c = _KIND_CODES.get(kind)
+        if c is not None:
+            n = len(b) // 9
+            i = b.find(c, 0, n)
+            if i >= 0:
+                at: float = _DOUBLE.unpack_from(b, n + 8 * i)[0]
+                return at
+        self._add(b, kind, default)
         return default
 
     def __reduce__(self) -> tuple[Any, ...]:
