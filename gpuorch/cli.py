@@ -23,6 +23,7 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,7 @@ def _jsonable(obj: Any) -> Any:
         return {k: _jsonable(v) for k, v in asdict(obj).items()}
     if isinstance(obj, msgspec.Struct):
         return msgspec.to_builtins(obj)
-    if isinstance(obj, dict):
+    if isinstance(obj, Mapping):  # (a compact view's `times` and `attempts` too: gpuorch.projection)
         return {str(k): _jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple, set)):
         return [_jsonable(v) for v in obj]

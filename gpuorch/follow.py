@@ -7,8 +7,10 @@ durable consumer redelivers changes nothing).
 
 It also remembers each workload's trace context (the `traceparent` of the event
 that carried it), so that work a service starts on its own (a timer, a watch) is
-still a span of the workload's one trace: the `traceparent` string alone, or the
-carrier dict when a `tracestate` comes with it (memory: docs/performance.md).
+still a span of the workload's one trace: the `traceparent` alone, or the carrier dict
+when a `tracestate` comes with it (memory: docs/performance.md). A `traceparent` in the W3C
+form gpuorch sends (lowercase hex) is kept as its 26 bytes (`pack_traceparent`), about half the
+string; any other as its string.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from gpuorch.projection import Projection
 from gpuorch.runtime import telemetry
 from gpuorch.runtime.shell import replay
 from gpuorch.runtime.snapshot import no_gc, settle_heap
+from gpuorch.runtime.telemetry import carrier_of, pack_traceparent
 
 
 def _services_projection() -> Projection:
@@ -34,12 +37,10 @@ def _services_projection() -> Projection:
     return Projection(retire=True, compact=True)
 
 
-#: A remembered trace context: the `traceparent` alone, or the carrier with its `tracestate`.
-Carrier = str | dict[str, str]
+#: A remembered trace context: the `traceparent` alone (packed, `pack_traceparent`, or its
+#: string), or the carrier with its `tracestate`.
+Carrier = bytes | str | dict[str, str]
 
-
-def carrier_of(kept: Carrier) -> dict[str, str]:
-    return {"traceparent": kept} if isinstance(kept, str) else kept
 
 
 RETIRE = ("settled", "never")  # `Tuning.retire_finished`
@@ -70,7 +71,7 @@ class Follower:
             view = self.projection.workloads.get(workload_id)  # its id as the projection's one string
             key = view.workload_id if view is not None else workload_id
             tp = headers["traceparent"]
-            self.traceparents[key] = {"traceparent": tp, "tracestate": headers["tracestate"]} if "tracestate" in headers else tp
+            self.traceparents[key] = {"traceparent": tp, "tracestate": headers["tracestate"]} if "tracestate" in headers else pack_traceparent(tp)
 
     def context(self, workload_id: str) -> Context | None:
         kept = self.traceparents.get(workload_id)
@@ -91,7 +92,7 @@ class Follower:
         views = self.projection.workloads
         for w, c in traceparents.items():
             v = views.get(w)
-            self.traceparents[v.workload_id if v is not None else w] = c["traceparent"] if c.keys() == {"traceparent"} else c
+            self.traceparents[v.workload_id if v is not None else w] = pack_traceparent(c["traceparent"]) if c.keys() == {"traceparent"} else c
 
     async def catch_up(self, js: Any, stream: str, subject: str | Sequence[str], *, start_seq: int = 0) -> int:
         """Replay the log (from `start_seq`: what a restored snapshot does not cover) into the projection."""

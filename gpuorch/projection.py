@@ -26,10 +26,11 @@ the rest retire the same workloads (tests/snapshot).
 from __future__ import annotations
 
 import hashlib
+import struct
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import msgspec
 
@@ -39,6 +40,239 @@ from gpuorch_proto.workload import Metadata, OutputPolicy, Resources, RetryPolic
 
 LIVE_ATTEMPT = frozenset({"created", "admitted", "running", "lost"})
 TERMINAL = ev.TERMINAL_STATUSES
+
+
+# --- packed containers of the compact views (docs/performance.md, *Memory per pending workload*) --
+
+_DOUBLE = struct.Struct("=d")
+_KIND_CODES: dict[str, int] = {}  # the kinds of times packed so far, each its one-byte code
+_KIND_NAMES: list[str] = []
+_BYTE = [bytes((c,)) for c in range(256)]
+
+
+def _code(kind: str) -> int | None:
+    """The kind's code (None once 256 kinds have one: a view with another keeps its times as a dict)."""
+    c = _KIND_CODES.get(kind)
+    if c is None:
+        if len(_KIND_NAMES) > 255:
+            return None
+        kind = sys.intern(kind)
+        c = _KIND_CODES[kind] = len(_KIND_NAMES)
+        _KIND_NAMES.append(kind)
+    return c
+
+
+def _pack_times(items: Mapping[str, float]) -> bytes | dict[str, float]:
+    """Times as a compact view holds them: one `bytes`, the kinds' codes in order then the times
+    as doubles (exact: a float is a double); a dict when a kind has no code."""
+    codes = [_code(k) for k in items]
+    if None in codes:
+        return dict(items)
+    return bytes(codes) + struct.pack(f"={len(codes)}d", *items.values())  # type: ignore[arg-type]
+
+
+class Times(MutableMapping[str, float]):
+    """A compact view's `times` (when each kind of event was first seen) as its readers see it:
+    a `dict[str, float]` in behaviour (insertion order, `==` with a dict of the same items,
+    `setdefault`, `pop`), read from and written to the one `bytes` the view holds
+    (`_pack_times`: about 60 bytes with three entries, where a dict and its floats take 256).
+    Made on each read of the field (`_TimesField`), as small as a bound method."""
+
+    __slots__ = ("_of", "_slot")
+
+    def __init__(self, of: Any, slot: Any) -> None:
+        self._of, self._slot = of, slot
+
+    def _index(self, kind: object) -> int:
+        """The entry's index, -1 when absent."""
+        b: bytes = self._slot.__get__(self._of)
+        c = _KIND_CODES.get(kind) if isinstance(kind, str) else None
+        return -1 if c is None else b.find(c, 0, len(b) // 9)
+
+    def _value(self, i: int) -> float:
+        b: bytes = self._slot.__get__(self._of)
+        at: float = _DOUBLE.unpack_from(b, len(b) // 9 + 8 * i)[0]
+        return at
+
+    def __getitem__(self, kind: str) -> float:
+        i = self._index(kind)
+        if i < 0:
+            raise KeyError(kind)
+        return self._value(i)
+
+    @overload
+    def get(self, kind: str, /) -> float | None: ...
+    @overload
+    def get(self, kind: str, /, default: float) -> float: ...
+    @overload
+    def get(self, kind: str, /, default: Any) -> Any: ...
+
+    def get(self, kind: str, /, default: Any = None) -> Any:
+        i = self._index(kind)
+        return default if i < 0 else self._value(i)
+
+    def __contains__(self, kind: object) -> bool:
+        return self._index(kind) >= 0
+
+    def __iter__(self) -> Iterator[str]:
+        b: bytes = self._slot.__get__(self._of)
+        return iter([_KIND_NAMES[c] for c in b[: len(b) // 9]])
+
+    def __len__(self) -> int:
+        return len(self._slot.__get__(self._of)) // 9
+
+    def __setitem__(self, kind: str, at: float) -> None:
+        i = self._index(kind)
+        b: bytes = self._slot.__get__(self._of)
+        if i >= 0:
+            j = len(b) // 9 + 8 * i
+            self._slot.__set__(self._of, b[:j] + _DOUBLE.pack(at) + b[j + 8 :])
+        else:
+            self._add(b, kind, at)
+
+    def _add(self, b: bytes, kind: str, at: float) -> None:
+        """A kind not in `b` (what the view holds) added, last."""
+        c = _KIND_CODES.get(kind)
+        if c is None and (c := _code(kind)) is None:
+            self._slot.__set__(self._of, {**self, kind: at})  # (a kind without a code: a dict from now on)
+            return
+        n = len(b) // 9
+        self._slot.__set__(self._of, b[:n] + _BYTE[c] + b[n:] + _DOUBLE.pack(at))
+
+    def __delitem__(self, kind: str) -> None:
+        i = self._index(kind)
+        if i < 0:
+            raise KeyError(kind)
+        b: bytes = self._slot.__get__(self._of)
+        n = len(b) // 9
+        self._slot.__set__(self._of, b[:i] + b[i + 1 : n + 8 * i] + b[n + 8 * i + 8 :])
+
+    def setdefault(self, kind: str, default: float) -> float:
+        b: bytes = self._slot.__get__(self._of)
+        c = _KIND_CODES.get(kind)
+        if c is not None:
+            n = len(b) // 9
+            i = b.find(c, 0, n)
+            if i >= 0:
+                at: float = _DOUBLE.unpack_from(b, n + 8 * i)[0]
+                return at
+        self._add(b, kind, default)
+        return default
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (dict, (list(self.items()),))  # a copy (`copy`, `asdict`, pickle) is a plain dict
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> dict[str, float]:
+        return dict(self)
+
+    def packed(self) -> bytes | dict[str, float]:
+        """What the view holds (its `bytes`; a copy of the items once it holds a dict)."""
+        held: bytes | dict[str, float] = self._slot.__get__(self._of)
+        return held if isinstance(held, bytes) else dict(held)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
+
+class _TimesField:
+    """A view's `times`: a dict (whole views), or packed (`_pack_times`: compact views), read as
+    a `Times`. Setting a `Times` (`replace`, a copy) keeps its packed form."""
+
+    __slots__ = ("slot",)
+
+    def __init__(self, cls: type, name: str = "times") -> None:
+        self.slot = cls.__dict__[name]
+        setattr(cls, name, self)
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        v = self.slot.__get__(obj, owner)
+        return Times(obj, self.slot) if type(v) is bytes else v
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        self.slot.__set__(obj, value.packed() if isinstance(value, Times) else value)
+
+    def pack(self, obj: Any) -> None:
+        """`obj`'s times in the packed form (a no-op when they are)."""
+        v = self.slot.__get__(obj)
+        if type(v) is not bytes:
+            self.slot.__set__(obj, _pack_times(v))
+
+
+class Attempts(MutableMapping[str, "AttemptView"]):
+    """A workload's attempts by id, as a compact view keeps them: a `dict` in behaviour
+    (insertion order, `==` with a dict of the same items); a lone attempt is held without a dict
+    (its key is its `attempt_id`), more in one."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self, items: Mapping[str, AttemptView] | None = None) -> None:
+        self._held: AttemptView | dict[str, AttemptView] | None = None
+        for k, a in (items or {}).items():
+            self[k] = a
+
+    def _dict(self) -> dict[str, AttemptView]:
+        h = self._held
+        return {} if h is None else {h.attempt_id: h} if isinstance(h, AttemptView) else h
+
+    def __getitem__(self, attempt_id: str) -> AttemptView:
+        h = self._held
+        if isinstance(h, AttemptView):
+            if h.attempt_id == attempt_id:
+                return h
+            raise KeyError(attempt_id)
+        if h is None:
+            raise KeyError(attempt_id)
+        return h[attempt_id]
+
+    def get(self, attempt_id: str, default: Any = None) -> Any:
+        h = self._held
+        if isinstance(h, AttemptView):
+            return h if h.attempt_id == attempt_id else default
+        return default if h is None else h.get(attempt_id, default)
+
+    def __contains__(self, attempt_id: object) -> bool:
+        h = self._held
+        if isinstance(h, AttemptView):
+            return h.attempt_id == attempt_id
+        return h is not None and attempt_id in h
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._dict())
+
+    def __len__(self) -> int:
+        h = self._held
+        return 0 if h is None else 1 if isinstance(h, AttemptView) else len(h)
+
+    def values(self) -> Any:
+        h = self._held
+        return () if h is None else (h,) if isinstance(h, AttemptView) else h.values()
+
+    def items(self) -> Any:
+        h = self._held
+        return () if h is None else ((h.attempt_id, h),) if isinstance(h, AttemptView) else h.items()
+
+    def __setitem__(self, attempt_id: str, a: AttemptView) -> None:
+        h = self._held
+        if h is None and a.attempt_id == attempt_id:
+            self._held = a
+        elif isinstance(h, dict):
+            h[attempt_id] = a
+        else:
+            d = self._dict()
+            d[attempt_id] = a
+            self._held = d
+
+    def __delitem__(self, attempt_id: str) -> None:
+        d = self._dict()
+        del d[attempt_id]
+        self._held = None
+        for k, a in d.items():
+            self[k] = a
+
+    def __repr__(self) -> str:
+        return repr(self._dict())
 
 
 @dataclass(slots=True)
@@ -65,7 +299,7 @@ class AttemptView:
     orphan_deleted: bool = False
     unschedulable: str = ""  # the scheduler's message while its pods cannot be placed ("" once placed)
     placement_failed: bool = False  # failed because the cluster could not place its pods
-    times: dict[str, float] = field(default_factory=dict)
+    times: MutableMapping[str, float] = field(default_factory=dict)  # a dict; compact: `Times`
 
     @property
     def live(self) -> bool:
@@ -88,13 +322,13 @@ class WorkloadView:
     decision: RoutingDecision | None = None
     routed_attempts: set[int] = field(default_factory=set)
     route_requested: set[int] = field(default_factory=set)
-    attempts: dict[str, AttemptView] = field(default_factory=dict)
+    attempts: MutableMapping[str, AttemptView] = field(default_factory=dict)  # a dict; compact: `Attempts`
     epoch: int = 1
     promoted_attempt: str | None = None
     result_path: str | None = None
     cancel_requested: bool = False
     idempotency_key: str | None = None
-    times: dict[str, float] = field(default_factory=dict)
+    times: MutableMapping[str, float] = field(default_factory=dict)  # a dict; compact: `Times`
     preemption: ev.PreemptionPlanned | None = None  # the latest: whose GPUs it waits for (explain)
     # pipelines (docs/pipelines.md): a child knows its pipeline, stage, parameters and inputs;
     # a pipeline its children (in declared order) and, once every child finished, its outcome
@@ -128,6 +362,52 @@ class WorkloadView:
     @property
     def next_attempt_number(self) -> int:
         return max([0, *self.routed_attempts, *(a.number for a in self.attempts.values())]) + 1
+
+
+class _Packed:
+    """A view's field that a compact view may hold packed (a marker in its slot, see
+    `compact_attempt`, `_pack_reason`): read, it is the value the marker stands for
+    (`unpack(view, marker)`), so every reader, `==`, `repr`, `replace` and the snapshot's
+    encoder see the plain value. A plain `str` is held and read as it is."""
+
+    __slots__ = ("slot", "unpack")
+
+    def __init__(self, cls: type, name: str, unpack: Callable[[Any, Any], str]) -> None:
+        self.slot = cls.__dict__[name]  # the dataclass's member descriptor of the slot
+        self.unpack = unpack
+        setattr(cls, name, self)
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        v = self.slot.__get__(obj, owner)
+        return v if type(v) is str else self.unpack(obj, v)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        self.slot.__set__(obj, value)
+
+
+class _Root(str):
+    """An attempt's output or checkpoint path held as its store's root: the rest is derived from
+    the attempt id (`_attempt_dir`), as the dispatcher made it (`_attempt_paths`)."""
+
+    __slots__ = ()
+
+
+def _attempt_dir(aid: str, root: str) -> str:
+    return f"{root}/{aid[: aid.rfind('-a')]}/attempts/{aid}"
+
+
+def _job_reason(a: AttemptView) -> str:
+    """A workload's reason once its attempt's Job is created (the fold's, and a compact view's derived one)."""
+    return f"Job {a.job_name} created on {a.cluster}; waiting for the cluster to place its pods"
+
+
+_ATTEMPT_TIMES, _VIEW_TIMES = _TimesField(AttemptView), _TimesField(WorkloadView)
+_NO_TIMES: Any = b""  # a compact view's times when none is known yet (`_TimesField`)
+_OUTPUT = _Packed(AttemptView, "output_path", lambda a, root: _attempt_dir(a.attempt_id, root))
+_CHECKPOINT = _Packed(AttemptView, "checkpoint_path", lambda a, root: _attempt_dir(a.attempt_id, root) + "/checkpoints")
+_REASON = _Packed(WorkloadView, "reason", lambda v, a: _job_reason(a))  # held: the attempt whose Job it names
 
 
 @dataclass
@@ -171,7 +451,7 @@ class Projection:
                     compact_view(view)
             elif self.compact:
                 view = WorkloadView(  # its id: this event's string, set into the later events' (`_share_ids`)
-                    workload_id, routed_attempts=_numbers(set()), route_requested=_numbers(set()),
+                    workload_id, attempts=Attempts(), times=_NO_TIMES, routed_attempts=_numbers(set()), route_requested=_numbers(set()),
                     parameters=_NO_PARAMETERS, stage_inputs=_NO_INPUTS, children=_NO_CHILDREN, history=_NO_HISTORY,
                 )  # fmt: skip
             else:
@@ -301,6 +581,20 @@ def _interned(s: str | None) -> str | None:
     return sys.intern(s) if s is not None else None
 
 
+def _arg(x: str) -> str:
+    """An argument, an option's name (``--seed``: what runs of one program share) interned."""
+    return sys.intern(x) if x.startswith("-") and len(x) <= 64 else x
+
+
+def _args(args: list[str]) -> list[str]:
+    if not args:
+        return _EMPTY_LIST
+    out = list(args)  # (exactly its size: a comprehension's list may be larger)
+    for i, x in enumerate(out):
+        out[i] = _arg(x)
+    return out
+
+
 def compact_workload(wl: Workload) -> Workload:
     """A document equal to `wl` (`==`, and the same digest) whose parts are shared with equal
     parts of documents already held: resources, requirements, policies, the command, inputs, env,
@@ -309,7 +603,7 @@ def compact_workload(wl: Workload) -> Workload:
     rep = msgspec.structs.replace
     meta = rep(m, owner=sys.intern(m.owner), labels=_shared(m.labels), workload_class=_interned(m.workload_class))
     spec = rep(
-        s, image=sys.intern(s.image), command=_shared(s.command), args=list(s.args) if s.args else _EMPTY_LIST,
+        s, image=sys.intern(s.image), command=_shared(s.command), args=_args(s.args),
         env=_shared(s.env), inputs=_shared(s.inputs), resources=_shared(s.resources),
         requirements=_shared(s.requirements), preferences=_shared(s.preferences), stages=_shared(s.stages),
         queue=_interned(s.queue), timeout=_interned(s.timeout), expected_runtime=_interned(s.expected_runtime),
@@ -325,14 +619,17 @@ def _zero(x: float) -> float:
     return 0.0 if x == 0.0 else x  # (the one 0.0 object, not a float per decoded field)
 
 
-def compact_decision(d: RoutingDecision, workload_id: str) -> RoutingDecision:
+def compact_decision(d: RoutingDecision, workload_id: str, at: float | None = None) -> RoutingDecision:
     """What the services read of a decision: its outcome, target, queue and placement; per
     cluster its verdict with the checks that failed (`preempt.capacity_clusters`, the
     invariants' blockers) and of its estimate the terms read: queue wait (the dispatcher's
     requeue limit, for the chosen cluster) and staging (what the router learns from a promoted
     attempt). Passing checks, the other estimate terms, snapshot ages and the summary (the
-    view's `reason` has it while it is the reason) are dropped."""
+    view's `reason` has it while it is the reason) are dropped. The list of verdicts is shared
+    with equal decisions' when none is this decision's own (a queue wait); `decided_at` is the
+    float `at` (its event's, which the router's tables hold too) when equal."""
     verdicts = []
+    shared = True
     for v in d.verdicts:
         failed = [c for c in v.checks if not c.ok]
         est = v.estimate
@@ -342,18 +639,46 @@ def compact_decision(d: RoutingDecision, workload_id: str) -> RoutingDecision:
             est = est if unique else _shared(est)
         kept = ClusterVerdict(cluster=sys.intern(v.cluster), eligible=v.eligible, checks=failed or _EMPTY_LIST, estimate=est)
         verdicts.append(kept if unique else _shared(kept))
+        shared = shared and not unique
     return RoutingDecision(
-        schema_version=d.schema_version, workload_id=workload_id, decided_at=d.decided_at, outcome=d.outcome,
-        cluster=_interned(d.cluster), queue=_interned(d.queue), summary="", verdicts=verdicts,
+        schema_version=d.schema_version, workload_id=workload_id, decided_at=at if at is not None and at == d.decided_at else d.decided_at,
+        outcome=d.outcome, cluster=_interned(d.cluster), queue=_interned(d.queue), summary="",
+        verdicts=_shared(verdicts) if shared else verdicts,
         placement=_shared(d.placement),
     )  # fmt: skip
 
 
 def compact_attempt(a: AttemptView) -> None:
+    """`a` in the compact form: its low-cardinality strings interned, its job name the id's string
+    when equal, its times packed (`Times`), its paths held as their roots when they are the
+    dispatcher's (`_Root`)."""
     a.cluster, a.namespace, a.queue, a.mode = sys.intern(a.cluster), sys.intern(a.namespace), _interned(a.queue), sys.intern(a.mode)
     a.mode_reason = sys.intern(a.mode_reason)
     if a.job_name == a.attempt_id:
         a.job_name = a.attempt_id
+    _ATTEMPT_TIMES.pack(a)
+    aid = a.attempt_id
+    cut = aid.rfind("-a")
+    if cut > 0:
+        tail = f"/{aid[:cut]}/attempts/{aid}"
+        out, ckpt = _OUTPUT.slot.__get__(a), _CHECKPOINT.slot.__get__(a)
+        if type(out) is str and out.endswith(tail):
+            _OUTPUT.slot.__set__(a, _root(out[: len(out) - len(tail)]))
+        if type(ckpt) is str and ckpt.endswith(tail + "/checkpoints"):
+            _CHECKPOINT.slot.__set__(a, _root(ckpt[: len(ckpt) - len(tail) - len("/checkpoints")]))
+
+
+_ROOTS: dict[str, _Root] = {}
+
+
+def _root(path: str) -> _Root | str:
+    """A store root as its one shared `_Root` (the path itself once the table is full)."""
+    got = _ROOTS.get(path)
+    if got is None:
+        if len(_ROOTS) >= _SHARE_MAX:
+            return path  # (a plain str: held whole)
+        got = _ROOTS[path] = _Root(path)
+    return got
 
 
 def compact_view(v: WorkloadView) -> None:
@@ -368,9 +693,24 @@ def compact_view(v: WorkloadView) -> None:
     v.stage_inputs = v.stage_inputs or _NO_INPUTS
     v.children = v.children or _NO_CHILDREN
     v.history = _NO_HISTORY
-    for k, a in v.attempts.items():
-        a.attempt_id = k
+    _VIEW_TIMES.pack(v)
+    if not isinstance(v.attempts, Attempts):
+        for k, a in v.attempts.items():
+            a.attempt_id = k
+        v.attempts = Attempts(v.attempts)
+    for a in v.attempts.values():
         compact_attempt(a)
+    _pack_reason(v)
+
+
+def _pack_reason(v: WorkloadView) -> None:
+    """The reason held as the attempt it is derived from (`_job_reason`), when it is that one."""
+    reason = v.reason
+    if reason.startswith("Job "):
+        for a in v.attempts.values():
+            if reason == _job_reason(a):
+                _REASON.slot.__set__(v, a)
+                return
 
 
 def _share_ids(view: WorkloadView, e: Event) -> None:
@@ -393,7 +733,7 @@ def _compact_after(view: WorkloadView, e: Event) -> None:
             msgspec.structs.force_setattr(e, "workload", view.workload)  # who folds it next shares it
     elif isinstance(e, ev.Routed | ev.Unroutable | ev.Rejected):
         if e.decision is not None and view.decision is e.decision:
-            view.decision = compact_decision(e.decision, view.workload_id)
+            view.decision = compact_decision(e.decision, view.workload_id, e.at)
         if isinstance(e, ev.Routed):
             view.routed_attempts = _numbers(view.routed_attempts)
     elif isinstance(e, ev.RouteRequested):
@@ -402,6 +742,7 @@ def _compact_after(view: WorkloadView, e: Event) -> None:
         a = view.attempts.get(e.attempt_id)
         if a is not None:
             compact_attempt(a)
+            _pack_reason(view)
 
 
 def settled(view: WorkloadView) -> bool:
@@ -561,13 +902,20 @@ def retired_record(view: WorkloadView) -> Retired:
         [RetiredAttempt(
             a.attempt_id, a.number, a.epoch, a.cluster, a.job_name, a.namespace, a.queue, a.output_path, a.mode, a.status,
             a.exit_code, a.reason, a.fenced, a.cancel_confirmed, a.promoted, a.promotion_rejected, a.orphan_deleted,
-            a.placement_failed, a.times,
+            a.placement_failed, dict(a.times),
         ) for a in view.attempts.values()],
         view.decision is not None,
     )  # fmt: skip
 
 
-_PROJECTION_ENCODER = msgspec.msgpack.Encoder()
+def _plain(obj: Any) -> Any:
+    """A compact view's containers as the dicts they stand for (the snapshot's format is the whole views')."""
+    if isinstance(obj, Times | Attempts):
+        return dict(obj)
+    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
+
+
+_PROJECTION_ENCODER = msgspec.msgpack.Encoder(enc_hook=_plain)
 _PROJECTION_DECODER = msgspec.msgpack.Decoder(Projection)
 
 
@@ -598,7 +946,10 @@ def _attempt(view: WorkloadView, e: ev.AttemptEvent) -> AttemptView:
     if a is None:
         parsed = k8s.parse_attempt_id(e.attempt_id)
         number = parsed[1] if parsed is not None else 0
-        a = view.attempts[e.attempt_id] = AttemptView(e.attempt_id, number, e.epoch, e.cluster)
+        a = AttemptView(e.attempt_id, number, e.epoch, e.cluster)
+        if isinstance(view.attempts, Attempts):  # a compact view's
+            a.times = _NO_TIMES
+        view.attempts[e.attempt_id] = a
     return a
 
 
@@ -662,7 +1013,7 @@ def _fold(view: WorkloadView, e: Event) -> None:
             if not view.terminal and not view.cancel_requested:
                 # the Job exists; nothing runs until the cluster admits it and places its pods
                 view.status = "dispatched"
-                view.reason = f"Job {e.job_name} created on {e.cluster}; waiting for the cluster to place its pods"
+                view.reason = _job_reason(a)
         case ev.Unschedulable():
             a = _attempt(view, e)
             a.unschedulable = e.message

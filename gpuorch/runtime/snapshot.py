@@ -42,6 +42,7 @@ import structlog
 from nats.js import JetStreamContext
 
 from gpuorch.projection import Projection, dump_projection, load_projection
+from gpuorch.runtime.telemetry import carrier_of
 from gpuorch_proto import Names
 
 log = structlog.get_logger("gpuorch.runtime.snapshot")
@@ -177,12 +178,12 @@ def encode_body(body: Body) -> bytes:
     return msgspec.msgpack.encode(body)
 
 
-def follower_body(projection: Projection, traceparents: Mapping[str, str | dict[str, str]], core: bytes = b"") -> bytes:
+def follower_body(projection: Projection, traceparents: Mapping[str, bytes | str | dict[str, str]], core: bytes = b"") -> bytes:
     """A follower's body: its projection, the trace context of workloads not finished, `core`.
-    (A follower keeps a lone `traceparent` as its string: the body has the carrier dict.)"""
+    (A follower keeps a lone `traceparent` packed or as its string: the body has the carrier dict.)"""
     retired, views = projection.retired, projection.workloads
     live = {
-        w: {"traceparent": tp} if isinstance(tp, str) else tp
+        w: carrier_of(tp)
         for w, tp in traceparents.items() if w not in retired and ((v := views.get(w)) is None or not v.terminal)
     }  # fmt: skip
     return encode_body(Body(projection=dump_projection(projection), traceparents=live, core=core))

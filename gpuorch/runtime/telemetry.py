@@ -267,6 +267,29 @@ def inject(ctx: Context | None = None) -> dict[str, str]:
 _TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 
 
+_W3C = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+
+
+def pack_traceparent(tp: str) -> bytes | str:
+    """A `traceparent` as its 26 bytes when it is in the W3C form (`unpack_traceparent` gives
+    back the same string), else the string itself."""
+    return bytes.fromhex(tp.replace("-", "")) if _W3C.fullmatch(tp) else tp
+
+
+def unpack_traceparent(kept: bytes | str) -> str:
+    """The `traceparent` string of what `pack_traceparent` kept."""
+    if isinstance(kept, str):
+        return kept
+    h = kept.hex()
+    return f"{h[:2]}-{h[2:34]}-{h[34:50]}-{h[50:]}"
+
+
+def carrier_of(kept: bytes | str | dict[str, str]) -> dict[str, str]:
+    """The carrier of a trace context kept by a follower (`gpuorch.follow`): the dict itself, or
+    a lone `traceparent` (packed or its string) as one."""
+    return kept if isinstance(kept, dict) else {"traceparent": unpack_traceparent(kept)}
+
+
 def extract(headers: Mapping[str, str] | None) -> Context:
     """The trace context carried in NATS headers (an empty context when there is none).
 

@@ -57,9 +57,16 @@ def _attempt(kind: type[ev.AttemptEvent]) -> Maker:
 
 
 def _created(wid: str, w: int, n: int, at: float) -> Event:
+    """Attempts 1 and 3 with the dispatcher's paths (`_attempt_paths`: a compact view derives them
+    from the store root and the ids) and its job name (the attempt id); attempt 2 with others."""
+    aid = _aid(wid, n)
+    if n == 2:
+        out, ckpt, job = f"/out/{wid}/{n}", f"/ckpt/{wid}", f"job-{wid}-{n}"
+    else:
+        out, ckpt, job = f"/store/prod/{wid}/attempts/{aid}", f"/store/ckpt/{wid}/attempts/{aid}/checkpoints", aid
     return ev.AttemptCreated(
-        workload_id=wid, at=at, attempt_id=_aid(wid, n), epoch=n, cluster="east" if n % 2 else "west", attempt_number=n,
-        job_name=f"job-{wid}-{n}", output_path=f"/out/{wid}/{n}", checkpoint_path=f"/ckpt/{wid}",
+        workload_id=wid, at=at, attempt_id=aid, epoch=n, cluster="east" if n % 2 else "west", attempt_number=n,
+        job_name=job, output_path=out, checkpoint_path=ckpt,
     )  # fmt: skip
 
 

@@ -5,16 +5,34 @@ restored from its snapshot (`Follower.restore`: decoded, then `compact_all`) is 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import msgspec
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gpuorch.follow import Follower
-from gpuorch.projection import Projection, WorkloadView, dump_projection, load_projection, settled
+from gpuorch.projection import (
+    _ATTEMPT_TIMES,
+    _CHECKPOINT,
+    _OUTPUT,
+    _REASON,
+    _VIEW_TIMES,
+    Attempts,
+    AttemptView,
+    Projection,
+    Times,
+    WorkloadView,
+    _Root,
+    dump_projection,
+    load_projection,
+    settled,
+)
 from gpuorch_dispatcher.core import estimated_queue_wait
 from gpuorch_proto import Event, encode
 from gpuorch_router.preempt import capacity_clusters
-from tests.snapshot.histories import histories
+from tests.snapshot.histories import MAKERS, histories
+from tests.support.builders import NOW
 
 _decode = msgspec.json.Decoder(Event).decode
 
@@ -91,3 +109,95 @@ def test_a_compact_view_shares_the_parts_of_equal_documents() -> None:
     a, b = (p.workloads[w].workload for w in ("w0", "w1"))
     assert a is not None and b is not None and a != b
     assert a.spec.resources is b.spec.resources and a.spec.retry is b.spec.retry
+
+
+# --- the packed containers and fields of compact views -----------------------------------------
+
+_kinds = st.sampled_from(["submitted", "routed", "created", "running", "fence-requested", "finished"])
+_ops = st.lists(st.tuples(st.sampled_from(["set", "setdefault", "pop", "del", "get"]), _kinds, st.floats(allow_nan=False)), max_size=30)
+
+
+@given(ops=_ops)
+def test_packed_times_behave_as_a_dict(ops: list[tuple[str, str, float]]) -> None:
+    d: dict[str, float] = {}
+    a = AttemptView("w-a1", 1, 1, "east", times=b"")  # type: ignore[arg-type]  # (packed: a compact attempt's)
+    t = a.times
+    assert isinstance(t, Times)
+    for op, k, at in ops:
+        outcomes = []
+        for m in (d, t):
+            try:
+                if op == "set":
+                    m[k] = at
+                    got: object = None
+                elif op == "setdefault":
+                    got = m.setdefault(k, at)
+                elif op == "pop":
+                    got = m.pop(k, None)
+                elif op == "del":
+                    del m[k]
+                    got = None
+                else:
+                    got = (m.get(k), m.get(k, -1.0), k in m)
+            except KeyError:
+                got = KeyError
+            outcomes.append(got)
+        assert outcomes[0] == outcomes[1]
+        assert list(t) == list(d) and list(t.items()) == list(d.items()) and len(t) == len(d)
+        assert t == d and d == t and dict(t) == d
+        b = AttemptView("w-a1", 1, 1, "east", times=dict(d))
+        _ATTEMPT_TIMES.pack(b)
+        assert isinstance(b.times, Times) and b.times == t and list(b.times.items()) == list(d.items())
+        assert replace(a).times == d and type(_ATTEMPT_TIMES.slot.__get__(replace(a))) is bytes  # a copy keeps the packed form
+
+
+@given(ids=st.lists(st.sampled_from(["w-a1", "w-a2", "w-a3"]), max_size=6))
+def test_a_compact_views_attempts_behave_as_a_dict(ids: list[str]) -> None:
+    d: dict[str, AttemptView] = {}
+    m = Attempts()
+    for n, aid in enumerate(ids):
+        a = AttemptView(aid, n, 1, "east")
+        d[aid] = m[aid] = a
+        assert list(m) == list(d) and list(m.items()) == list(d.items()) and list(m.values()) == list(d.values())
+        assert m == d and len(m) == len(d) and all(m[k] is d[k] and m.get(k) is d[k] and k in m for k in d)
+        assert m.get("w-a9") is None and "w-a9" not in m
+    for aid in list(d):
+        del d[aid], m[aid]
+        assert m == d and list(m) == list(d)
+
+
+def _pending(compact: bool) -> Projection:
+    """One workload routed and its attempt created with the dispatcher's paths and job name."""
+    history = [
+        (1, MAKERS["submitted"]("w0-a", 0, 1, NOW)), (2, MAKERS["routed"]("w0-a", 0, 1, NOW + 1)),
+        (3, MAKERS["attempt-created"]("w0-a", 0, 1, NOW + 2)),
+    ]  # fmt: skip
+    return fold(history, compact)
+
+
+def test_a_pending_compact_view_holds_its_times_packed_and_its_paths_and_reason_derived() -> None:
+    c, w = _pending(True).workloads["w0-a"], _pending(False).workloads["w0-a"]
+    a = c.attempts["w0-a-a1"]
+    assert isinstance(c.times, Times) and isinstance(a.times, Times) and isinstance(c.attempts, Attempts)
+    assert type(_VIEW_TIMES.slot.__get__(c)) is bytes and type(_ATTEMPT_TIMES.slot.__get__(a)) is bytes
+    assert type(_OUTPUT.slot.__get__(a)) is _Root and type(_CHECKPOINT.slot.__get__(a)) is _Root
+    assert _REASON.slot.__get__(c) is a  # the reason is derived from the attempt whose Job it names
+    wa = w.attempts["w0-a-a1"]
+    assert (a.output_path, a.checkpoint_path) == (wa.output_path, wa.checkpoint_path) == (
+        "/store/prod/w0-a/attempts/w0-a-a1", "/store/ckpt/w0-a/attempts/w0-a-a1/checkpoints",
+    )  # fmt: skip
+    assert type(a.output_path) is str and c.reason == w.reason == "Job w0-a-a1 created on east; waiting for the cluster to place its pods"
+    assert c.times == w.times and a.times == wa.times
+    assert_same_answers(c, w)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(history=histories())
+def test_a_compact_projections_snapshot_has_the_whole_views_format(history: list[tuple[int, Event]]) -> None:
+    """What an older release reads: plain dicts and strings, as the whole views'."""
+    whole, compact = fold(history, False), fold(history, True)
+    keep = ("times", "attempts", "reason", "status", "epoch")
+    raw_w, raw_c = (msgspec.msgpack.decode(dump_projection(p))["workloads"] for p in (whole, compact))
+    assert {w: {k: v[k] for k in keep} for w, v in raw_c.items()} == {w: {k: v[k] for k in keep} for w, v in raw_w.items()}
+    old = msgspec.msgpack.Decoder(dict[str, Any])  # a reader that knows nothing of the compact form
+    assert old.decode(dump_projection(compact))["workloads"] == raw_c

@@ -6,8 +6,10 @@ pending at its destination, made by the services' own code: the router accepts e
 `released`, `routed` with a real decision over two clusters), the dispatcher's core makes its
 Job and `attempt-created` (`core.on_routed`). Every event goes through JSON, as on the bus, and
 each service decodes its own copy (they are separate processes) of the types it reads
-(`core.READS`), with a trace context in its headers. Then each service builds its state as its
-handlers do:
+(`core.READS`), with a trace context in its headers (each message's headers decoded afresh, as
+nats-py parses them: what a service keeps of them is its own). The router's own events (what it
+publishes) share its one string of the workload's id, as the objects it makes do. Then each
+service builds its state as its handlers do:
 
 * router: the gate and `RouterState` as the submit handler and the gate round left them (the
   router that decided is the one measured), then every echo folded (`Router.fold`, `remember`);
@@ -148,7 +150,7 @@ def _measure(build: Callable[[], Any], traced: bool) -> tuple[int, Any]:
     return size, held
 
 
-def _router_state(baseline: bool, wire: list[list[tuple[bytes, dict[str, str]]]]) -> Any:
+def _router_state(baseline: bool, wire: list[list[tuple[bytes, bytes]]]) -> Any:
     """The router's state: what its submit handler and gate round note of each workload
     (`remember`, `Gate.accept`, the released and routed events noted as published), then every
     echo folded as its event handler folds it (`Router.fold`, `remember`)."""
@@ -157,10 +159,11 @@ def _router_state(baseline: bool, wire: list[list[tuple[bytes, dict[str, str]]]]
     seq = 0
     for lives in wire:
         own = [decoder.decode(raw) for raw, _ in lives[:-1]]  # its own objects, before publishing
-        headers = lives[0][1]
         sub = own[0]
         assert isinstance(sub, ev.Submitted)
-        r.follower.remember(sub.workload_id, headers)
+        for e in own[1:]:  # (made from the submit's id: `Router.on_command`, the gate's round)
+            msgspec.structs.force_setattr(e, "workload_id", sub.workload_id)
+        r.follower.remember(sub.workload_id, _headers(lives[0][1]))  # the submit command's
         r.gate.accept(r.policy, sub, None, sub.at)
         r.gate.note([e for e in own[1:] if isinstance(e, ev.Released)], sub.at)
         r.state.note_published([e for e in own if isinstance(e, ev.Routed)])
@@ -168,12 +171,12 @@ def _router_state(baseline: bool, wire: list[list[tuple[bytes, dict[str, str]]]]
             seq += 1
             echo = decoder.decode(raw)
             r.fold(echo, seq)
-            r.follower.remember(echo.workload_id, hdrs)
+            r.follower.remember(echo.workload_id, _headers(hdrs))
     r.touched.clear()  # (a re-evaluation round's work list, drained every round)
     return r
 
 
-def _service_state(service: str, n: int, baseline: bool, wire: list[list[tuple[bytes, dict[str, str]]]]) -> Any:
+def _service_state(service: str, n: int, baseline: bool, wire: list[list[tuple[bytes, bytes]]]) -> Any:
     """The dispatcher's or the fencer's state after folding `wire` as their handlers do."""
     decoder = msgspec.json.Decoder(Event)
     if service == "dispatcher":
@@ -199,7 +202,7 @@ def _service_state(service: str, n: int, baseline: bool, wire: list[list[tuple[b
             if ev.type_tag(e) not in reads:
                 continue
             f.projection.apply(e, seq)  # as `_on_event` / `on_event`
-            f.remember(e.workload_id, headers)
+            f.remember(e.workload_id, _headers(headers))
             wid = e.workload_id
             if service == "dispatcher":
                 svc.dirty.add(wid)
@@ -239,14 +242,17 @@ def _prunes_created() -> bool:
     return "mine.discard(e.attempt_id)" in inspect.getsource(Dispatcher._on_event)
 
 
-def wire_of(n: int) -> list[list[tuple[bytes, dict[str, str]]]]:
-    """Every workload's events as JSON (as published) with their headers."""
+def wire_of(n: int) -> list[list[tuple[bytes, bytes]]]:
+    """Every workload's events as JSON (as published) with their headers (encoded: each message's are its own)."""
     import gpuorch_dispatcher.service  # noqa: F401
     import gpuorch_fencer.service  # noqa: F401
 
-    wire: list[list[tuple[bytes, dict[str, str]]]] = []
-    _decide(n, lambda i, events, headers: wire.append([(encode(e), headers) for e in events]))
+    wire: list[list[tuple[bytes, bytes]]] = []
+    _decide(n, lambda i, events, headers: wire.append([(encode(e), msgspec.json.encode(headers)) for e in events]))
     return wire
+
+
+_headers = msgspec.json.Decoder(dict[str, str]).decode  # a message's headers, its own strings
 
 
 def measure_one(service: str, n: int, baseline: bool, traced: bool) -> float:

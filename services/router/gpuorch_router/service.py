@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import structlog
 import yaml
 from nats.js.api import DeliverPolicy
@@ -105,9 +106,21 @@ class Router:
     def decide(self, wl: Workload, wid: str, attempt_number: int, now: float) -> RoutingDecision:
         return core.decide(self.state, wl, wid, attempt_number, self.indexes, now, history=self.history, memo=self.memo)
 
+    def own_id(self, e: Event) -> None:
+        """The event's workload id as the string the gate already holds (the id this router made
+        when it accepted the submit, which its own events carry), until the workload has a view:
+        the projection's view, then every table keyed by the event's id, share that one string
+        (after it, the projection sets its own into each event: `gpuorch.projection`)."""
+        wid = e.workload_id
+        if wid and wid not in self.follower.projection.workloads:
+            held = self.gate.waiting.get(wid) or self.gate.running.get(wid)
+            if held is not None and held.workload_id is not wid:
+                msgspec.structs.force_setattr(e, "workload_id", held.workload_id)
+
     def fold(self, e: Event, seq: int) -> None:
         """One event of the replay at start-up: as `on_event` folds it (and learns from it)."""
         fresh = not seq or seq > self.state.seqs.get(e.workload_id, 0)
+        self.own_id(e)
         view = self.follower.projection.apply(e, seq)
         self.touched.add(e.workload_id)
         self.note_priority(e.workload_id, view)
@@ -174,7 +187,7 @@ class Router:
                 if v.cluster == a.cluster and v.estimate is not None:
                     staged = v.estimate.data_staging > 0 or v.estimate.image_staging > 0
 
-        def sim(key: str, times: dict[str, float]) -> float | None:
+        def sim(key: str, times: Mapping[str, float]) -> float | None:
             t = times.get(key)
             return t * scale if t is not None else None
 
@@ -272,6 +285,7 @@ class Router:
         e = msg.event
         before = self.follower.projection.get(e.workload_id)
         fresh = before is None or msg.stream_seq > before.last_seq  # per workload: folded out of global order
+        self.own_id(e)
         view = self.follower.projection.apply(e, msg.stream_seq)
         self.touched.add(e.workload_id)  # re-evaluation looks at it again (`awaiting_decision`)
         self.note_priority(e.workload_id, view)
