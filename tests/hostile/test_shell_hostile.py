@@ -199,10 +199,12 @@ def captured_logs() -> Iterator[LogCapture]:
     cap = LogCapture()
     old = structlog.get_config()
     structlog.configure(processors=[structlog.contextvars.merge_contextvars, logs.merge_message, cap], cache_logger_on_first_use=False)
+    was, logs.debugging = logs.debugging, True  # every level is captured: the shell's debug lines too
     try:
         yield cap
     finally:
         structlog.configure(**old)
+        logs.debugging = was
 
 
 async def test_log_context_is_scoped_to_each_message(
