@@ -5,7 +5,7 @@ client-go's informers do with their resync period, now and then look at everythi
 safety net for whatever the change tracking could miss. A full pass costs what the state
 holds: at 10,000 pending workloads the dispatcher's watch took tens of seconds per full pass
 and, at every 20 ticks, was doing one nearly all the time (docs/performance.md). So, as the state
-snapshots do (`gpuorch.runtime.snapshot.COST_SHARE`), the next full pass waits at least
+snapshots do (`gpuorch.runtime.snapshot`, with this same `COST_SHARE`), the next full pass waits at least
 `share` times as long as the last one took: its cost stays within about 1/share of the time,
 and a small state (tests, a quiet system) keeps the period it always had.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-COST_SHARE = 30.0  # a full pass waits at least this many times as long as the last one took
+COST_SHARE = 30.0  # a full pass (a state snapshot too) waits at least this many times as long as the last one took
 
 
 @dataclass

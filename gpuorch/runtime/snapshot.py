@@ -42,17 +42,18 @@ import structlog
 from nats.js import JetStreamContext
 
 from gpuorch.projection import Projection, dump_projection, load_projection
+from gpuorch.resync import COST_SHARE
 from gpuorch.runtime.telemetry import carrier_of
 from gpuorch_proto import Names
 
 log = structlog.get_logger("gpuorch.runtime.snapshot")
 
+#: (`COST_SHARE`, from gpuorch.resync: a snapshot's cost is bounded to about 1/COST_SHARE of the
+#: time as a resync's is: the next one waits at least that many times as long as the last took)
+
 FORMAT = 1
 CHUNK = 512 * 1024  # bytes per KV value (the server's max payload is 1 MiB)
 DEFAULT_INTERVAL = 60.0  # seconds between periodic snapshots (`Tuning.snapshot_interval`)
-#: a snapshot's cost bounded to about 1/COST_SHARE of the time: the next one waits at least that
-#: many times as long as the last one took (a big state is written less often)
-COST_SHARE = 30
 #: while the service's durable has more than BUSY messages waiting, a due snapshot waits for a
 #: lull (a burst is not slowed by writing the whole state), for at most MAX_DEFER intervals
 BUSY = 200
