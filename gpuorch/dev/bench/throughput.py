@@ -19,7 +19,8 @@ Scenarios (issue 12, item 1; sizes are parameters, the defaults are the issue's)
   most 20 s: a state snapshot deferred during the fill is written in that lull, not in the
   probe); the probe's rate at 10k over its rate at 1k (target: within 20 %).
 * ``steady R/s x D s`` (default 250/s for 60 s): submits paced at R per second; latency p50/p99
-  (target p99 < 250 ms) and whether the system kept up.
+  (target p99 < 250 ms) and whether the system kept up; each process's CPU per workload and its
+  share of one core over the run (which process, if any, is the bound).
 * every scenario measures the raw JetStream publish rate first (same client, same server, a
   scratch stream, same publishes in flight) and prints each rate with its ratio to it.
 
@@ -452,12 +453,30 @@ async def scenario_backlog(
 async def scenario_steady(
     root: Path, rate: float, duration: float, timeout: float, nodes: int = NODES
 ) -> list[Row]:
-    async with running(root, nodes=nodes) as (_system, client, watch):
+    async with running(root, nodes=nodes) as (system, client, watch):
         raw = await raw_rate(watch.admin, 10_000)
+        used, t0 = cpu(system), time.monotonic()
         f = await steady(client, watch, rate, duration, f"s{uuid.uuid4().hex[:6]}", timeout)
+        wall = time.monotonic() - t0
+        used = {k: v - used.get(k, 0.0) for k, v in cpu(system).items()}
         print(f"# steady {rate}/s x {duration}s (raw {raw:.0f}/s): {f}", file=sys.stderr)
     case = f"steady {rate:g}/s x {duration:g}s"
-    return [*_rows(case, f, raw), Row("throughput", case, "offered", f["offered_rate"], "workloads/s")]
+    return [
+        *_rows(case, f, raw),
+        Row("throughput", case, "offered", f["offered_rate"], "workloads/s"),
+        *cpu_rows(case, used, f["created"]),
+        *core_rows(case, used, wall),
+    ]
+
+
+def core_rows(case: str, used: dict[str, float], wall: float) -> list[Row]:
+    """Each process's CPU as a share of one core over the run, busiest first: a process near
+    1.0 is the bottleneck whatever the other core does (one event loop, one GIL)."""
+    ranked = sorted(used.items(), key=lambda kv: -kv[1])
+    return [
+        Row("cpu", case, f"{name}: share of one core", sec / max(wall, 1e-9), f"cores ({sec:.1f} s CPU in {wall:.1f} s)")
+        for name, sec in ranked
+    ]
 
 
 def profile_rows(directory: Path, f: dict[str, float]) -> list[Row]:
