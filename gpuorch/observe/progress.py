@@ -22,6 +22,11 @@ from gpuorch_proto import events as ev
 
 KIND = "compute-started"
 
+#: the longest a running attempt without its marker waits between two looks for it (seconds)
+LOOK_MAX = 10.0
+#: the wait between looks as a share of how long the attempt has been running
+LOOK_SHARE = 0.25
+
 
 def marker_path(output_dir: str | os.PathLike[str]) -> Path:
     out = Path(output_dir)
@@ -62,3 +67,13 @@ def compute_started(workload_id: str, a: Any, now: float) -> list[ev.Base]:
         event_id=f"{a.attempt_id}.{KIND}", workload_id=workload_id, at=now, attempt_id=a.attempt_id,
         epoch=a.epoch, cluster=a.cluster, started_at=float(doc["started_at"]), step=int(doc.get("step") or 0),
     )]  # fmt: skip
+
+
+def next_look(running_at: float | None, now: float, tick: float) -> float:
+    """When to look for a running attempt's marker again: at the next tick while it is young,
+    then after a quarter of its running time so far, at most LOOK_MAX apart. The marker carries
+    the program's own clock (`started_at`), so a later look publishes the same start time; an
+    attempt that ends is looked at then anyway. Most programs never write one: without this, the
+    watch read a file for every running attempt every tick (1,600 reads/s for 800 of them)."""
+    age = max(0.0, now - running_at) if running_at is not None else 0.0
+    return now + min(LOOK_MAX, max(tick, LOOK_SHARE * age))

@@ -226,12 +226,11 @@ class Dispatcher:
         self.ended: set[str] = set()  # workloads seen finished since the last renewal (their records go)
         self.renewals = 0
         # what the watch looks at next (`to_look_at`): workloads with new events, (time, workload)
-        # whose observation clock is due, running ones without their marker, the informers'
-        # generations read, and when everything is looked at again
+        # whose observation clock or marker look is due, the informers' generations read, and
+        # when everything is looked at again
         self.dirty: set[str] = set()
         self.due: list[tuple[float, str]] = []
         self.due_at: dict[str, float] = {}
-        self.unmarked: set[str] = set()
         self.seen_generation: dict[tuple[str, str], int] = {}
         self.watch_resync = Resync(FULL_WATCH_EVERY)  # when the watch looks at every live attempt
         self.upkeep_resync = Resync(FULL_RECONCILE_EVERY)  # when the upkeep looks at every owned workload
@@ -711,7 +710,8 @@ class Dispatcher:
         """The workloads the watch looks at this tick, as client-go's controllers take keys from
         a work queue fed by event handlers: those whose events were folded (`dirty`), whose Job
         or pods changed (the informers' `changes_since`), whose clock is due (`due`, from
-        `core.observation_due`), and those running without their first-step marker yet. None:
+        `core.observation_due`, and running ones whose next look for their first-step marker is
+        due: `progress.next_look`). None:
         everything, on the resync period (`watch_resync`) or when a cache was re-listed."""
         wids, self.dirty = self.dirty, set()
         relisted = False
@@ -729,8 +729,6 @@ class Dispatcher:
                 del self.due_at[wid]
                 wids.add(wid)
         views = self.follower.projection.workloads
-        self.unmarked = {w for w in self.unmarked if (v := views.get(w)) is not None and not v.terminal}
-        wids |= self.unmarked
         if relisted:
             self.watch_resync.again()
         if self.watch_resync.full(now):
@@ -809,9 +807,9 @@ class Dispatcher:
                     if not acts and (due := core.observation_due(view, a, obs, **clocks)) is not None:  # type: ignore[arg-type]
                         self.look_again(view.workload_id, due)
                     if a.status == "running" and progress.KIND not in a.times:
-                        self.unmarked.add(view.workload_id)  # its marker is a file: looked for every tick
-                    else:
-                        self.unmarked.discard(view.workload_id)
+                        # its marker is a file: looked for again soon, less often the longer it runs
+                        # without one (most programs never write it; its time is the program's own)
+                        self.look_again(view.workload_id, progress.next_look(a.times.get("running"), now, self.interval))
                     # the program's first step, if reported: only where pods run or ran (the marker
                     # is written from inside one), not for every attempt still queued
                     seen = (
