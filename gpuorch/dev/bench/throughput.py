@@ -302,6 +302,11 @@ def cpu(system: System) -> dict[str, float]:
     return {name: cpu_seconds(system.procs[name].pid) for name in (*SERVICES, "nats") if name in system.procs}
 
 
+def cpu_since(system: System, before: dict[str, float]) -> dict[str, float]:
+    """CPU seconds of each process since `before` (a `cpu` reading)."""
+    return {k: v - before.get(k, 0.0) for k, v in cpu(system).items()}
+
+
 @contextlib.asynccontextmanager
 async def running(root: Path, profile: Path | None = None, nodes: int = NODES) -> Any:
     env = {"GPUORCH_PROFILE": str(profile)} if profile else {}
@@ -377,7 +382,7 @@ async def scenario_burst(
         raw = await raw_rate(watch.admin, min(n, 10_000))
         before, used = memory(system), cpu(system)
         f = await burst(client, watch, n, f"t{uuid.uuid4().hex[:6]}", timeout)
-        after, used = memory(system), {k: v - used.get(k, 0.0) for k, v in cpu(system).items()}
+        after, used = memory(system), cpu_since(system, used)
         print(f"# burst {n} (raw {raw:.0f}/s): {f}", file=sys.stderr)
         print(
             f"# events by type during the burst: {dict(sorted(watch.kinds.items(), key=lambda kv: -kv[1]))}",
@@ -428,7 +433,7 @@ async def scenario_backlog(
             print(f"# backlog at {pending}: the system was idle {settled:.1f} s after the fill", file=sys.stderr)
             used, kinds = cpu(system), dict(watch.kinds)
             f = await burst(client, watch, probe, tag, timeout, start=at)
-            used = {k: v - used.get(k, 0.0) for k, v in cpu(system).items()}
+            used = cpu_since(system, used)
             at += probe
             print(f"# backlog probe at {pending} (raw {raw:.0f}/s): {f}", file=sys.stderr)
             more = {k: n - kinds.get(k, 0) for k, n in watch.kinds.items() if n > kinds.get(k, 0)}
@@ -458,7 +463,7 @@ async def scenario_steady(
         used, t0 = cpu(system), time.monotonic()
         f = await steady(client, watch, rate, duration, f"s{uuid.uuid4().hex[:6]}", timeout)
         wall = time.monotonic() - t0
-        used = {k: v - used.get(k, 0.0) for k, v in cpu(system).items()}
+        used = cpu_since(system, used)
         print(f"# steady {rate}/s x {duration}s (raw {raw:.0f}/s): {f}", file=sys.stderr)
     case = f"steady {rate:g}/s x {duration:g}s"
     return [
