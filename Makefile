@@ -38,6 +38,8 @@ demo: $(STAMP) ## Start NATS, the four services and local clusters; run the seed
 
 chaos: $(STAMP) ## Deterministic simulation (SIM_N=10000 schedules), real-process chaos (N=3 schedules), then `make mutants`
 	@$(BIN)/python -m gpuorch.dev.dst --schedules $(SIM_N); sim=$$?; \
+	echo; echo "blips around LOST_AFTER (the production liveness rules, virtual time):"; \
+	$(BIN)/python -m gpuorch.dev.dst.liveness; \
 	echo; echo "real-process chaos (the shells):"; \
 	$(BIN)/python -m gpuorch.dev.chaos --schedules $(N); real=$$?; \
 	echo; echo "security mutants (the attack suite):"; \

@@ -53,7 +53,8 @@ class Tuning:
 
     router_concurrency: int = _knob("GPUORCH_ROUTER_CONCURRENCY", 64, "router: workloads decided at once (each workload's messages in order)")
     dispatch_interval: float = _knob("GPUORCH_DISPATCH_INTERVAL", 0.5, "dispatcher: seconds between observation passes")
-    lost_after: float = _knob("GPUORCH_LOST_AFTER", 3.0, "dispatcher: seconds without an answer from a cluster before its attempts are lost")
+    lost_after: float = _knob("GPUORCH_LOST_AFTER", 3.0, "dispatcher: seconds a cluster fails every call (counted from its first failed call to a failed call now) before its attempts are lost")
+    probe_interval: float = _knob("GPUORCH_PROBE_INTERVAL", 0.5, "dispatcher, inventory, fencer: seconds between liveness probes (GET /version) of a cluster that is suspected or quiet, and the longest wait before a failing cluster is tried again; at most half of GPUORCH_LOST_AFTER")
     unschedulable_after: float = _knob("GPUORCH_UNSCHEDULABLE_AFTER", 60.0, "dispatcher: seconds a pod no node can take may stay pending before its attempt fails")
     requeue_factor: float = _knob("GPUORCH_REQUEUE_FACTOR", 4.0, "dispatcher: an attempt queued unplaced at its destination is requeued after this many times the router's queue-wait estimate")
     requeue_after: float = _knob("GPUORCH_REQUEUE_AFTER", 300.0, "dispatcher: seconds an attempt may always wait unplaced before it is requeued (the floor)")
@@ -104,7 +105,13 @@ class Tuning:
             if kind in (int, float) and f.metadata["positive"] and value <= 0:
                 raise SettingError(f"{f.metadata['env']}={raw!r}: must be > 0 ({f.metadata['doc']})")
             values[f.name] = value
-        return cls(**values)
+        made = cls(**values)
+        if made.probe_interval > made.lost_after / 2:
+            raise SettingError(
+                f"GPUORCH_PROBE_INTERVAL={made.probe_interval:g}: must be at most half of GPUORCH_LOST_AFTER "
+                f"({made.lost_after:g}): a healed cluster must be seen before its attempts are lost"
+            )
+        return made
 
     def to_env(self) -> dict[str, str]:
         """The knobs that differ from their defaults, as variables for a child process."""

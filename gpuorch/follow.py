@@ -109,25 +109,41 @@ class Follower:
 
 
 async def every(
-    stop: asyncio.Event, interval: float, tick: Callable[[], Awaitable[None]], *, name: str
+    stop: asyncio.Event,
+    interval: float,
+    tick: Callable[[], Awaitable[None]],
+    *,
+    name: str,
+    wake: asyncio.Event | None = None,
 ) -> None:
-    """Run `tick` now and then every `interval` seconds until `stop` (the one periodic loop).
+    """Run `tick` now and then every `interval` seconds until `stop` (the one periodic loop);
+    `wake`, when set, runs the next tick at once (e.g. a cluster's call just failed).
 
     A tick that raises is logged and the next one runs: a service's loop never dies silently
     while the service goes on answering as if it watched.
     """
     log = structlog.get_logger("gpuorch.loop")
     while not stop.is_set():
+        if wake is not None:
+            wake.clear()
         try:
             await tick()
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("loop.tick_failed", loop=name)
+        if wake is None:
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=interval)
+            except TimeoutError:
+                pass
+            continue
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait())]
         try:
-            await asyncio.wait_for(stop.wait(), timeout=interval)
-        except TimeoutError:
-            pass
+            await asyncio.wait(waits, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
 
 
 async def run_until_stopped(service: str, stop: asyncio.Event, work: list[Coroutine[Any, Any, Any]], **ready: Any) -> None:

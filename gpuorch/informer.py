@@ -27,12 +27,21 @@ Readers (the services' asyncio loops) read the cache without any API call: :meth
 410) plus one watch per ``timeout_seconds``, whatever the number of objects or live attempts.
 
 Reachability is reported as facts with times, not decided here: every call's outcome goes to
-``on_contact(answered, at, error)``. A watch that is open and quiet reports nothing until it
-ends cleanly at ``timeout_seconds`` (then ``answered=True``); its read timeout is
-``timeout_seconds + READ_MARGIN``, so a connection that hangs (a real network partition) is a
-failed call after at most that long. A refused or reset connection (the local clusters'
-``partition``) fails at once. The dispatcher folds these facts with ``core.contact``/``silence``
-(its rule for "lost"); inventory marks a cluster unreachable while its latest call failed.
+``on_contact(answered, at, error)``. A watch reports an answer when the server accepts it (its
+response headers), with every event, and when it ends cleanly at ``timeout_seconds``; its read
+timeout is ``timeout_seconds + READ_MARGIN``, so a connection that hangs (a real network
+partition) is a failed call after at most that long. A refused or reset connection (the local
+clusters' ``partition``) fails at once. Retries back off from ``BACKOFF_MIN`` but never past
+the group's probe interval, so a healed cluster is watched again within one interval.
+
+A :class:`ClusterInformers` group also runs a **liveness probe** (a ``/version`` call with a
+short timeout) on its own timer: at once and then every ``probe_interval`` while the cluster is
+suspected (its latest call failed), and whenever nothing answered for ``probe_interval`` (a
+quiet watch says nothing until it ends). Its outcome is a fact like any other: any answer from
+the cluster, watch or probe, is contact. So "silent" is decided on evidence of silence *now*,
+not on a retry that is not due yet (issue 27). The dispatcher folds these facts with
+``core.contact``/``silence`` (its rule for "lost"); inventory marks a cluster unreachable while
+its latest call failed.
 
 Readers that act on what changed, as client-go's event handlers feed a controller's work queue,
 ask :meth:`changes_since` (the objects changed since the cache generation they last read, or
@@ -48,6 +57,7 @@ the cache to hold an object this process has just created.
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -66,11 +76,15 @@ WATCH_SECONDS = 4
 READ_MARGIN = 2.0
 BACKOFF_MIN = 0.2
 BACKOFF_MAX = 5.0
+#: Seconds between liveness probes of a suspected or quiet cluster (GPUORCH_PROBE_INTERVAL), and
+#: the longest an informer waits before it tries a failing cluster again.
+PROBE_INTERVAL = 0.5
 
 #: Changes an informer remembers for `changes_since` (a reader further behind looks at everything).
 CHANGES_KEPT = 50_000
 
 ContactFn = Callable[[bool, float, str], None]
+ProbeFn = Callable[[float], None]  # one cheap call with this timeout (s); raises if unanswered
 Key = tuple[str, str]  # (namespace, name)
 
 
@@ -135,6 +149,24 @@ def describe(exc: BaseException) -> str:
     return f"unreachable: {type(cause).__name__}: {text}"[:300]
 
 
+def next_backoff(delay: float, cap: float) -> float:
+    """The wait before the retry after this one: doubled, never past `cap` (the probe interval,
+    a fraction of LOST_AFTER, so a healed cluster is watched again soon)."""
+    return min(delay * 2, cap)
+
+
+def probe_wait(failing: bool, last_answer: float | None, last_probe: float | None, now: float, interval: float) -> float:
+    """Seconds until the liveness probe is due (0: now).
+
+    Suspected (the latest call failed, or nothing ever answered): one probe every `interval`,
+    the first at once. Healthy: only when nothing answered for `interval` (a quiet watch reports
+    nothing until it ends), so a busy cluster costs no probes.
+    """
+    if failing or last_answer is None:
+        return 0.0 if last_probe is None else max(0.0, last_probe + interval - now)
+    return max(0.0, max(last_answer, last_probe or last_answer) + interval - now)
+
+
 class Informer:
     """A cache of one resource of one cluster, kept by list-then-watch in its own thread.
 
@@ -154,8 +186,10 @@ class Informer:
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
         clock: Callable[[], float] = time.time,
         index: str | None = None,
+        backoff_max: float = BACKOFF_MAX,
     ) -> None:
         self.cluster = cluster
+        self.backoff_max = backoff_max
         self.list_fn = list_fn
         self.namespace = namespace
         self.label_selector = label_selector
@@ -173,6 +207,7 @@ class Informer:
         #: watch's clean end, a bookmark): an object created before it and absent is really absent
         self.complete_at: float | None = None
         self._rv: int | None = None  # None: list before watching
+        self._due = 0.0  # when the call in flight had to answer (`_expect`)
         self._cache: dict[Key, dict[str, Any]] = {}
         self.index = index  # a label: objects by its value (`by_index`)
         self._index: dict[str, set[Key]] = {}
@@ -279,9 +314,18 @@ class Informer:
         return {"label_selector": self.label_selector} if self.label_selector else {}
 
     def _contact(self, answered: bool, error: str = "") -> None:
+        """Report one call's outcome. A failure is dated when the missing answer was due (a
+        call's start; an open watch's end, which the server promised at `watch_seconds`), not
+        when the read timeout noticed it: a watch that hung through a short cut must not count
+        as silence after the heal."""
         self.last_error = error
+        now = self.clock()
         if self.on_contact is not None:
-            self.on_contact(answered, self.clock(), error)
+            self.on_contact(answered, now if answered else min(now, self._due), error)
+
+    def _expect(self, due: float) -> None:
+        """The call being made must answer by `due` (or it is evidence of silence then)."""
+        self._due = due
 
     def _run(self) -> None:
         delay = BACKOFF_MIN
@@ -304,10 +348,11 @@ class Informer:
                 continue
             if self._stop.wait(delay):
                 return
-            delay = min(delay * 2, BACKOFF_MAX)
+            delay = next_backoff(delay, self.backoff_max)
 
     def _list(self) -> None:
         began = self.clock()
+        self._expect(began)
         resp = self.list_fn(*self._args(), **self._selector(), _preload_content=False, _request_timeout=TIMEOUT)
         try:
             doc = _decode.decode(resp.data)
@@ -330,12 +375,27 @@ class Informer:
         self.synced.set()
         self._contact(True)
 
+    def _opened(self) -> Callable[..., Any]:
+        """`list_fn` that reports an answer as soon as the server accepted the watch (its
+        response headers came): a watch reopened after a heal is contact at once, not when it
+        ends. (functools.wraps keeps the signature and doc the official Watch inspects.)"""
+
+        @functools.wraps(self.list_fn)
+        def opened(*args: Any, **kw: Any) -> Any:
+            self._expect(self.clock())
+            resp = self.list_fn(*args, **kw)
+            self._contact(True)
+            self._expect(self.clock() + self.watch_seconds)  # the server ends it by then
+            return resp
+
+        return opened
+
     def _watch_once(self) -> None:
         w = self._watch = RawWatch()  # raw dicts, no models
         self.watches += 1
         try:
             stream = w.stream(  # type: ignore[no-untyped-call]
-                self.list_fn, *self._args(), **self._selector(),
+                self._opened(), *self._args(), **self._selector(),
                 resource_version=str(self._rv), allow_watch_bookmarks=True, timeout_seconds=self.watch_seconds,
                 _request_timeout=(CONNECT_TIMEOUT, self.watch_seconds + READ_MARGIN),
             )  # fmt: skip
@@ -371,14 +431,25 @@ class Informer:
 
 
 class ClusterInformers:
-    """The informers of one cluster, sharing one stream of contact facts.
+    """The informers of one cluster, sharing one stream of contact facts, and its liveness probe.
 
     `contacts()` returns (and forgets) the facts reported since the last call, in order:
     ``(answered, at, error)``; the reader folds them with its own rule (the dispatcher's
     `core.contact`). `failing`, `last_ok` and `error` are the latest facts, for inventory.
+    `probe` (one cheap call with a timeout: ``ClusterClient.probe``) runs in its own thread on
+    the schedule of :func:`probe_wait`; `on_failure` (any thread) is told of every failed call,
+    so a reader can look at once instead of at its next tick.
     """
 
-    def __init__(self, cluster: str, keep: int = 1000) -> None:
+    def __init__(
+        self,
+        cluster: str,
+        keep: int = 1000,
+        *,
+        probe: ProbeFn | None = None,
+        probe_interval: float = PROBE_INTERVAL,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.cluster = cluster
         self.informers: dict[str, Informer] = {}
         self._facts: list[tuple[bool, float, str]] = []
@@ -387,22 +458,63 @@ class ClusterInformers:
         self.failing = False  # the latest call failed
         self.last_ok: float | None = None  # when the cluster last answered
         self.error = ""  # why the latest call failed
+        self.probe = probe
+        self.probe_interval = probe_interval
+        self.probes = 0  # probes made
+        self.clock = clock
+        self.on_failure: Callable[[], None] | None = None
+        self._probe_stop = threading.Event()
+        self._probe_thread: threading.Thread | None = None
 
     def report(self, answered: bool, at: float, error: str) -> None:
         """One call's outcome. Repeats are folded (a run of answers keeps only the latest, a
-        run of failures only the first): nothing the contact rule reads is lost."""
+        run of failures its first and its latest): nothing the contact rule reads is lost."""
         with self._lock:
-            last = self._facts[-1] if self._facts else None
-            if last is not None and last[0] == answered:
-                if answered:
-                    self._facts[-1] = (answered, at, error)
+            facts = self._facts
+            if answered and facts and facts[-1][0]:
+                facts[-1] = (answered, at, error)
+            elif not answered and len(facts) >= 2 and not facts[-1][0] and not facts[-2][0]:
+                facts[-1] = (answered, at, error)
             else:
-                self._facts.append((answered, at, error))
-                if len(self._facts) > self._keep:
-                    del self._facts[: len(self._facts) - self._keep]
+                facts.append((answered, at, error))
+                if len(facts) > self._keep:
+                    del facts[: len(facts) - self._keep]
             self.failing, self.error = not answered, error
             if answered:
-                self.last_ok = at
+                self.last_ok = at if self.last_ok is None else max(self.last_ok, at)
+        if not answered and self.on_failure is not None:
+            try:
+                self.on_failure()
+            except RuntimeError:  # the reader's event loop is closed (stopping): nothing to wake
+                pass
+
+    def probe_once(self) -> bool:
+        """One liveness probe, reported as a fact (a failure at the time the call was made: the
+        cluster did not answer a call made then). True when it answered."""
+        assert self.probe is not None
+        began = self.clock()
+        self.probes += 1
+        try:
+            self.probe(self.probe_interval)
+        except Exception as exc:  # no answer (refused, reset, timed out) or an API error
+            if isinstance(exc, ApiException) and exc.status is not None and exc.status < 500:
+                self.report(True, self.clock(), "")  # it answered, if only to refuse
+                return True
+            self.report(False, began, describe(exc))
+            return False
+        self.report(True, self.clock(), "")
+        return True
+
+    def _probe_run(self) -> None:
+        last_probe: float | None = None
+        while not self._probe_stop.is_set():
+            wait = probe_wait(self.failing, self.last_ok, last_probe, self.clock(), self.probe_interval)
+            if wait > 0:
+                if self._probe_stop.wait(wait):
+                    return
+                continue
+            last_probe = self.clock()
+            self.probe_once()
 
     def contacts(self) -> list[tuple[bool, float, str]]:
         with self._lock:
@@ -410,6 +522,7 @@ class ClusterInformers:
             return out
 
     def add(self, name: str, list_fn: Callable[..., Any], **kw: Any) -> Informer:
+        kw.setdefault("backoff_max", self.probe_interval)
         inf = Informer(self.cluster, list_fn, on_contact=self.report, **kw)
         self.informers[name] = inf
         return inf
@@ -424,10 +537,17 @@ class ClusterInformers:
     def start(self) -> ClusterInformers:
         for i in self.informers.values():
             i.start()
+        if self.probe is not None and (self._probe_thread is None or not self._probe_thread.is_alive()):
+            self._probe_stop.clear()
+            self._probe_thread = threading.Thread(target=self._probe_run, name=f"probe-{self.cluster}", daemon=True)
+            self._probe_thread.start()
         return self
 
     def stop(self) -> None:
+        self._probe_stop.set()
         for i in self.informers.values():
             i._stop.set()
         for i in self.informers.values():
             i.stop()
+        if self._probe_thread is not None:
+            self._probe_thread.join(5.0)

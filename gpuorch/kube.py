@@ -26,6 +26,8 @@ def request_kind(method: str, url: str) -> tuple[str, str]:
     """(verb, resource) of one API call: ("list", "pods"), ("watch", "jobs"), ("create", "jobs")..."""
     parts = urlsplit(url)
     segs = [s for s in parts.path.split("/") if s]
+    if segs[:1] in (["version"], ["healthz"], ["readyz"], ["livez"]):  # non-resource URLs
+        return method.lower() if method.upper() != "GET" else "get", segs[0]
     if segs[:2] == ["api", "v1"]:
         segs = segs[2:]
     elif segs[:1] == ["apis"] and len(segs) >= 3:
@@ -65,6 +67,11 @@ class ClusterClient:
     def calls_now(self) -> Counter[tuple[str, str]]:
         with self._calls_lock:
             return Counter(self.calls)
+
+    def probe(self, timeout: float) -> None:
+        """One liveness probe: ``GET /version`` (what ``kubectl version`` asks; every identity may,
+        it reads no object), connect and read within `timeout`. Raises when unanswered."""
+        client.VersionApi(self.api).get_code(_request_timeout=(timeout, timeout))
 
     def sanitize(self, obj: Any) -> Any:
         return self.api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]

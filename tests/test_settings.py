@@ -70,6 +70,10 @@ def test_knobs_parse_and_bad_values_name_the_variable() -> None:
         Tuning.from_env({"GPUORCH_KUBE_THREADS": "2.5"})
     with pytest.raises(SettingError, match=r"GPUORCH_OWNER_TTL='0': must be > 0"):
         Tuning.from_env({"GPUORCH_OWNER_TTL": "0"})
+    # a probe slower than half of LOST_AFTER could not see a heal before the loss (issue 27)
+    with pytest.raises(SettingError, match=r"GPUORCH_PROBE_INTERVAL=1.5: must be at most half of GPUORCH_LOST_AFTER \(2\)"):
+        Tuning.from_env({"GPUORCH_LOST_AFTER": "2", "GPUORCH_PROBE_INTERVAL": "1.5"})
+    assert Tuning.from_env({"GPUORCH_LOST_AFTER": "2", "GPUORCH_PROBE_INTERVAL": "1"}).probe_interval == 1.0
 
 
 def test_settings_carry_tuning_to_child_processes() -> None:

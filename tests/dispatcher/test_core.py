@@ -6,6 +6,8 @@ import math
 
 import kubernetes_validate
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuorch.projection import Projection
 from gpuorch_dispatcher import core
@@ -873,6 +875,49 @@ def test_one_failed_call_after_a_quiet_period_is_not_a_loss() -> None:
     assert why is not None and "3.5s" in why and "last answer 3603.5s ago" in why
     c = core.contact(c, True, 3604.0)  # it answers again: the count starts over
     assert core.silence(core.contact(c, False, 3610.0), 3610.0, lost_after=3.0) is None
+
+
+def test_silence_needs_a_failed_call_now_not_only_time_since_the_first() -> None:
+    """Issue 27: time alone proves nothing. A cluster that failed at 0.0 and whose next call is
+    not due until 3.4 (a retry backing off) may have healed at 1.5: no loss until a call made at
+    least LOST_AFTER after the first failure fails too."""
+    c = core.contact(core.contact(None, True, -1.0), False, 0.0)
+    assert core.silence(c, 3.4, lost_after=3.0) is None, "no call failed since 0.0: no evidence"
+    c = core.contact(c, False, 1.0)
+    assert core.silence(c, 5.0, lost_after=3.0) is None
+    c = core.contact(c, False, 3.0)
+    why = core.silence(c, 3.1, lost_after=3.0)
+    assert why == "has not answered for 3.0s; last answer 4.1s ago", why
+
+
+def test_facts_out_of_order_never_make_a_run_of_failures_longer() -> None:
+    """The informers' threads and the probe report on their own: a failure dated before the last
+    answer says nothing of now; an answer ends only the failures made before it."""
+    c = core.contact(None, True, 10.0)
+    assert core.contact(c, False, 9.0) == c, "made before the answer at 10.0"
+    run = core.contact(core.contact(c, False, 11.0), False, 14.5)
+    assert core.silence(run, 14.5, lost_after=3.0) is not None
+    late = core.contact(run, True, 12.0)  # an answer at 12.0, reported after the failure at 14.5
+    assert (late.failing_since, late.last_failed) == (14.5, 14.5)
+    assert core.silence(late, 14.5, lost_after=3.0) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.floats(0, 20, allow_nan=False)), max_size=30), st.floats(0.5, 5))
+def test_silence_always_rests_on_failures_spanning_lost_after_with_no_answer_between(
+    facts: list[tuple[bool, float]], lost_after: float
+) -> None:
+    c: core.Contact | None = None
+    for answered, at in facts:
+        c = core.contact(c, answered, at)
+    if c is None or core.silence(c, 20.0, lost_after) is None:
+        return
+    assert c.failing_since is not None and c.last_failed is not None
+    failed = [at for ok, at in facts if not ok]
+    answers = [at for ok, at in facts if ok]
+    assert c.failing_since in failed and c.last_failed in failed
+    assert c.last_failed - c.failing_since >= lost_after
+    assert not any(c.failing_since <= at <= c.last_failed for at in answers), (facts, c)
 
 
 def test_a_create_the_cluster_never_answers_becomes_lost_after_the_redeliveries() -> None:

@@ -71,6 +71,7 @@ def test_request_kinds_of_the_calls_counted() -> None:
     assert request_kind("POST", "https://h/apis/batch/v1/namespaces/gpuorch/jobs") == ("create", "jobs")
     assert request_kind("DELETE", "https://h/apis/batch/v1/namespaces/gpuorch/jobs/j") == ("delete", "jobs")
     assert request_kind("GET", "https://h/api/v1/nodes") == ("list", "nodes")
+    assert request_kind("GET", "https://h/version/") == ("get", "version")  # the liveness probe
 
 
 def test_a_watch_event_is_decoded_once_into_plain_dicts() -> None:
@@ -215,12 +216,64 @@ async def test_a_partitioned_cluster_is_reported_unreachable_and_a_quiet_one_is_
         assert group.error.startswith("unreachable:"), group.error
         facts = group.contacts()
         assert facts[-1][0] is False, facts
-        assert facts.count((False, facts[-1][1], facts[-1][2])) == 1, "a run of failures is reported once"
+        assert facts.count((False, facts[-1][1], facts[-1][2])) == 1, "a run of failures: its first and latest"
 
         lcs["c1"].heal()
         await assert_eventually(lambda: not group.failing, timeout=15, message="answers again after heal")
         cc.batch.create_namespaced_job(NS, managed("healed"), _request_timeout=TIMEOUT)
         await assert_eventually(lambda: "healed" in cached(group["jobs"]), timeout=10)
+        assert group.contacts()[-1][0] is True
+    finally:
+        group.stop()
+
+
+async def test_a_watch_reopened_after_a_heal_is_contact_at_once_not_when_it_ends(
+    cluster: tuple[LocalClusters, ClusterClient],
+) -> None:
+    """Issue 27: a watch that reopens quietly reported nothing until it ended (here 30 s), so a
+    healed cluster stayed "failing" that long. The server accepting the watch is an answer."""
+    lcs, cc = cluster
+    group = ClusterInformers("c1", probe_interval=0.3)  # no probe: the watch alone
+    jobs_informer(cc, group, watch_seconds=30)
+    group.start()
+    try:
+        await assert_eventually(lambda: group.synced, timeout=10)
+        lcs["c1"].partition()
+        await assert_eventually(lambda: group.failing, timeout=10, message="the open watch breaks at the cut")
+        lcs["c1"].heal()
+        await assert_eventually(lambda: not group.failing, timeout=10, message="the reopened watch answered")
+        assert group["jobs"].watches >= 2
+    finally:
+        group.stop()
+
+
+async def test_the_liveness_probe_runs_while_suspected_and_when_quiet(cluster: tuple[LocalClusters, ClusterClient]) -> None:
+    """The probe (GET /version) is the evidence of silence now: while the cluster fails, a failed
+    probe every interval moves the run's latest failure on; after the heal it answers within an
+    interval, whatever the informers' retries are doing. Quiet and healthy, it is a heartbeat."""
+    lcs, cc = cluster
+    group = ClusterInformers("c1", probe=cc.probe, probe_interval=0.2)  # the probe alone
+    group.start()
+    try:
+        await assert_eventually(lambda: group.last_ok is not None, timeout=10)
+        before = group.probes
+        await assert_eventually(lambda: group.probes >= before + 3, timeout=10, message="a quiet cluster is probed")
+        assert not group.failing and cc.calls_now()[("get", "version")] >= 3
+        group.contacts()
+
+        lcs["c1"].partition()
+        await assert_eventually(lambda: group.failing, timeout=10)
+        runs: list[tuple[bool, float, str]] = []
+
+        def evidence() -> bool:
+            runs.extend(group.contacts())
+            failed = [at for answered, at, _ in runs if not answered]
+            return len(failed) >= 2 and failed[-1] - failed[0] >= 0.6
+
+        await assert_eventually(evidence, timeout=10, message="the latest failure keeps moving while partitioned")
+        assert group.error.startswith("unreachable:"), group.error
+        lcs["c1"].heal()
+        await assert_eventually(lambda: not group.failing, timeout=10, message="the probe answers after the heal")
         assert group.contacts()[-1][0] is True
     finally:
         group.stop()

@@ -696,33 +696,47 @@ def retryable(wl: Workload, code: int | None) -> bool:
 
 @dataclass(frozen=True)
 class Contact:
-    """What the dispatcher knows of a cluster's answers: the last one, and since when it fails."""
+    """What the dispatcher knows of a cluster's answers: the last one, and the run of failed
+    calls since: its first and its latest (the evidence that the cluster is silent *now*)."""
 
     last_ok: float | None = None
     failing_since: float | None = None  # the first unanswered call after the last answer
+    last_failed: float | None = None  # the latest unanswered call of that run
 
 
 def contact(prev: Contact | None, answered: bool, now: float) -> Contact:
-    """The contact after one call to the cluster at `now` (answered or not)."""
-    if answered:
-        return Contact(last_ok=now)
+    """The contact after one call to the cluster at `now` (answered or not).
+
+    Facts may come out of order (the informers' threads and the probe report on their own): an
+    answer ends the run of failures made before it, and a failure older than the last answer
+    says nothing about the cluster now.
+    """
     prev = prev or Contact()
-    return Contact(
-        last_ok=prev.last_ok, failing_since=prev.failing_since if prev.failing_since is not None else now
-    )
+    if answered:
+        last_ok = now if prev.last_ok is None else max(prev.last_ok, now)
+        if prev.last_failed is not None and prev.last_failed > last_ok:  # a failure came after it
+            return Contact(last_ok=last_ok, failing_since=prev.last_failed, last_failed=prev.last_failed)
+        return Contact(last_ok=last_ok)
+    if prev.last_ok is not None and now <= prev.last_ok:
+        return prev  # it answered after this call was made (or then)
+    since = now if prev.failing_since is None else min(prev.failing_since, now)
+    latest = now if prev.last_failed is None else max(prev.last_failed, now)
+    return Contact(last_ok=prev.last_ok, failing_since=since, last_failed=latest)
 
 
 def silence(c: Contact, now: float, lost_after: float) -> str | None:
     """Why the cluster's live attempts are lost (None: not yet).
 
-    Counted from the first unanswered call, not from the last answer: a cluster gpuorch did not
-    ask for a while (no live attempts there) is not "silent" for that while, so one failed call
-    after a quiet period is not a loss.
+    On evidence of silence now: a run of failed calls, with no answer in it, from its first to
+    its latest call at least `lost_after` long. Time alone proves nothing: a cluster whose next
+    try is not due yet may have healed, so a blip shorter than `lost_after` is never a loss,
+    however the retries fall (issue 27). Counted from the first unanswered call, not from the
+    last answer: a cluster gpuorch did not ask for a while is not "silent" for that while.
     """
-    if c.failing_since is None or now - c.failing_since < lost_after:
+    if c.failing_since is None or c.last_failed is None or c.last_failed - c.failing_since < lost_after:
         return None
     last = f"; last answer {now - c.last_ok:.1f}s ago" if c.last_ok is not None else ""
-    return f"has not answered for {now - c.failing_since:.1f}s{last}"
+    return f"has not answered for {c.last_failed - c.failing_since:.1f}s{last}"
 
 
 #: Deliveries of a `routed` whose Job create the cluster never answered before the attempt is `lost`.

@@ -26,7 +26,7 @@ from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
 
 from gpuorch.config import Settings, load_registry
 from gpuorch.follow import Follower, every, run_until_stopped
-from gpuorch.informer import ClusterInformers, Informer
+from gpuorch.informer import PROBE_INTERVAL, ClusterInformers, Informer
 from gpuorch.kube import TIMEOUT, ClusterClient, make_clients, unreachable
 from gpuorch.observe import progress, spans
 from gpuorch.projection import AttemptView, WorkloadView
@@ -116,9 +116,9 @@ def observe(job: dict[str, Any], pods: list[dict[str, Any]]) -> core.JobObservat
 CLOCK_MARGIN = 1.0
 
 
-def informers_for(cc: ClusterClient) -> ClusterInformers:
+def informers_for(cc: ClusterClient, probe_interval: float = PROBE_INTERVAL) -> ClusterInformers:
     """gpuorch's Jobs and pods of one cluster (its label, its namespace), list-then-watch."""
-    group = ClusterInformers(cc.name)
+    group = ClusterInformers(cc.name, probe=cc.probe, probe_interval=probe_interval)
     group.add(
         "jobs", cc.batch.list_namespaced_job, namespace=k8s.NAMESPACE, label_selector=k8s.MANAGED_SELECTOR
     )
@@ -214,7 +214,7 @@ class Dispatcher:
         )
         # each cluster's gpuorch Jobs and pods, followed by list-then-watch (gpuorch.informer)
         self.informers: dict[str, ClusterInformers] = {
-            name: informers_for(cc) for name, cc in self.clients.items()
+            name: informers_for(cc, settings.tuning.probe_interval) for name, cc in self.clients.items()
         }
         self.created_rv: dict[str, int] = {}  # attempt id -> resourceVersion of the Job we created
         # workload id -> (the last_seq that `reconcile` asked nothing for, until when that holds)
@@ -827,7 +827,16 @@ class Dispatcher:
             if looked is None:  # a full pass: the next one waits for its share of the time
                 self.watch_resync.took(now, time.perf_counter() - began)
 
-        await every(stop, self.interval, tick, name="watch")
+        # a failed call wakes the tick: loss is declared on the failure that proves it, not up
+        # to an interval later (docs/faults.md)
+        wake, loop = asyncio.Event(), asyncio.get_running_loop()
+
+        def woken() -> None:
+            loop.call_soon_threadsafe(wake.set)
+
+        for inf in self.informers.values():
+            inf.on_failure = woken
+        await every(stop, self.interval, tick, name="watch", wake=wake)
 
     async def run(self, stop: asyncio.Event) -> None:
         nc = await self.settings.connect("gpuorch-dispatcher")  # its own identity (GPUORCH_NATS_CREDS)

@@ -32,7 +32,7 @@ from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
 
 from gpuorch.config import Settings, load_registry
 from gpuorch.follow import Follower, every, run_until_stopped
-from gpuorch.informer import ClusterInformers
+from gpuorch.informer import PROBE_INTERVAL, ClusterInformers
 from gpuorch.kube import TIMEOUT, ClusterClient, make_clients, unreachable
 from gpuorch.resync import Resync
 from gpuorch.runtime import bus, kv
@@ -101,10 +101,10 @@ def _registry_stores(settings: Settings) -> list[str] | None:
     return sorted({st for c in reg.clusters.values() for st in (*c.artifact_stores, *c.checkpoint_stores)})
 
 
-def informers_for(cc: ClusterClient) -> ClusterInformers:
+def informers_for(cc: ClusterClient, probe_interval: float = PROBE_INTERVAL) -> ClusterInformers:
     """gpuorch's Jobs of one cluster (its label, its namespace), list-then-watch: what the
     orphan collector judges."""
-    group = ClusterInformers(cc.name)
+    group = ClusterInformers(cc.name, probe=cc.probe, probe_interval=probe_interval)
     group.add("jobs", cc.batch.list_namespaced_job, namespace=NAMESPACE, label_selector=MANAGED_SELECTOR, index=LABEL_WORKLOAD)
     return group
 
@@ -201,7 +201,9 @@ class Fencer:
         self.pursuits: dict[str, core.Pursuit] = {}
         self.kv: Any = None
         self.records: Records | None = None
-        self.informers: dict[str, ClusterInformers] = {name: informers_for(cc) for name, cc in self.clients.items()}
+        self.informers: dict[str, ClusterInformers] = {
+            name: informers_for(cc, settings.tuning.probe_interval) for name, cc in self.clients.items()
+        }
         #: (cluster, namespace, job) confirmed gone -> when: the informer's cache may still hold
         #: it for a moment after; it is not judged again until the cache is complete past then
         self.gone: dict[tuple[str, str, str], float] = {}

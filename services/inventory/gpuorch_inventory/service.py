@@ -37,7 +37,7 @@ from nats.js.kv import KeyValue
 from opentelemetry.trace import SpanKind
 
 from gpuorch.config import Registry, Settings, load_registry
-from gpuorch.informer import ClusterInformers, Informer, describe
+from gpuorch.informer import PROBE_INTERVAL, ClusterInformers, Informer, describe
 from gpuorch.informer import object_key as informer_key
 from gpuorch.kube import TIMEOUT, ClusterClient, make_clients
 from gpuorch.observe import metrics
@@ -68,9 +68,9 @@ def describe_failure(exc: BaseException) -> str:
     return describe(exc)
 
 
-def informers_for(cc: ClusterClient) -> ClusterInformers:
+def informers_for(cc: ClusterClient, probe_interval: float = PROBE_INTERVAL) -> ClusterInformers:
     """Every node and every pod of one cluster (background load counts too), list-then-watch."""
-    group = ClusterInformers(cc.name)
+    group = ClusterInformers(cc.name, probe=cc.probe, probe_interval=probe_interval)
     group.add("nodes", cc.core.list_node)
     group.add("pods", cc.core.list_pod_for_all_namespaces)
     return group
@@ -163,7 +163,7 @@ class Inventory:
         self.staged: dict[str, bytes] = {}  # kv_staged key -> value
         self.staged_ready = asyncio.Event()
         self.states = {name: ClusterState(name) for name in self.clients}
-        self.informers = {name: informers_for(cc) for name, cc in self.clients.items()}
+        self.informers = {name: informers_for(cc, settings.tuning.probe_interval) for name, cc in self.clients.items()}
 
     def entry(self, cluster: str) -> ClusterRegistryEntry:
         return self.registry.clusters.get(cluster, ClusterRegistryEntry())
