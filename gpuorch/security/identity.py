@@ -6,11 +6,14 @@ key (`Gpuorch-Identity`) and an Ed25519 signature (`Gpuorch-Signature`, base64) 
 
     <subject> "\\n" <Nats-Msg-Id> "\\n" <body bytes>
 
-The receiver verifies it against `identities.json` (identity -> role, public key, owners it may
-submit as) and decides with that, never with what the body says about itself: a submit's
+(the middle line empty when the command has no `Nats-Msg-Id`: a submit may carry its idempotency
+key in the body instead, which the signature covers with the rest of the body). The receiver
+verifies it against `identities.json` (identity -> role, public key, owners it may submit as) and
+decides with that, never with what the body says about itself: a submit's
 `metadata.owner` must be one of the identity's owners (`*`: any), a cancel must come from an
 identity that may submit as the workload's owner, or from the admin. A replayed signed command
-is the same command (same id, same body): idempotent, it changes nothing.
+is the same command (same key, same body): idempotent, it changes nothing. Whatever key a command
+has, header or body, is under the signature: one cannot be added, removed or changed without it.
 """
 
 from __future__ import annotations
@@ -30,11 +33,11 @@ SIGNATURE_HEADER = "Gpuorch-Signature"
 ANY = "*"
 
 
-def signed_payload(subject: str, msg_id: str, body: bytes) -> bytes:
-    return subject.encode() + b"\n" + msg_id.encode() + b"\n" + body
+def signed_payload(subject: str, msg_id: str | None, body: bytes) -> bytes:
+    return subject.encode() + b"\n" + (msg_id or "").encode() + b"\n" + body
 
 
-def sign_headers(seed: str, subject: str, msg_id: str, body: bytes) -> dict[str, str]:
+def sign_headers(seed: str, subject: str, msg_id: str | None, body: bytes) -> dict[str, str]:
     """The two headers that make a command attributable to the identity of `seed`."""
     kp = nkeys.from_seed(bytearray(seed.strip().encode()))
     try:
@@ -83,8 +86,6 @@ class Verifier:
         sig = headers.get(SIGNATURE_HEADER)
         if not key or not sig:
             raise Unauthenticated(f"unsigned command: {IDENTITY_HEADER} and {SIGNATURE_HEADER} headers are required")
-        if not msg_id:
-            raise Unauthenticated("a command needs a Nats-Msg-Id: the signature covers it")
         caller = self._by_key.get(key)
         if caller is None:
             raise Unauthenticated(f"unknown identity {key[:60]!r}")

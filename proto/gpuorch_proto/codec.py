@@ -304,6 +304,29 @@ def slug(name: str) -> str:
     return s[:30].strip("-") or "wl"
 
 
+def idempotency_key(msg_id: str | None, body_key: str | None) -> str | None:
+    """A submit's idempotency key (docs/contract.md, Submit): its `Nats-Msg-Id` header, else the
+    body's `idempotency_key`; None when it has neither. Both are allowed only when they are the
+    same (`key_conflict`)."""
+    return msg_id or body_key or None
+
+
+MAX_KEY_SHOWN = 100  # characters of a key an error message repeats
+
+
+def key_conflict(msg_id: str | None, body_key: str | None) -> FieldError | None:
+    """Why a submit's two keys cannot both stand (None: they can): a `Nats-Msg-Id` header and a
+    body `idempotency_key` that differ would name two workloads (JetStream would deduplicate by
+    one, the router by the other), so the submit is refused rather than one silently winning."""
+    if not msg_id or not body_key or msg_id == body_key:
+        return None
+    return FieldError(
+        path="idempotency_key",
+        message=f"the body's idempotency_key {body_key[:MAX_KEY_SHOWN]!r} differs from the Nats-Msg-Id header "
+        f"{msg_id[:MAX_KEY_SHOWN]!r}: send the key in one of them, or the same key in both",
+    )
+
+
 def workload_id_for(idempotency_key: str, name: str = "wl") -> str:
     """Deterministic workload id: a re-sent submit (same key) names the same workload."""
     digest = hashlib.sha256(idempotency_key.encode()).hexdigest()[:10]

@@ -122,12 +122,20 @@ def test_signed_commands_name_their_sender_and_nothing_else_passes() -> None:
         ("gpuorch.cmd.cancel", "k1", b"body", h, "does not match"),
         ("gpuorch.cmd.submit", "k2", b"body", h, "does not match"),
         ("gpuorch.cmd.submit", "k1", b"body", {}, "unsigned"),
-        ("gpuorch.cmd.submit", None, b"body", h, "Nats-Msg-Id"),
+        ("gpuorch.cmd.submit", None, b"body", h, "does not match"),  # the header taken off: not what was signed
         ("gpuorch.cmd.submit", "k1", b"body", sign_headers(new_seed(), "gpuorch.cmd.submit", "k1", b"body"), "unknown identity"),
         ("gpuorch.cmd.submit", "k1", b"body", {**h, "Gpuorch-Identity": public_key_of(other)}, "does not match"),
     ]:
         with pytest.raises(Unauthenticated, match=why):
             v.caller(subject, key, headers, body)
+    # a submit whose key is in the body only (docs/contract.md): signed with an empty Nats-Msg-Id
+    # line, the body (and so its key) under the signature; adding a header is not what was signed
+    keyed = b'{"type": "submit", "idempotency_key": "k3"}'
+    hb = sign_headers(seed, "gpuorch.cmd.submit", None, keyed)
+    assert v.caller("gpuorch.cmd.submit", None, hb, keyed).identity == "ci"
+    for key, body in [("k3", keyed), (None, keyed.replace(b"k3", b"k4"))]:
+        with pytest.raises(Unauthenticated, match="does not match"):
+            v.caller("gpuorch.cmd.submit", key, hb, body)
 
 
 def _snap(cluster: str, **kw: object) -> ClusterSnapshot:

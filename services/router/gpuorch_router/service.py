@@ -38,6 +38,8 @@ from gpuorch_proto import (
     decode_snapshot,
     encode,
     event_id,
+    idempotency_key,
+    key_conflict,
     workload_id_for,
 )
 from gpuorch_proto import events as ev
@@ -247,8 +249,10 @@ class Router:
             return []
         if (big := body_size_error(len(msg.data))) is not None:  # its `submitted` must fit in one message
             raise Reject(f"submit refused: {big.message}", [big])
-        identity = self.authorize_submit(msg, e)
-        key = msg.msg_id or e.idempotency_key
+        identity = self.authorize_submit(msg, e)  # the signature covers both places a key may be
+        if (conflict := key_conflict(msg.msg_id, e.idempotency_key)) is not None:
+            raise Reject(f"submit refused: {conflict.message}", [conflict])
+        key = idempotency_key(msg.msg_id, e.idempotency_key)
         if not key:  # a retried submit without one would be a second workload
             raise Reject("a submit needs an idempotency key: a Nats-Msg-Id header or idempotency_key in the body",
                          [ev.FieldError(path="idempotency_key", message="missing (and no Nats-Msg-Id header)")])  # fmt: skip
