@@ -65,6 +65,7 @@ from gpuorch_proto import (
 )
 from gpuorch_proto.codec import decode_event, is_msgpack
 from gpuorch_proto.events import Cancel, Rejected, Submit, message_ref
+from gpuorch_proto.nesting import depth_error
 from gpuorch_proto.subjects import valid_token
 
 from . import heap, logs, telemetry
@@ -978,11 +979,13 @@ def _claimed_workload_id(raw: dict[str, Any] | None, msg_id: str | None) -> str 
 
 
 def _raw_mapping(data: bytes, headers: dict[str, str]) -> dict[str, Any] | None:
+    """The body as plain data, for what a rejection's record says of it; None when it is not a
+    mapping, or nests too deeply to decode (`gpuorch_proto.nesting`: decoders recurse)."""
+    msgpack = is_msgpack(data, headers.get(CONTENT_TYPE))
+    if depth_error(data, msgpack=msgpack) is not None:
+        return None
     try:
-        if is_msgpack(data, headers.get(CONTENT_TYPE)):
-            obj = msgspec.msgpack.decode(data)
-        else:
-            obj = json.loads(data)
+        obj = msgspec.msgpack.decode(data) if msgpack else json.loads(data)
     except Exception:
         return None
     return obj if isinstance(obj, dict) else None

@@ -12,6 +12,7 @@ import yaml
 
 from .events import MESSAGE_REF_PREFIX, Base, Cancel, Event, FieldError, Submit
 from .inventory import ClusterSnapshot
+from .nesting import depth_error, yaml_depth_error
 from .state import FenceRecord, InstanceLease, OwnerRecord
 from .subjects import valid_token
 from .validate import validate_workload
@@ -144,9 +145,13 @@ def decode_event(data: bytes, content_type: str | None = None) -> Event:
 
     Beyond the types: a `schema_version` this build does not read is refused (EVOLUTION.md rule
     6: a breaking change is a new version, never read as v1), and so are command ids that could
-    not name a workload.
+    not name a workload. A body nested deeper than `nesting.MAX_DEPTH` is refused before any
+    decoder sees it, naming the path where the limit is crossed.
     """
     msgpack = is_msgpack(data, content_type)
+    deep = depth_error(data, msgpack=msgpack)  # before any decoder recurses into it
+    if deep is not None:
+        raise ContractError("too deeply nested", [deep])
     try:
         if msgpack:
             evt: Event = _mp_event.decode(data)
@@ -288,6 +293,9 @@ def workload_from_obj(obj: Any) -> Workload:
 
 def load_workload_yaml(text: str) -> Workload:
     """The user-facing format: YAML loaded into the same Structs, errors naming field and rule."""
+    deep = yaml_depth_error(text)  # PyYAML's composer recurses: measured on the parser's events first
+    if deep is not None:
+        raise ContractError("too deeply nested", [deep])
     try:
         obj = yaml.safe_load(text)
     except yaml.YAMLError as exc:
