@@ -258,7 +258,7 @@ class Router:
                          [ev.FieldError(path="idempotency_key", message="missing (and no Nats-Msg-Id header)")])  # fmt: skip
         # the id is the router's, from the key and the name: a client-chosen workload_id is ignored
         wid = workload_id_for(key, e.workload.metadata.name)
-        if pl.SEP in wid:  # `<pipeline>--<stage>` names a pipeline's child: never a submit's
+        if ev.is_stage_id(wid):  # `<pipeline>--<stage>` names a pipeline's child: never a submit's (docs/security.md)
             raise Reject(f"workload id {wid} contains {pl.SEP!r}, which marks a pipeline's stage",
                          [ev.FieldError(path="workload.metadata.name", message=f"must not contain {pl.SEP!r} (reserved for a pipeline's stages)")])  # fmt: skip
         if bad := node_constraint_errors(self.policy, e.workload):  # tolerations/selectors its queue does not allow
