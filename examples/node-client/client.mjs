@@ -2,13 +2,20 @@
 // using only docs/contract.md and proto/schemas/ (no gpuorch code).
 //
 //   NATS_URL=nats://127.0.0.1:4222 node client.mjs workload.json [--cancel-after running|attempt-created|submitted]
+//       [--key header|body|both|conflict] [--resend]
+//
+// --key: where the submit's idempotency key goes (contract.md, Submit): the Nats-Msg-Id header
+// (the default), `idempotency_key` in the body only, both (the same key), or both with different
+// keys (`conflict`: refused, the client expects the record saying so). --resend: once the workload
+// is `submitted`, publish the very same submit again (it must name the same workload, not a second).
 //
 // Environment: NATS_URL (default nats://127.0.0.1:4222), GPUORCH_PREFIX (default gpuorch),
 // GPUORCH_NATS_CREDS (an nkey seed file or a .creds file, when the server requires one),
 // SCHEMA_DIR (default ../../proto/schemas), TIMEOUT_S (default 120).
 // Prints one JSON line per event it sees ({"seq", "subject", "type", ...}) and a last line
 // {"result": ...}; exits 0 when the workload ended as expected (cancelled, or completed without
-// --cancel-after), 1 otherwise, 2 when the document is invalid.
+// --cancel-after; with --key conflict, the submit's `rejected` record), 1 otherwise, 2 when the
+// document is invalid or an option unknown.
 
 import { createHash, randomUUID, randomBytes } from "node:crypto";
 import fs from "node:fs";
@@ -22,8 +29,20 @@ import { fromSeed } from "nkeys.js";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const args = process.argv.slice(2);
-const file = args.find((a) => !a.startsWith("--"));
-const cancelAfter = args.includes("--cancel-after") ? args[args.indexOf("--cancel-after") + 1] : null;
+const opts = { "--cancel-after": null, "--key": "header" };
+let file = null;
+let resend = false;
+for (let i = 0; i < args.length; i++) {
+  if (args[i] in opts) opts[args[i]] = args[++i];
+  else if (args[i] === "--resend") resend = true;
+  else file = args[i];
+}
+const cancelAfter = opts["--cancel-after"];
+const KEY_FORMS = ["header", "body", "both", "conflict"];
+if (!KEY_FORMS.includes(opts["--key"])) {
+  process.stdout.write(JSON.stringify({ result: "usage", error: `--key: one of ${KEY_FORMS.join(", ")}` }) + "\n");
+  process.exit(2);
+}
 const prefix = process.env.GPUORCH_PREFIX || "gpuorch";
 const up = prefix.toUpperCase().replace(/[.-]/g, "_");
 const STREAM_EVT = `${up}_EVT`;                       // contract.md: stream GPUORCH_EVT
@@ -63,14 +82,15 @@ function authenticator() {
 }
 
 // docs/security.md: an nkey identity takes its replies on its own inbox, _INBOX.<public key>, and
-// signs each command (Gpuorch-Identity, Gpuorch-Signature over subject \n Nats-Msg-Id \n body)
+// signs each command (Gpuorch-Identity, Gpuorch-Signature over subject \n Nats-Msg-Id \n body; the
+// middle line empty when the command has no Nats-Msg-Id)
 const seed = process.env.GPUORCH_NATS_CREDS && !fs.readFileSync(process.env.GPUORCH_NATS_CREDS).includes("BEGIN NATS USER JWT")
   ? fromSeed(new TextEncoder().encode(fs.readFileSync(process.env.GPUORCH_NATS_CREDS, "utf8").trim())) : null;
 const inboxPrefix = seed ? `_INBOX.${seed.getPublicKey()}` : undefined;
 function sign(h, subject, msgId, body) {
   if (!seed) return;
   const enc = new TextEncoder();
-  const payload = Buffer.concat([enc.encode(`${subject}\n${msgId}\n`), Buffer.from(body)]);
+  const payload = Buffer.concat([enc.encode(`${subject}\n${msgId ?? ""}\n`), Buffer.from(body)]);
   h.set("Gpuorch-Identity", seed.getPublicKey());
   h.set("Gpuorch-Signature", Buffer.from(seed.sign(payload)).toString("base64"));
 }
@@ -93,40 +113,82 @@ await jsm.consumers.add(STREAM_EVT, {
 const consumer = await js.consumers.get(STREAM_EVT, consumerName);
 const messages = await consumer.consume();
 
-// 4. submit: Nats-Msg-Id is the idempotency key, traceparent the trace
+// 4. submit, with the idempotency key where --key puts it (contract.md: the Nats-Msg-Id header,
+//    `idempotency_key` in the body, or both when they are the same); traceparent the trace
+const [headerKey, bodyKey] = {
+  header: [key, null], body: [null, key], both: [key, key], conflict: [key, `${key}-other`],
+}[opts["--key"]];
 const h = headers();
-h.set("Nats-Msg-Id", key);
+if (headerKey) h.set("Nats-Msg-Id", headerKey);
 h.set("traceparent", traceparent);
-const body = jc.encode({ type: "submit", schema_version: 1, workload });
-sign(h, SUBMIT, key, body);
+const body = jc.encode({ type: "submit", schema_version: 1, workload, ...(bodyKey ? { idempotency_key: bodyKey } : {}) });
+sign(h, SUBMIT, headerKey, body);
 const ack = await js.publish(SUBMIT, body, { headers: h });
-out({ published: SUBMIT, stream: ack.stream, seq: ack.seq, workload_id: workloadId, idempotency_key: key, trace_id: traceId });
+// a refused message is answered by a `rejected` record under msg-<stream>-<seq> of its PubAck
+const recordOf = (a) => `msg-${a.stream.toLowerCase().replace(/[^a-z0-9]+/g, "-")}-${a.seq}`;
+out({ published: SUBMIT, stream: ack.stream, seq: ack.seq, workload_id: workloadId, idempotency_key: key,
+      key_in: opts["--key"], record: recordOf(ack), trace_id: traceId });
 
+const expected = opts["--key"] === "conflict" ? "rejected" : cancelAfter ? "cancelled" : "completed";
 let cancelled = false;
-let last = null;
+let resent = false;
 const seen = [];
-for await (const m of messages) {
+let finished = false;
+function finish(last) {
+  if (finished) return;
+  finished = true;
+  clearTimeout(deadline);
+  out({ result: last, expected, workload_id: workloadId, events: seen });
+  Promise.race([nc.close(), new Promise((r) => setTimeout(r, 1000))]).then(() => process.exit(last === expected ? 0 : 1));
+}
+
+function show(m) {
   const evt = jc.decode(m.data);
   const type = m.subject.split(".").pop();      // the subject ends in the event's type
-  seen.push(type);
   out({ seq: m.seq, subject: m.subject, type, schema_ok: validEvent(evt), at: evt.at, ...(evt.reason ? { reason: evt.reason } : {}),
+        ...(evt.errors?.length ? { errors: evt.errors } : {}),
         ...(evt.message ? { message: evt.message } : {}), ...(evt.cluster ? { cluster: evt.cluster } : {}) });
+  return type;
+}
+
+// 5. the submit's own record, if it was refused (it never reaches the workload's subjects)
+await jsm.consumers.add(STREAM_EVT, {
+  name: `${consumerName}-record`, ack_policy: AckPolicy.None, deliver_policy: DeliverPolicy.All,
+  filter_subject: `${prefix}.evt.${recordOf(ack)}.>`, inactive_threshold: nanos(60_000), mem_storage: true,
+});
+const records = await (await js.consumers.get(STREAM_EVT, `${consumerName}-record`)).consume();
+(async () => {
+  for await (const m of records) {
+    show(m);
+    seen.push("rejected");
+    return finish("rejected");
+  }
+})();
+
+let last = null;
+for await (const m of messages) {
+  const type = show(m);
+  seen.push(type);
   last = type;
+  if (resend && !resent && type === "submitted") {
+    // 6. the same submit again (a client that never saw its PubAck): the same workload. With a
+    //    Nats-Msg-Id, JetStream drops it (duplicate: true); with the body's key only, the router
+    //    recognises it (same key, same document) and changes nothing
+    const again = await js.publish(SUBMIT, body, { headers: h });
+    out({ republished: SUBMIT, stream: again.stream, seq: again.seq, duplicate: again.duplicate, record: recordOf(again) });
+    resent = true;
+  }
   if (!cancelled && cancelAfter && type === cancelAfter) {
-    // 5. cancel: works in every state; the workload ends `cancelled` once every attempt is confirmed gone
+    // 7. cancel: works in every state; the workload ends `cancelled` once every attempt is confirmed gone
     const ch = headers();
     ch.set("Nats-Msg-Id", `cancel-${workloadId}`);
     ch.set("traceparent", traceparent);
     const cbody = jc.encode({ type: "cancel", schema_version: 1, workload_id: workloadId, reason: "node example" });
     sign(ch, CANCEL, `cancel-${workloadId}`, cbody);
     const cack = await js.publish(CANCEL, cbody, { headers: ch });
-    out({ published: CANCEL, stream: cack.stream, seq: cack.seq, record: `msg-${cack.stream.toLowerCase().replace(/[^a-z0-9]+/g, "-")}-${cack.seq}` });
+    out({ published: CANCEL, stream: cack.stream, seq: cack.seq, record: recordOf(cack) });
     cancelled = true;
   }
   if (TERMINAL.has(type)) break;
 }
-clearTimeout(deadline);
-const expected = cancelAfter ? "cancelled" : "completed";
-out({ result: last, expected, workload_id: workloadId, events: seen });
-await Promise.race([nc.close(), new Promise((r) => setTimeout(r, 1000))]);
-process.exit(last === expected ? 0 : 1);
+finish(last);

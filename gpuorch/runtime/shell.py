@@ -52,9 +52,20 @@ from opentelemetry.trace import Span, Status, StatusCode
 
 from gpuorch.config import Tuning
 from gpuorch.observe import metrics
-from gpuorch_proto import Base, ContractError, Event, FieldError, Names, encode, type_tag, workload_id_for
+from gpuorch_proto import (
+    Base,
+    ContractError,
+    Event,
+    FieldError,
+    Names,
+    encode,
+    idempotency_key,
+    type_tag,
+    workload_id_for,
+)
 from gpuorch_proto.codec import decode_event, is_msgpack
 from gpuorch_proto.events import Cancel, Rejected, Submit, message_ref
+from gpuorch_proto.nesting import depth_error
 from gpuorch_proto.subjects import valid_token
 
 from . import heap, logs, telemetry
@@ -772,7 +783,9 @@ class _Worker:
     ) -> None:
         span.set_status(Status(StatusCode.ERROR, "ContractError"))
         ref = message_ref(stream, seq)
-        claimed = claimed or _claimed_workload_id(msg.data, headers, msg_id)
+        raw = _raw_mapping(msg.data, headers)
+        claimed = claimed or _claimed_workload_id(raw, msg_id)
+        key = _message_key(raw, msg_id)
         rejected = Rejected(
             event_id=rejection_event_id(stream, seq),
             workload_id=ref,
@@ -782,7 +795,7 @@ class _Worker:
             source_subject=_clip(msg.subject, MAX_SUBJECT),
             source_sequence=seq,
             source_stream=stream,
-            idempotency_key=_clip(msg_id, MAX_KEY) if msg_id else None,
+            idempotency_key=_clip(key, MAX_KEY) if key else None,
             claimed_workload_id=claimed,
         )
         if not await self._record_then_term(msg, rejected, ctx, "msg.reject_publish_failed"):
@@ -812,7 +825,9 @@ class _Worker:
             log.error(logs.MSG_DEAD_LETTERED, reason=reason, republished=False)
             return
         ref = message_ref(stream, seq)
-        claimed = _workload_id_for_event(event) or _claimed_workload_id(msg.data, headers, msg_id)
+        raw = _raw_mapping(msg.data, headers)
+        claimed = _workload_id_for_event(event, msg_id) or _claimed_workload_id(raw, msg_id)
+        key = _message_key(raw, msg_id)
         rejected = Rejected(
             event_id=dead_letter_event_id(stream, seq, self.durable),
             workload_id=ref,
@@ -821,7 +836,7 @@ class _Worker:
             source_subject=_clip(msg.subject, MAX_SUBJECT),
             source_sequence=seq,
             source_stream=stream,
-            idempotency_key=_clip(msg_id, MAX_KEY) if msg_id else None,
+            idempotency_key=_clip(key, MAX_KEY) if key else None,
             claimed_workload_id=claimed,
         )
         if not await self._record_then_term(msg, rejected, ctx, "msg.dead_letter_publish_failed"):
@@ -922,45 +937,55 @@ def _try_decode(data: bytes, headers: dict[str, str]) -> Event | None:
         return None
 
 
-def _workload_id_for_event(event: Event | None) -> str | None:
+def _workload_id_for_event(event: Event | None, msg_id: str | None) -> str | None:
     if event is None:
         return None
     if event.workload_id and valid_token(event.workload_id):
         return event.workload_id
     if isinstance(event, Submit):
-        key = event.idempotency_key
+        key = idempotency_key(msg_id, event.idempotency_key)
         if key:
             return workload_id_for(key, event.workload.metadata.name)
     return None
 
 
-def _claimed_workload_id(data: bytes, headers: dict[str, str], msg_id: str | None) -> str | None:
+def _message_key(raw: dict[str, Any] | None, msg_id: str | None) -> str | None:
+    """The message's idempotency key as the router takes it (`gpuorch_proto.idempotency_key`):
+    the `Nats-Msg-Id` header, else a string `idempotency_key` in the raw body. A refused message's
+    record carries it, so a client that put its key in the body finds its answer too."""
+    body_key = raw.get("idempotency_key") if raw else None
+    return idempotency_key(msg_id, body_key if isinstance(body_key, str) else None)
+
+
+def _claimed_workload_id(raw: dict[str, Any] | None, msg_id: str | None) -> str | None:
     """The workload a message that is being rejected names, for information only.
 
     A `workload_id` in the raw body (if it is a valid token) wins; else the id the router would
-    derive from the idempotency key (`Nats-Msg-Id`) and `metadata.name`; else None. The rejection
+    derive from the idempotency key (`_message_key`) and `metadata.name`; else None. The rejection
     is never published under it: it is the message's record, not that workload's.
     """
-    raw = _raw_mapping(data, headers)
     wid = raw.get("workload_id") if raw else None
     if isinstance(wid, str) and wid and valid_token(wid):
         return wid
-    if msg_id:
+    key = _message_key(raw, msg_id)
+    if key:
         name = "wl"
         wl = raw.get("workload") if raw else None
         meta = (wl if isinstance(wl, dict) else raw or {}).get("metadata")
         if isinstance(meta, dict) and isinstance(meta.get("name"), str) and meta["name"]:
             name = meta["name"]
-        return workload_id_for(msg_id, name)
+        return workload_id_for(key, name)
     return None
 
 
 def _raw_mapping(data: bytes, headers: dict[str, str]) -> dict[str, Any] | None:
+    """The body as plain data, for what a rejection's record says of it; None when it is not a
+    mapping, or nests too deeply to decode (`gpuorch_proto.nesting`: decoders recurse)."""
+    msgpack = is_msgpack(data, headers.get(CONTENT_TYPE))
+    if depth_error(data, msgpack=msgpack) is not None:
+        return None
     try:
-        if is_msgpack(data, headers.get(CONTENT_TYPE)):
-            obj = msgspec.msgpack.decode(data)
-        else:
-            obj = json.loads(data)
+        obj = msgspec.msgpack.decode(data) if msgpack else json.loads(data)
     except Exception:
         return None
     return obj if isinstance(obj, dict) else None

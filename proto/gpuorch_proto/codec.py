@@ -12,6 +12,7 @@ import yaml
 
 from .events import MESSAGE_REF_PREFIX, Base, Cancel, Event, FieldError, Submit
 from .inventory import ClusterSnapshot
+from .nesting import depth_error, yaml_depth_error
 from .state import FenceRecord, InstanceLease, OwnerRecord
 from .subjects import valid_token
 from .validate import validate_workload
@@ -144,9 +145,13 @@ def decode_event(data: bytes, content_type: str | None = None) -> Event:
 
     Beyond the types: a `schema_version` this build does not read is refused (EVOLUTION.md rule
     6: a breaking change is a new version, never read as v1), and so are command ids that could
-    not name a workload.
+    not name a workload. A body nested deeper than `nesting.MAX_DEPTH` is refused before any
+    decoder sees it, naming the path where the limit is crossed.
     """
     msgpack = is_msgpack(data, content_type)
+    deep = depth_error(data, msgpack=msgpack)  # before any decoder recurses into it
+    if deep is not None:
+        raise ContractError("too deeply nested", [deep])
     try:
         if msgpack:
             evt: Event = _mp_event.decode(data)
@@ -288,6 +293,9 @@ def workload_from_obj(obj: Any) -> Workload:
 
 def load_workload_yaml(text: str) -> Workload:
     """The user-facing format: YAML loaded into the same Structs, errors naming field and rule."""
+    deep = yaml_depth_error(text)  # PyYAML's composer recurses: measured on the parser's events first
+    if deep is not None:
+        raise ContractError("too deeply nested", [deep])
     try:
         obj = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -302,6 +310,29 @@ def workload_to_builtins(wl: Workload) -> Any:
 def slug(name: str) -> str:
     s = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")
     return s[:30].strip("-") or "wl"
+
+
+def idempotency_key(msg_id: str | None, body_key: str | None) -> str | None:
+    """A submit's idempotency key (docs/contract.md, Submit): its `Nats-Msg-Id` header, else the
+    body's `idempotency_key`; None when it has neither. Both are allowed only when they are the
+    same (`key_conflict`)."""
+    return msg_id or body_key or None
+
+
+MAX_KEY_SHOWN = 100  # characters of a key an error message repeats
+
+
+def key_conflict(msg_id: str | None, body_key: str | None) -> FieldError | None:
+    """Why a submit's two keys cannot both stand (None: they can): a `Nats-Msg-Id` header and a
+    body `idempotency_key` that differ would name two workloads (JetStream would deduplicate by
+    one, the router by the other), so the submit is refused rather than one silently winning."""
+    if not msg_id or not body_key or msg_id == body_key:
+        return None
+    return FieldError(
+        path="idempotency_key",
+        message=f"the body's idempotency_key {body_key[:MAX_KEY_SHOWN]!r} differs from the Nats-Msg-Id header "
+        f"{msg_id[:MAX_KEY_SHOWN]!r}: send the key in one of them, or the same key in both",
+    )
 
 
 def workload_id_for(idempotency_key: str, name: str = "wl") -> str:

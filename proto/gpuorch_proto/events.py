@@ -420,6 +420,17 @@ TERMINAL_TYPES = frozenset({"completed", "cancelled", "workload-failed", "reject
 TERMINAL_STATUSES = frozenset({"completed", "cancelled", "failed", "rejected"})
 
 
+#: Between a pipeline's id and a stage's name in the stage's workload id, `<pipeline>--<stage>`
+#: (the router's `pipeline.child_id`). Only the router's expansion of a pipeline makes such ids (it
+#: refuses a submit whose id would contain it), so a workload whose id contains it is a stage.
+STAGE_SEP = "--"
+
+
+def is_stage_id(workload_id: str) -> bool:
+    """Is this the id of a pipeline's stage (`STAGE_SEP`)? What the router may cancel (docs/security.md)."""
+    return STAGE_SEP in workload_id
+
+
 MESSAGE_REF_PREFIX = "msg-"
 _REF_TOKEN = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 

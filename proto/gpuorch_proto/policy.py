@@ -18,6 +18,7 @@ import msgspec.inspect
 import yaml
 
 from .events import FieldError
+from .nesting import yaml_depth_error
 from .workload import Limits, Requirements, Workload
 
 DEFAULT_QUEUE = "default"
@@ -108,6 +109,8 @@ def policy_from_obj(obj: Any) -> AdmissionPolicy:
 
 
 def load_policy_yaml(text: str) -> AdmissionPolicy:
+    if (deep := yaml_depth_error(text)) is not None:  # PyYAML's composer recurses (gpuorch_proto.nesting)
+        raise PolicyError([deep])
     return policy_from_obj(yaml.safe_load(text) or {})
 
 

@@ -372,6 +372,47 @@ async def test_poison_messages_never_stop_the_loop(js: JetStreamContext, names: 
     assert sorted(r.idempotency_key or "" for r in await rejected_events(js, names)) == ["p-1", "p-2", "p-3"]
 
 
+async def test_deeply_nested_submits_are_refused_with_the_limit_and_the_path_and_the_loop_goes_on(
+    js: JetStreamContext, names: Names
+) -> None:
+    """Issue 27: 40 submits with deeply nested fields each got "undecodable message $:
+    RecursionError: maximum recursion depth exceeded". Each is refused with the depth limit and
+    the field path where it was crossed (JSON, and msgpack), its key on the record, and the next
+    message is handled."""
+    from gpuorch_proto.nesting import MAX_DEPTH
+
+    good = json.loads(submit_json(name="after"))
+    acks = []
+    for i in range(40):
+        levels = (40, 500, 5_000, 50_000)[i % 4]
+        labels = b'{"a": ' * levels + b"1" + b"}" * levels
+        body = submit_json(name=f"deep-{i}").replace(b'"owner": "team-a"', b'"owner": "team-a", "labels": ' + labels)
+        if i % 5 == 4:  # the same document as msgpack: its header bytes walked, not recursed into
+            doc = json.loads(submit_json(name=f"deep-{i}"))
+            doc["workload"]["metadata"]["labels"] = "here"
+            body = msgspec.msgpack.encode(doc).replace(b"\xa4here", b"\x81\xa1a" * levels + b"\x01")
+        acks.append(await publish_raw(js, names.cmd_submit, body, msg_id=f"deep-{i}"))
+    await publish_raw(js, names.cmd_submit, json.dumps(good).encode(), msg_id="after-1")
+    rec = Recorder()
+    async with running_consumer(js, names, rec) as task:
+        await assert_eventually(lambda: count(js, names.stream_evt, names.evt(workload_id_for("after-1", "after"), "submitted")))
+        rejected = await assert_eventually(lambda: _when(rejected_events(js, names), lambda r: len(r) == 40))
+        assert not task.done()
+    assert [c.msg_id for c in rec.calls] == ["after-1"]
+    by_key = {r.idempotency_key: r for r in rejected}
+    assert sorted(by_key) == sorted(f"deep-{i}" for i in range(40))
+    for i, ack in enumerate(acks):
+        r = by_key[f"deep-{i}"]
+        assert r.source_sequence == ack.seq
+        assert r.reason == "too deeply nested", r.reason
+        [err] = r.errors
+        assert err.path == "workload.metadata.labels" + ".a" * (MAX_DEPTH - 3), err.path
+        assert f"nested more than {MAX_DEPTH} levels deep" in err.message, err.message
+        assert "Recursion" not in r.reason + err.message
+    info = await js.consumer_info(names.stream_cmd, names.durable("test", "test"))
+    assert info.num_redelivered == 0  # each terminated at once, none retried
+
+
 async def test_redelivered_poison_republishes_the_same_rejection(js: JetStreamContext, names: Names) -> None:
     """Rejection ids are deterministic: handling the same bad input twice records it once."""
     ack = await publish_raw(js, names.cmd_submit, submit_json(gpus=0.5), msg_id="twice")

@@ -489,3 +489,26 @@ async def test_a_cancel_by_an_identity_that_may_not_use_the_owner_is_refused(sys
 
         rej = await assert_eventually(refused, timeout=30)
         assert "may not cancel" in rej.reason and rej.claimed_workload_id == victim, rej
+
+
+async def test_a_cancel_by_the_router_of_a_workload_that_is_no_pipelines_stage_is_refused(system: System, actors: dict[str, Actor], client: Client, victim: str, unchanged: None) -> None:
+    """docs/security.md: the router may cancel the stages of a pipeline it expanded, and nothing
+    else. As a compromised router would: a cancel of the victim (a plain workload), signed with
+    the router's own seed and published on `cmd.cancel`, which the router may publish on. The
+    dispatcher refuses it with a record; the victim runs on (`unchanged`)."""
+    names = system.settings.names
+    body = encode(ev.Cancel(workload_id=victim, reason="a compromised router wants the GPUs", at=time.time()))
+    msg_id = f"router-cancel-{uuid.uuid4().hex[:10]}"  # (not `cancel-<victim>`: another test's cancel may hold that id)
+    signed = sign_headers(system.creds("router").read_text(), names.cmd_cancel, msg_id, body)
+    ack = await actors["router"].js.publish(names.cmd_cancel, body, headers={"Nats-Msg-Id": msg_id, **signed})
+    ref = ev.message_ref(ack.stream, ack.seq)
+
+    async def refused() -> ev.Rejected:
+        if done := [ev.type_tag(e) for _, e in await client.events(victim) if isinstance(e, (ev.CancelRequested, ev.Cancelled))]:
+            pytest.fail(f"the router's cancel of a workload that is no pipeline's stage was carried out: {done}")
+        found = [e for _, e in await client.events(ref) if isinstance(e, ev.Rejected)]
+        assert found, f"no record under {ref}"
+        return found[0]
+
+    rej = await assert_eventually(refused, timeout=30)
+    assert "'router' may not cancel" in rej.reason and "stage" in rej.reason and rej.claimed_workload_id == victim, rej

@@ -14,11 +14,11 @@ from gpuorch.runtime.natsembed import find_nats_server
 from gpuorch.security import EVENT_PUBLISHERS, ROLES, durables, generate, permissions
 from gpuorch.security.bundle import main as bundle_main
 from gpuorch.security.bundle import new_seed, public_key_of
-from gpuorch.security.identity import Unauthenticated, Verifier, sign_headers
+from gpuorch.security.identity import Unauthenticated, Verifier, cancel_refusal, sign_headers
 from gpuorch.security.model import REJECTION_PUBLISHERS
 from gpuorch.security.receive import trusted_snapshot
 from gpuorch_fencer import core as fencer
-from gpuorch_proto import ClusterRegistryEntry, ClusterSnapshot, Event, Names, type_tag
+from gpuorch_proto import ClusterRegistryEntry, ClusterSnapshot, Event, Names, encode, type_tag
 from gpuorch_proto import events as ev
 from gpuorch_proto.inventory import QueueInfo, QueueRegistry
 
@@ -115,19 +115,27 @@ def test_signed_commands_name_their_sender_and_nothing_else_passes() -> None:
     h = sign_headers(seed, "gpuorch.cmd.submit", "k1", b"body")
     caller = v.caller("gpuorch.cmd.submit", "k1", h, b"body")
     assert caller.identity == "ci" and caller.may_submit_as("team-a") and not caller.may_submit_as("team-b")
-    assert not caller.may_cancel("team-b") and caller.may_cancel("team-a")
-    assert v.caller("gpuorch.cmd.cancel", "c", sign_headers(other, "gpuorch.cmd.cancel", "c", b"x"), b"x").may_cancel("anyone")
+    assert not caller.may_cancel("team-b", "w-1") and caller.may_cancel("team-a", "w-1")
+    assert v.caller("gpuorch.cmd.cancel", "c", sign_headers(other, "gpuorch.cmd.cancel", "c", b"x"), b"x").may_cancel("anyone", "w-1")
     for subject, key, body, headers, why in [
         ("gpuorch.cmd.submit", "k1", b"other body", h, "does not match"),
         ("gpuorch.cmd.cancel", "k1", b"body", h, "does not match"),
         ("gpuorch.cmd.submit", "k2", b"body", h, "does not match"),
         ("gpuorch.cmd.submit", "k1", b"body", {}, "unsigned"),
-        ("gpuorch.cmd.submit", None, b"body", h, "Nats-Msg-Id"),
+        ("gpuorch.cmd.submit", None, b"body", h, "does not match"),  # the header taken off: not what was signed
         ("gpuorch.cmd.submit", "k1", b"body", sign_headers(new_seed(), "gpuorch.cmd.submit", "k1", b"body"), "unknown identity"),
         ("gpuorch.cmd.submit", "k1", b"body", {**h, "Gpuorch-Identity": public_key_of(other)}, "does not match"),
     ]:
         with pytest.raises(Unauthenticated, match=why):
             v.caller(subject, key, headers, body)
+    # a submit whose key is in the body only (docs/contract.md): signed with an empty Nats-Msg-Id
+    # line, the body (and so its key) under the signature; adding a header is not what was signed
+    keyed = b'{"type": "submit", "idempotency_key": "k3"}'
+    hb = sign_headers(seed, "gpuorch.cmd.submit", None, keyed)
+    assert v.caller("gpuorch.cmd.submit", None, hb, keyed).identity == "ci"
+    for key, body in [("k3", keyed), (None, keyed.replace(b"k3", b"k4"))]:
+        with pytest.raises(Unauthenticated, match="does not match"):
+            v.caller("gpuorch.cmd.submit", key, hb, body)
 
 
 def _snap(cluster: str, **kw: object) -> ClusterSnapshot:
@@ -232,3 +240,26 @@ def test_each_snapshot_owner_writes_only_its_own_snapshot_keys() -> None:
             continue
         writes = [r for r in allowed(role) if r.startswith(f"$KV.{N.kv_snapshots}.")]
         assert writes == ([f"$KV.{N.kv_snapshots}.{role}.>"] if role in ("router", "dispatcher", "fencer") else []), role
+
+
+def test_the_router_may_cancel_a_pipelines_stages_and_nothing_else() -> None:
+    """docs/security.md: the role `router` cancels the stages of a pipeline it expanded
+    (`<pipeline>--<stage>`, ids only its expansion makes), never any other workload; the workload
+    is the one the signed body names, the refusal says why. Other roles as before."""
+    router, client, admin = new_seed(), new_seed(), new_seed()
+    v = Verifier({"router": {"role": "router", "public_key": public_key_of(router), "owners": []},
+                  "ci": {"role": "client", "public_key": public_key_of(client), "owners": ["team-a"]},
+                  "ops": {"role": "admin", "public_key": public_key_of(admin), "owners": []}})  # fmt: skip
+
+    def refusal(seed: str, wid: str, owner: str = "team-a") -> str | None:
+        body = encode(ev.Cancel(workload_id=wid, at=1.0))
+        return cancel_refusal(v, "gpuorch.cmd.cancel", "c", sign_headers(seed, "gpuorch.cmd.cancel", "c", body), body, owner)
+
+    assert refusal(router, "sweep-3f2a9c01d4--t0007") is None
+    assert refusal(router, "etl-3f2a9c01d4--train-0123456789ab") is None
+    for wid in ("train-3f2a9c01d4", "sweep-3f2a9c01d4"):  # a plain workload, a pipeline itself
+        why = refusal(router, wid)
+        assert why is not None and "'router' may not cancel workload" in why and "stages of a pipeline" in why, why
+    assert refusal(client, "train-3f2a9c01d4") is None and refusal(client, "sweep-3f2a9c01d4--t0007") is None
+    assert "may not cancel a workload of owner 'team-b'" in str(refusal(client, "sweep-3f2a9c01d4--t0007", "team-b"))
+    assert refusal(admin, "train-3f2a9c01d4", "anyone") is None

@@ -333,10 +333,16 @@ MUTANTS: dict[str, Mutant] = {
         (ATTACKS + "test_a_submit_as_an_owner_the_identity_may_not_use_is_refused",),
     ),
     "cancel-by-anyone": Mutant(
-        "a cancel only by the admin, the router, or an identity that may use the owner",
+        "a cancel only by the admin, the router (a pipeline's stages), or an identity that may use the owner",
         ("dispatcher",),
         (("gpuorch.security.identity", "Caller.may_cancel", _always(True)),),
         (ATTACKS + "test_a_cancel_by_an_identity_that_may_not_use_the_owner_is_refused",),
+    ),
+    "router-cancels-any": Mutant(
+        "the router cancels only the stages of a pipeline (`<pipeline>--<stage>`), no other workload",
+        ("dispatcher",),
+        (("gpuorch.security.identity", "is_stage_id", _always(True)),),
+        (ATTACKS + "test_a_cancel_by_the_router_of_a_workload_that_is_no_pipelines_stage_is_refused",),
     ),
     # what a workload may ask for
     "tolerations-unchecked": Mutant(

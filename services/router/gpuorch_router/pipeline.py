@@ -47,7 +47,7 @@ from gpuorch_proto.workload import DatasetInput, Limits, Metadata, ParamValue, S
 
 from . import fairshare
 
-SEP = "--"  # between a pipeline's id and a child's stage: `<pipeline>--<stage>`
+SEP = ev.STAGE_SEP  # between a pipeline's id and a child's stage: `<pipeline>--<stage>`
 LABEL_PIPELINE = "gpuorch.io/pipeline"
 LABEL_STAGE = "gpuorch.io/stage"
 LABEL_TRIAL = "gpuorch.io/trial"

@@ -38,6 +38,8 @@ from gpuorch_proto import (
     decode_snapshot,
     encode,
     event_id,
+    idempotency_key,
+    key_conflict,
     workload_id_for,
 )
 from gpuorch_proto import events as ev
@@ -247,14 +249,16 @@ class Router:
             return []
         if (big := body_size_error(len(msg.data))) is not None:  # its `submitted` must fit in one message
             raise Reject(f"submit refused: {big.message}", [big])
-        identity = self.authorize_submit(msg, e)
-        key = msg.msg_id or e.idempotency_key
+        identity = self.authorize_submit(msg, e)  # the signature covers both places a key may be
+        if (conflict := key_conflict(msg.msg_id, e.idempotency_key)) is not None:
+            raise Reject(f"submit refused: {conflict.message}", [conflict])
+        key = idempotency_key(msg.msg_id, e.idempotency_key)
         if not key:  # a retried submit without one would be a second workload
             raise Reject("a submit needs an idempotency key: a Nats-Msg-Id header or idempotency_key in the body",
                          [ev.FieldError(path="idempotency_key", message="missing (and no Nats-Msg-Id header)")])  # fmt: skip
         # the id is the router's, from the key and the name: a client-chosen workload_id is ignored
         wid = workload_id_for(key, e.workload.metadata.name)
-        if pl.SEP in wid:  # `<pipeline>--<stage>` names a pipeline's child: never a submit's
+        if ev.is_stage_id(wid):  # `<pipeline>--<stage>` names a pipeline's child: never a submit's (docs/security.md)
             raise Reject(f"workload id {wid} contains {pl.SEP!r}, which marks a pipeline's stage",
                          [ev.FieldError(path="workload.metadata.name", message=f"must not contain {pl.SEP!r} (reserved for a pipeline's stages)")])  # fmt: skip
         if bad := node_constraint_errors(self.policy, e.workload):  # tolerations/selectors its queue does not allow
