@@ -29,6 +29,7 @@ ReasonCode = Literal[
     "SHARING",
     "PINNED_ELSEWHERE",
     "GANG_SPLIT",
+    "GPU_SHARED",  # whole GPUs asked for; the node's are time-sliced, MPS-shared or MIG slices
 ]
 
 Outcome = Literal["routed", "waiting", "rejected"]

@@ -126,9 +126,26 @@ def test_not_ready_and_cordoned_nodes_offer_nothing_free():
         ({"nvidia.com/mig.strategy": "none"}, []),
         ({"nvidia.com/gpu.sharing-strategy": "time-slicing"}, ["time-slicing"]),
         ({"nvidia.com/gpu.sharing-strategy": "mps"}, ["mps"]),
-        ({"nvidia.com/mig.strategy": "mixed", "nvidia.com/gpu.sharing-strategy": "time-slicing"}, ["mig", "time-slicing"]),
+        ({"nvidia.com/gpu.sharing-strategy": "none", "nvidia.com/gpu.replicas": "1"}, []),
+        ({"nvidia.com/mig.strategy": "single", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"}, ["mig", "mig:1g.5gb"]),
+        ({"nvidia.com/mig.strategy": "single", "nvidia.com/gpu.product": "A100-SXM4-40GB-MIG-3g.20gb"}, ["mig", "mig:3g.20gb"]),
+        # mixed: nvidia.com/gpu is the GPUs left whole; the slices are nvidia.com/mig-<profile> resources
+        ({"nvidia.com/mig.strategy": "mixed", "nvidia.com/mig-1g.5gb.count": "14"}, []),
+        ({"nvidia.com/mig.strategy": "mixed", "nvidia.com/gpu.sharing-strategy": "time-slicing"}, ["time-slicing"]),
+        (
+            {
+                "nvidia.com/mig.strategy": "single",
+                "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb",
+                "nvidia.com/gpu.sharing-strategy": "time-slicing",
+            },
+            ["mig", "mig:1g.10gb", "time-slicing"],
+        ),
     ],
-    ids=["plain", "mig-single", "mig-none-is-not-mig", "time-slicing", "mps", "mig-and-time-slicing"],
+    ids=[
+        "plain", "mig-single", "mig-none-is-not-mig", "time-slicing", "mps", "sharing-none",
+        "mig-single-profile-from-product", "mig-single-profile-without-vendor", "mig-mixed-gpus-are-whole",
+        "mig-mixed-and-time-slicing", "mig-single-and-time-slicing",
+    ],
 )
 def test_sharing_mechanisms_from_gfd_labels(labels, sharing):
     assert node_of(snap([make_node("g", labels=labels)], []), "g").sharing == sharing

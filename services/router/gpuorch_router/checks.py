@@ -3,8 +3,8 @@
 Reference implementation, no memoisation. Three groups, in the order a verdict lists them:
 
 * **node checks** (:func:`node_checks`): a filter chain over the index's node classes in
-  ``condor_q -better-analyze`` style: POOL, NODE_SELECTOR, TAINTS, GPU_MODEL, GPU_MEMORY, SHARING
-  (:func:`node_filter`), CPU_MEMORY (:func:`cpu_memory_step`), then GPU_SHAPE, GANG_SPLIT and
+  ``condor_q -better-analyze`` style: POOL, NODE_SELECTOR, TAINTS, GPU_MODEL, GPU_MEMORY, SHARING,
+  GPU_SHARED (:func:`node_filter`), CPU_MEMORY (:func:`cpu_memory_step`), then GPU_SHAPE, GANG_SPLIT and
   GPU_CAPACITY (:func:`shape_checks`). Each check sees the classes earlier checks left;
 * **registry checks** (:func:`registry_checks`): CONNECTIONS, CREDENTIALS, ARTIFACT_STORE,
   INPUT_DATA (with the data staging of :func:`data_staging`), CHECKPOINT (writing checkpoints is
@@ -24,7 +24,7 @@ from typing import Final
 
 from gpuorch_proto.inventory import Taint
 from gpuorch_proto.kubesem import untolerated_taints
-from gpuorch_proto.placement import accelerator_matches, gpu_memory_floor_mib
+from gpuorch_proto.placement import accelerator_matches, gpu_memory_floor_mib, sharing_ok
 from gpuorch_proto.resume import ResumeVerdict, can_resume
 from gpuorch_proto.routing import Check, ReasonCode
 from gpuorch_proto.units import format_duration
@@ -49,6 +49,8 @@ __all__ = [
     "registry_checks",
     "resume_verdict",
     "shape_checks",
+    "shared_as",
+    "sharing_steps",
 ]
 
 
@@ -144,7 +146,7 @@ def untolerated(d: Demand, c: NodeClass) -> list[Taint]:
 
 
 def node_filter(chain: Chain, d: Demand) -> None:
-    """POOL .. SHARING: the node checks that read the node classes and these demand fields only:
+    """POOL .. GPU_SHARED: the node checks that read the node classes and these demand fields only:
     pools, selector, tolerations, whether a GPU is wanted, accelerators, GPU memory, sharing."""
     if d.pools:
         pools = sorted(d.pools)
@@ -215,34 +217,68 @@ def node_filter(chain: Chain, d: Demand) -> None:
             )
         else:
             chain.checks.append(ok("GPU_MEMORY", "no minimum GPU memory"))
+    sharing_steps(chain, d)
+
+
+def shared_as(c: NodeClass) -> str:
+    """How a class's GPUs are shared, in words ("time-sliced", "MIG slices (1g.5gb)"); "" if not."""
+    words = []
+    if "mig" in c.sharing:
+        profiles = sorted(s.split(":", 1)[1] for s in c.sharing if s.startswith("mig:"))
+        words.append(f"MIG slices ({', '.join(profiles)})" if profiles else "MIG slices")
+    if "mps" in c.sharing:
+        words.append("shared by MPS")
+    if "time-slicing" in c.sharing:
+        words.append("time-sliced")
+    return " and ".join(words)
+
+
+def sharing_steps(chain: Chain, d: Demand) -> None:
+    """SHARING (a workload naming a mechanism, or a fractional one) and GPU_SHARED (a workload
+    asking for whole GPUs): one rule, :func:`gpuorch_proto.placement.sharing_ok`, which the Job's
+    constraints state as labels. A shared GPU serves only a workload that names its sharing."""
+    if d.per_worker == 0:
+        chain.checks.append(ok("SHARING", "no GPU requested"))
+        chain.checks.append(ok("GPU_SHARED", "no GPU requested"))
+        return
     if d.sharing is not None:
-        mech = d.sharing.mechanism
-        profile = d.sharing.profile
-        names = {mech} | ({f"{mech}:{profile}"} if profile else set())
-        what = f"{mech} ({profile})" if profile else mech
-
-        def offers(c: NodeClass) -> bool:
-            if not (c.sharing & names):
-                return False
-            # a node that lists profiles for this mechanism must list the wanted one
-            specific = [s for s in c.sharing if s.startswith(mech + ":")]
-            return not (profile and specific and f"{mech}:{profile}" not in c.sharing)
-
+        sharing = d.sharing
+        what = f"{sharing.mechanism} ({sharing.profile})" if sharing.profile else sharing.mechanism
         chain.step(
             "SHARING",
-            offers,
+            lambda c: sharing_ok(sharing, c.sharing),
             lambda p, b: f"{count_nodes(p)} of {count_nodes(b)} nodes offer {what} for {d.gpus:g} GPU per worker",
             lambda b: (
                 f"{d.gpus:g} GPU per worker needs {what}; offered here: "
                 + _summary_of(b, lambda c: "/".join(sorted(c.sharing)) or "no sharing")
             ),
         )
-    elif d.fractional:
-        chain.checks.append(
-            fail("SHARING", f"{d.gpus:g} GPUs per worker is not whole and names no sharing mechanism")
+        chain.checks.append(ok("GPU_SHARED", f"shared GPUs wanted: the workload names {what}"))
+        return
+    if d.fractional:
+        chain.step(  # no node serves it: leaves none
+            "SHARING",
+            lambda c: False,
+            lambda p, b: "",
+            lambda b: f"{d.gpus:g} GPUs per worker is not whole and names no sharing mechanism",
         )
-    else:
-        chain.checks.append(ok("SHARING", "whole GPUs: no sharing needed"))
+        chain.checks.append(ok("GPU_SHARED", "not judged: a fraction of a GPU is not a whole GPU (see SHARING)"))
+        return
+    chain.checks.append(ok("SHARING", "whole GPUs: no sharing needed"))
+
+    def shared_here(b: Sequence[NodeClass]) -> str:
+        kinds = sorted({shared_as(c) or "/".join(sorted(c.sharing)) for c in b if c.sharing})
+        return (
+            f"{' / '.join(kinds)}, the workload asks for whole GPUs; shared here: "
+            + _summary_of([c for c in b if c.sharing], lambda c: c.product or "no GPU")
+        )
+
+    chain.step(
+        "GPU_SHARED",
+        lambda c: sharing_ok(None, c.sharing),
+        lambda p, b: f"{count_nodes(p)} of {count_nodes(b)} nodes have whole GPUs (not time-sliced, MPS or MIG)",
+        shared_here,
+    )
 
 
 def cpu_memory_step(chain: Chain, d: Demand, cpu_reported: bool) -> None:

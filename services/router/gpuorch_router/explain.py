@@ -54,6 +54,11 @@ HINTS: Final[Mapping[ReasonCode, tuple[str, str]]] = {
     "SHARING": ("", "request whole GPUs, or use a cluster that offers the sharing mechanism"),
     "PINNED_ELSEWHERE": ("", "remove spec.queue to let the router choose"),
     "GANG_SPLIT": ("", "fewer workers: a gang never spans clusters"),
+    "GPU_SHARED": (
+        "",
+        "name the sharing mechanism in resources.sharing (time-slicing, mps, or mig with its profile) "
+        "to accept a share of a GPU, or use a cluster with whole GPUs",
+    ),
 }
 
 _TERMS: tuple[tuple[str, str], ...] = (

@@ -15,7 +15,7 @@ from typing import Final
 
 from gpuorch_proto.inventory import ClusterSnapshot, NodeInfo, QueueInfo, Taint
 from gpuorch_proto.kubesem import BLOCKING_EFFECTS
-from gpuorch_proto.placement import LABEL_GPU_COUNT
+from gpuorch_proto.placement import LABEL_GPU_COUNT, LABEL_MIG_STRATEGY
 
 __all__ = ["VOLATILE_LABELS", "NodeClass", "SnapshotIndex", "installed_gpus", "node_classes", "plural"]
 
@@ -56,7 +56,11 @@ def installed_gpus(node: NodeInfo) -> int:
 
     The shape a cluster can ever hold is judged on installed GPUs; a node whose device plugin
     currently reports none (maintenance, a failing GPU) is lost capacity, not a smaller node.
+    Under the ``mixed`` MIG strategy the count includes the GPUs split into MIG slices, which are
+    not ``nvidia.com/gpu``: there the allocatable whole GPUs are what the node has.
     """
+    if node.labels.get(LABEL_MIG_STRATEGY) == "mixed":
+        return node.gpus_allocatable
     try:
         return max(node.gpus_allocatable, int(node.labels.get(LABEL_GPU_COUNT, "0")))
     except ValueError:
