@@ -36,8 +36,8 @@ the group's probe interval, so a healed cluster is watched again within one inte
 
 A :class:`ClusterInformers` group also runs a **liveness probe** (a ``/version`` call with a
 short timeout) on its own timer: at once and then every ``probe_interval`` while the cluster is
-suspected (its latest call failed), and whenever nothing answered for ``probe_interval`` (a
-quiet watch says nothing until it ends). Its outcome is a fact like any other: any answer from
+suspected (its latest call failed), and, for the dispatcher (``heartbeat``), whenever nothing
+answered for ``probe_interval`` (a quiet watch says nothing until it ends). Its outcome is a fact like any other: any answer from
 the cluster, watch or probe, is contact. So "silent" is decided on evidence of silence *now*,
 not on a retry that is not due yet (issue 27). The dispatcher folds these facts with
 ``core.contact``/``silence`` (its rule for "lost"); inventory marks a cluster unreachable while
@@ -448,6 +448,7 @@ class ClusterInformers:
         *,
         probe: ProbeFn | None = None,
         probe_interval: float = PROBE_INTERVAL,
+        heartbeat: bool = True,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.cluster = cluster
@@ -460,6 +461,9 @@ class ClusterInformers:
         self.error = ""  # why the latest call failed
         self.probe = probe
         self.probe_interval = probe_interval
+        #: also probe a healthy cluster that was quiet for an interval (the dispatcher, whose loss
+        #: rule needs it); without, only a suspected one (inventory, the fencer)
+        self.heartbeat = heartbeat
         self.probes = 0  # probes made
         self.clock = clock
         self.on_failure: Callable[[], None] | None = None
@@ -508,6 +512,10 @@ class ClusterInformers:
     def _probe_run(self) -> None:
         last_probe: float | None = None
         while not self._probe_stop.is_set():
+            if not self.heartbeat and not self.failing and self.last_ok is not None:
+                if self._probe_stop.wait(self.probe_interval):
+                    return
+                continue
             wait = probe_wait(self.failing, self.last_ok, last_probe, self.clock(), self.probe_interval)
             if wait > 0:
                 if self._probe_stop.wait(wait):

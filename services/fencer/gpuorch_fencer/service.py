@@ -104,7 +104,7 @@ def _registry_stores(settings: Settings) -> list[str] | None:
 def informers_for(cc: ClusterClient, probe_interval: float = PROBE_INTERVAL) -> ClusterInformers:
     """gpuorch's Jobs of one cluster (its label, its namespace), list-then-watch: what the
     orphan collector judges."""
-    group = ClusterInformers(cc.name, probe=cc.probe, probe_interval=probe_interval)
+    group = ClusterInformers(cc.name, probe=cc.probe, probe_interval=probe_interval, heartbeat=False)
     group.add("jobs", cc.batch.list_namespaced_job, namespace=NAMESPACE, label_selector=MANAGED_SELECTOR, index=LABEL_WORKLOAD)
     return group
 

@@ -70,7 +70,7 @@ def describe_failure(exc: BaseException) -> str:
 
 def informers_for(cc: ClusterClient, probe_interval: float = PROBE_INTERVAL) -> ClusterInformers:
     """Every node and every pod of one cluster (background load counts too), list-then-watch."""
-    group = ClusterInformers(cc.name, probe=cc.probe, probe_interval=probe_interval)
+    group = ClusterInformers(cc.name, probe=cc.probe, probe_interval=probe_interval, heartbeat=False)
     group.add("nodes", cc.core.list_node)
     group.add("pods", cc.core.list_pod_for_all_namespaces)
     return group
