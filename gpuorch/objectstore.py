@@ -14,7 +14,6 @@ Pure rules (keys, listings, manifests) are in :mod:`gpuorch_proto.storage`.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -131,11 +130,11 @@ class Store:
             raise self._fail("delete", key, exc) from exc
 
 
-def open_store(name: str, config: StoreConfig, env: Mapping[str, str] | None = None) -> Store:
+def open_store(name: str, config: StoreConfig, env: Mapping[str, str]) -> Store:
     """The client of a store, with the credentials this process holds for it (its environment:
     ``GPUORCH_STORE_<NAME>_*``, `credential_env`); none for file://."""
     url = parse_url(config.url, f"stores.{name}.url")
-    e = os.environ if env is None else env
+    e = env
     pre = credential_env(name)
     opts: ClientConfig = {**CLIENT_OPTIONS}
     client: Any
@@ -173,7 +172,7 @@ class Stores:
     """The stores this process knows, by name: the registry's (`stores:`), and for any other
     name the embedded default, a file:// directory under `default_root` (one per name)."""
 
-    def __init__(self, configs: Mapping[str, StoreConfig], default_root: Path | None, env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, configs: Mapping[str, StoreConfig], default_root: Path | None, env: Mapping[str, str]) -> None:
         self.configs = dict(configs)
         self.default_root = default_root
         self.env = env

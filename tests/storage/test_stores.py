@@ -88,8 +88,8 @@ async def test_wrong_credentials_are_refused_not_ignored(s3: SeaweedS3) -> None:
 
 
 def test_stores_by_name_default_to_a_directory_each(tmp_path: Path) -> None:
-    stores = Stores({"prod": StoreConfig(url="s3://b/p", endpoint="http://127.0.0.1:1")}, tmp_path)
+    stores = Stores({"prod": StoreConfig(url="s3://b/p", endpoint="http://127.0.0.1:1")}, tmp_path, {})
     assert stores.url("prod") == "s3://b/p"
     assert stores.url("scratch") == (tmp_path / "scratch").resolve().as_uri()
     with pytest.raises(StoreError, match="not in the registry's stores"):
-        Stores({}, None).config("prod")
+        Stores({}, None, {}).config("prod")
