@@ -207,6 +207,20 @@ def _forged_event(kind: str, wid: str) -> bytes:
 # -- 1. identities ---------------------------------------------------------------------------------
 
 
+
+async def cancel_refused(reader: Client, victim: str, ref: str, what: str) -> ev.Rejected:
+    """The refusal recorded under the cancel's message `ref`; fails at once if the victim was
+    cancelled after all."""
+
+    async def refused() -> ev.Rejected:
+        if done := [ev.type_tag(e) for _, e in await reader.events(victim) if isinstance(e, (ev.CancelRequested, ev.Cancelled))]:
+            pytest.fail(f"{what} was carried out: {done}")
+        found = [e for _, e in await reader.events(ref) if isinstance(e, ev.Rejected)]
+        assert found, f"no record under {ref}"
+        return found[0]
+
+    return await assert_eventually(refused, timeout=30)
+
 async def test_an_anonymous_connection_is_refused(system: System) -> None:
     with pytest.raises(Exception, match=r"(?i)authorization"):
         await nats.connect(system.nats_url, max_reconnect_attempts=0, connect_timeout=2, allow_reconnect=False)
@@ -480,14 +494,7 @@ async def test_a_cancel_by_an_identity_that_may_not_use_the_owner_is_refused(sys
     async with Client(s.nats_url, s.names, creds=system.creds("mallory")) as mallory:
         ref = await mallory.cancel(victim, reason="mallory wants the GPUs")
 
-        async def refused() -> ev.Rejected:
-            if done := [ev.type_tag(e) for _, e in await mallory.events(victim) if isinstance(e, (ev.CancelRequested, ev.Cancelled))]:
-                pytest.fail(f"mallory's cancel was carried out: {done}")
-            found = [e for _, e in await mallory.events(ref) if isinstance(e, ev.Rejected)]
-            assert found, f"no record under {ref}"
-            return found[0]
-
-        rej = await assert_eventually(refused, timeout=30)
+        rej = await cancel_refused(mallory, victim, ref, "mallory's cancel")
         assert "may not cancel" in rej.reason and rej.claimed_workload_id == victim, rej
 
 
@@ -503,12 +510,5 @@ async def test_a_cancel_by_the_router_of_a_workload_that_is_no_pipelines_stage_i
     ack = await actors["router"].js.publish(names.cmd_cancel, body, headers={"Nats-Msg-Id": msg_id, **signed})
     ref = ev.message_ref(ack.stream, ack.seq)
 
-    async def refused() -> ev.Rejected:
-        if done := [ev.type_tag(e) for _, e in await client.events(victim) if isinstance(e, (ev.CancelRequested, ev.Cancelled))]:
-            pytest.fail(f"the router's cancel of a workload that is no pipeline's stage was carried out: {done}")
-        found = [e for _, e in await client.events(ref) if isinstance(e, ev.Rejected)]
-        assert found, f"no record under {ref}"
-        return found[0]
-
-    rej = await assert_eventually(refused, timeout=30)
+    rej = await cancel_refused(client, victim, ref, "the router's cancel of a workload that is no pipeline's stage")
     assert "'router' may not cancel" in rej.reason and "stage" in rej.reason and rej.claimed_workload_id == victim, rej
