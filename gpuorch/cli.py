@@ -6,6 +6,7 @@
   gpuorch restart SERVICE                      restart one service (router|dispatcher|fencer|inventory)
   gpuorch submit FILE [--wait] [--key K]       submit a workload (YAML or JSON)
   gpuorch get ID | list | events [ID] [--follow] | clusters | explain ID | cancel ID
+  gpuorch result ID [--get KEY]                a workload's result: its manifest, or one object's bytes
   gpuorch report [--since 2h] [--cluster C] [--plot DIR]   per destination: delays, GPU-hours per result, cleanup
   gpuorch web [--host 127.0.0.1] [--port 8765]           read-only web view, live from the event stream
   gpuorch demo                                 the seed's scenario, end to end, then stop
@@ -69,7 +70,8 @@ def settings_for(state: Path) -> Settings:
         creds = Settings.from_env().nats_creds or Path(doc["state_dir"]) / "auth" / "creds" / "client.nk"
         return Settings(nats_url=doc["nats_url"], prefix=doc["prefix"], kubeconfig=Path(doc["kubeconfig"]),
                         registry=Path(doc["clusters_file"]), state_dir=Path(doc["state_dir"]),
-                        nats_creds=Path(creds))  # the CLI is the embedded system's `client` identity
+                        nats_creds=Path(creds),  # the CLI is the embedded system's `client` identity
+                        store_env=Settings.from_env().store_env)  # its own store credentials
     return Settings.from_env()
 
 
@@ -228,6 +230,53 @@ async def cmd_get(ns: argparse.Namespace, s: Settings) -> int:
     return 0
 
 
+async def cmd_result(ns: argparse.Namespace, s: Settings) -> int:
+    """A workload's result, resolved through its manifest in the object store (issue 28): the
+    attempt and epoch that published it, its objects with sizes and checksums; `--get KEY`
+    streams one object's bytes to stdout."""
+    from gpuorch.config import load_registry
+    from gpuorch.stores import stores_of
+
+    async with Client(s.nats_url, s.names, creds=s.nats_creds) as c:
+        events = await c.events(ns.id)
+    v = Projection.of(events).get(ns.id)
+    if v is None:
+        print(f"no workload {ns.id!r}", file=sys.stderr)
+        return 1
+    stores = stores_of(s, load_registry(s.registry) if s.registry else None)
+    return await show_result(stores, v, ns.get, ns.output)
+
+
+async def show_result(stores: Any, v: WorkloadView, get: str | None, output: str) -> int:
+    """`gpuorch result` once the workload's view is read: its manifest (or one object) through its store."""
+    from gpuorch.objectstore import StoreUnavailable
+    from gpuorch_fencer.publish import ResultError, copy_object_to, resolve_result
+
+    if not v.result_path:
+        print(f"workload {v.workload_id} has no result yet (status {v.status}{': ' + v.reason if v.reason else ''})", file=sys.stderr)
+        return 1
+    try:
+        m = await resolve_result(stores, v.result_path)
+        if get is not None:
+            out = sys.stdout.buffer
+            await copy_object_to(stores, m, get, out)
+            out.flush()
+            return 0
+    except (ResultError, StoreUnavailable) as exc:
+        print(f"gpuorch result {v.workload_id}: {exc}", file=sys.stderr)
+        return 1
+    objects_url = stores[m.store].url_of(m.prefix)
+    if output == "json":
+        print(json.dumps({"result": v.result_path, "objects_url": objects_url, **msgspec.to_builtins(m)}, indent=2))
+        return 0
+    print(f"{'workload':>9}: {m.workload_id}")
+    print(f"{'result':>9}: {v.result_path}")
+    print(f"{'attempt':>9}: {m.attempt_id} (epoch {m.epoch})")
+    print(f"{'objects':>9}: {objects_url}/ ({len(m.objects)}, {m.total_bytes} bytes)")
+    print_table([{"key": o.key, "bytes": o.size, "sha256": o.sha256} for o in m.objects], ["key", "bytes", "sha256"])
+    return 0
+
+
 async def _pipeline_graph(s: Settings, v: WorkloadView) -> Any:
     """The pipeline's state (`gpuorch_router.pipeline.PipelineState`) from its own events and
     its children's, folded in stream order."""
@@ -236,6 +285,27 @@ async def _pipeline_graph(s: Settings, v: WorkloadView) -> Any:
     async with Client(s.nats_url, s.names, creds=s.nats_creds) as c:
         every = await c.pipeline_events(v.workload_id)
     return PipelineState.of(v.workload_id, (e for _, e in every))
+
+
+async def cmd_logs(ns: argparse.Namespace, s: Settings) -> int:
+    """An attempt's output, from its cluster's Kubernetes API (gpuorch.observe.logs)."""
+    from gpuorch.kube import make_client
+    from gpuorch.observe.logs import show_logs
+
+    async with Client(s.nats_url, s.names, creds=s.nats_creds) as c:
+        events = await c.events(ns.id)
+    v = Projection.of(events).get(ns.id)
+    if v is None:
+        print(f"no workload {ns.id!r}", file=sys.stderr)
+        return 1
+    if s.kubeconfig is None:
+        print("no kubeconfig (GPUORCH_KUBECONFIG): the clusters' APIs are where the logs are", file=sys.stderr)
+        return 1
+    kubeconfig = s.kubeconfig
+    return await asyncio.to_thread(
+        show_logs, v, lambda name: make_client(kubeconfig, name), sys.stdout.buffer,
+        attempt=ns.attempt, worker=ns.worker, container=ns.container, since=ns.since, follow=ns.follow,
+    )  # fmt: skip
 
 
 async def cmd_list(ns: argparse.Namespace, s: Settings) -> int:
@@ -466,6 +536,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true",
                    help="print the routing decision it would get now (every cluster's verdict and estimate, as explain does); submit nothing")
     out(sub.add_parser("get", help="one workload")).add_argument("id")
+    p = out(sub.add_parser("result", help="a workload's result: the attempt that published it, its objects (or one object's bytes)"))
+    p.add_argument("id")
+    p.add_argument("--get", metavar="KEY", default=None, help="write this object's bytes to stdout (streamed from the store)")
+    p.add_argument("--json", dest="output", action="store_const", const="json", help="the manifest as JSON (as -o json)")
+    p = sub.add_parser("logs", help="an attempt's output, from its cluster's Kubernetes API")
+    p.add_argument("id")
+    p.add_argument("--attempt", type=int, default=None, help="attempt number (default: the latest)")
+    p.add_argument("--worker", type=int, default=None, help="one worker of a gang (default: every worker)")
+    p.add_argument("--container", default="main", help="main (default), agent (gpuorch's uploads), stage-0, fetch, input-0")
+    p.add_argument("--since", type=int, default=None, metavar="SECONDS", help="only lines of the last SECONDS")
+    p.add_argument("-f", "--follow", action="store_true", help="keep streaming until the container stops")
     out(sub.add_parser("list", help="all workloads"))
     p = out(sub.add_parser("events", help="lifecycle events"))
     p.add_argument("id", nargs="?")
@@ -514,7 +595,7 @@ def cmd_settings(ns: argparse.Namespace) -> int:
     return 0
 
 
-ASYNC = {"submit": cmd_submit, "get": cmd_get, "list": cmd_list, "events": cmd_events,
+ASYNC = {"submit": cmd_submit, "get": cmd_get, "result": cmd_result, "logs": cmd_logs, "list": cmd_list, "events": cmd_events,
          "clusters": cmd_clusters, "explain": cmd_explain, "cancel": cmd_cancel, "report": cmd_report}
 
 

@@ -33,6 +33,9 @@ import yaml
 
 from gpuorch_proto import ClusterRegistryEntry, Names
 from gpuorch_proto.credentials import registry_errors as credential_registry_errors
+from gpuorch_proto.podpath import AGENT_IMAGE
+from gpuorch_proto.storage import StoreConfig, StoreError, parse_url
+from gpuorch_proto.subjects import valid_token
 
 DAY = 86400.0
 
@@ -85,6 +88,7 @@ class Tuning:
     metrics_port: str = _knob("GPUORCH_METRICS_PORT", "0", "every service: /metrics port (0: any free port; off: no endpoint)")
     metrics_addr: str = _knob("GPUORCH_METRICS_ADDR", "127.0.0.1", "every service: /metrics listen address")
     trace_file: str = _knob("GPUORCH_TRACE_FILE", "", "every service: also write spans to this JSONL file (tests, demo)")
+    agent_image: str = _knob("GPUORCH_AGENT_IMAGE", AGENT_IMAGE, "dispatcher: the image of gpuorch's agent in every attempt's pod (staging, checkpoint fetch, uploads: docs/storage.md)")
     profile_dir: str = _knob("GPUORCH_PROFILE", "", "every service: write a cProfile of its event loop to <dir>/<service>-<pid>.prof at a clean stop (benches)")
 
     @classmethod
@@ -137,6 +141,8 @@ class Settings:
     nats_tls_key: Path | None = None
     identities: Path | None = None  # identities.json (who may submit as which owner)
     tuning: Tuning = field(default_factory=Tuning)
+    # this process's own store credentials: GPUORCH_STORE_<NAME>_* (gpuorch_proto.storage.credential_env)
+    store_env: dict[str, str] = field(default_factory=dict)
 
     async def connect(self, name: str, **options: Any) -> Any:
         """A NATS connection as this process's identity (creds, TLS from the settings)."""
@@ -159,9 +165,6 @@ class Settings:
     def stores_dir(self) -> Path:
         """Artifact stores of the embedded environment: one directory per store name."""
         return self.state_dir / "stores"
-
-    def store_root(self, store: str) -> Path:
-        return (self.stores_dir / store).resolve()
 
     @property
     def data_dir(self) -> Path:
@@ -190,6 +193,7 @@ class Settings:
             registry=Path(reg) if reg else None,
             state_dir=cls.default_state_dir(e),
             tuning=Tuning.from_env(e),
+            store_env={k: v for k, v in e.items() if k.startswith("GPUORCH_STORE_")},
         )
 
     @staticmethod
@@ -207,6 +211,7 @@ class Settings:
 
     def to_env(self) -> dict[str, str]:
         env = {
+            **self.store_env,
             **self.tuning.to_env(),
             "GPUORCH_NATS_URL": self.nats_url,
             "GPUORCH_PREFIX": self.prefix,
@@ -232,11 +237,29 @@ class Registry:
 
     clusters: dict[str, ClusterRegistryEntry]
     time_scale: float = 1.0  # simulated seconds per real second (1.0 for real clusters)
+    # artifact/checkpoint stores and data locations by URL (`stores:`, docs/storage.md); a name
+    # the clusters use that is not here is a file:// directory under the state directory
+    stores: dict[str, StoreConfig] = field(default_factory=dict)
 
 
 def load_registry(path: Path) -> Registry:
     """Read the registry part of a clusters file (`clusters: [{name, registry: {...}}]`)."""
     doc: Any = yaml.safe_load(path.read_text()) or {}
+    stores: dict[str, StoreConfig] = {}
+    raw_stores = doc.get("stores") or {}
+    if not isinstance(raw_stores, dict):
+        raise ValueError(f"{path}: stores: a mapping of store name -> {{url, endpoint, region}}")
+    for sname, raw in raw_stores.items():
+        at = f"stores.{sname}"
+        if not valid_token(str(sname)):
+            raise ValueError(f"{path}: {at}: not a store name (letters, digits, '-', '_')")
+        if isinstance(raw, str):
+            raw = {"url": raw}
+        try:
+            stores[sname] = msgspec.convert(raw, StoreConfig)
+            parse_url(stores[sname].url, f"{at}.url")
+        except (msgspec.ValidationError, StoreError) as exc:
+            raise ValueError(f"{path}: {at}: {exc}") from exc
     entries: dict[str, ClusterRegistryEntry] = {}
     for i, c in enumerate(doc.get("clusters") or []):
         name = c.get("name")
@@ -249,4 +272,22 @@ def load_registry(path: Path) -> Registry:
         bad = credential_registry_errors(entries[name], f"clusters[{i}].registry")
         if bad:
             raise ValueError(f"{path}: " + "; ".join(f"{e.path}: {e.message}" for e in bad))
-    return Registry(clusters=entries, time_scale=float(doc.get("time_scale", 1.0)))
+        for sname in entries[name].store_credentials:
+            if sname not in stores:
+                raise ValueError(
+                    f"{path}: clusters[{i}].registry.store_credentials.{sname}: no store {sname!r} in stores: "
+                    "credentials are named only for stores given by URL"
+                )
+        if stores:  # given by URL: all of them, or a name left out would quietly be a directory here
+            e = entries[name]
+            named = {"artifact_stores": e.artifact_stores, "checkpoint_stores": e.checkpoint_stores,
+                     "data_locations": e.data_locations, "bandwidth_mbps": list(e.bandwidth_mbps)}  # fmt: skip
+            for fld, names in named.items():
+                for sname in names:
+                    if sname not in stores:
+                        raise ValueError(
+                            f"{path}: clusters[{i}].registry.{fld}: {sname!r} is not in stores: where stores are "
+                            "given by URL every store and data location a cluster names must be, or it would be "
+                            "a directory on the control plane's disk that no pod can reach"
+                        )
+    return Registry(clusters=entries, time_scale=float(doc.get("time_scale", 1.0)), stores=stores)

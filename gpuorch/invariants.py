@@ -8,6 +8,10 @@
    `preemption-requested` names an attempt whose workload declares `spec.preemptible` with a
    checkpoint (`spec.checkpoint.path`), for a workload of strictly higher priority; and every
    attempt fenced as preempted had such a request.
+8. The store agrees ("manifest-agrees", `check_manifests`): each workload has at most one result
+   manifest across the stores; a manifest exists only for a promoted workload and names the
+   promoted attempt at its epoch (never a fenced attempt's, never one of a cancelled or failed
+   workload); a promoted workload has its manifest.
 6. Never two current attempts, and `strict` means confirmed ("replacement-after-fence"): an
    attempt is created only once the attempt before it is fenced, and, when that one was
    fenced under `strict` while its pods might still run (not `stopped`), only after its
@@ -50,6 +54,7 @@ from dataclasses import dataclass
 from gpuorch.projection import Projection
 from gpuorch_proto import ClusterSnapshot, Event, RoutingDecision
 from gpuorch_proto import events as ev
+from gpuorch_proto.storage import Manifest
 
 WAIT_TOLERANCE = 10.0  # seconds the router has to re-publish after a reason became false
 MAX_SNAPSHOT_AGE = 120.0  # seconds; the router's default
@@ -112,6 +117,40 @@ def check(
                 out.append(Violation("no-orphans", wid, f"job {job} still on {cluster} after the workload {owner.status}"))
     if snapshots is not None and now is not None:
         out += check_waits(events, snapshots, now, tolerance=wait_tolerance)
+    return out
+
+
+def check_manifests(events: Iterable[tuple[int, Event]], manifests: Mapping[str, Mapping[str, Manifest]]) -> list[Violation]:
+    """Invariant 8, over what the stores hold: `manifests` is workload -> store -> its manifest
+    there (read once everything settled; workloads with none may be absent)."""
+    events = list(events)
+    p = Projection()
+    promoted: dict[str, list[ev.Promoted]] = {}
+    fenced: dict[str, set[str]] = {}
+    for seq, e in events:
+        p.apply(e, seq)
+        if isinstance(e, ev.Promoted):
+            promoted.setdefault(e.workload_id, []).append(e)
+        elif isinstance(e, ev.Fenced):
+            fenced.setdefault(e.workload_id, set()).add(e.attempt_id)
+    out: list[Violation] = []
+    for wid, v in p.workloads.items():
+        found = dict(manifests.get(wid, {}))
+        proms = promoted.get(wid, [])
+        if len(found) > 1:
+            out.append(Violation("manifest-agrees", wid, f"manifests in {sorted(found)}: a result is published once"))
+        for store, m in sorted(found.items()):
+            where = f"the manifest in {store}"
+            if m.workload_id != wid:
+                out.append(Violation("manifest-agrees", wid, f"{where} is {m.workload_id}'s"))
+            elif m.attempt_id in fenced.get(wid, set()) and not any(pr.attempt_id == m.attempt_id and pr.epoch == m.epoch for pr in proms):
+                out.append(Violation("manifest-agrees", wid, f"{where} names {m.attempt_id}, whose epoch was fenced"))
+            elif not proms:
+                out.append(Violation("manifest-agrees", wid, f"{where} names {m.attempt_id} at epoch {m.epoch}, but the workload ({v.status}) was never promoted"))
+            elif not any(pr.attempt_id == m.attempt_id and pr.epoch == m.epoch for pr in proms):
+                out.append(Violation("manifest-agrees", wid, f"{where} names {m.attempt_id} at epoch {m.epoch}, the promotion {proms[0].attempt_id} at epoch {proms[0].epoch}"))
+        if proms and not found:
+            out.append(Violation("manifest-agrees", wid, f"{proms[0].attempt_id} was promoted, but no store holds its manifest"))
     return out
 
 

@@ -14,6 +14,7 @@ Pure rules (keys, listings, manifests) are in :mod:`gpuorch_proto.storage`.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -103,16 +104,27 @@ class Store:
 
     async def get_file(self, key: str, path: Path) -> int:
         """Download an object into a local file (streamed); its size."""
+        return (await self._get_file(key, path, None))[0]
+
+    async def get_file_sha256(self, key: str, path: Path) -> tuple[int, str]:
+        """Download an object into a local file (streamed), hashing the bytes as they arrive
+        (no second read of the file): its size and sha256 (hex)."""
+        size, digest = await self._get_file(key, path, hashlib.sha256())
+        return size, digest
+
+    async def _get_file(self, key: str, path: Path, hasher: Any) -> tuple[int, str]:
         size = 0
         try:
             got = await obstore.get_async(self.client, key)
             with path.open("wb") as f:
                 async for chunk in got:
                     f.write(chunk)
+                    if hasher is not None:
+                        hasher.update(chunk)
                     size += len(chunk)
         except Exception as exc:
             raise self._fail("get", key, exc) from exc
-        return size
+        return size, hasher.hexdigest() if hasher is not None else ""
 
     async def copy(self, src: str, dst: str) -> None:
         """Server-side copy (no bytes through this process)."""
@@ -195,3 +207,13 @@ class Stores:
     def url(self, name: str) -> str:
         """The store's root URL (what a Job and the events name)."""
         return parse_url(self.config(name).url, f"stores.{name}.url").join("")
+
+    def locate(self, url: str) -> tuple[str, str] | None:
+        """(store name, key) of a URL inside one of these stores (the longest root that holds it),
+        or None: how a URL an event carries is read back through the store it names."""
+        best: tuple[str, str] | None = None
+        for name in self.configs:
+            root = self.url(name).rstrip("/") + "/"
+            if url.startswith(root) and (best is None or len(root) > len(self.url(best[0]))):
+                best = (name, url[len(root) :])
+        return best

@@ -193,6 +193,8 @@ class System:
             nats_url=self.nats_url, prefix=self.prefix, kubeconfig=self.kubeconfig,
             registry=self.clusters_file, state_dir=self.state_dir,
             nats_creds=self.creds("client"), identities=self.auth_dir / "identities.json",
+            # the stores' credentials its services were given (the CLI reads results with them)
+            store_env={k: v for k, v in {**os.environ, **self.env_extra}.items() if k.startswith("GPUORCH_STORE_")},
         )
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:

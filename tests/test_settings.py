@@ -29,6 +29,7 @@ ALLOWED = {
     "gpuorch/workloads/train.py": "runs inside a Job: reads what the dispatcher put in the pod's env",
     "gpuorch/workloads/stage.py": "runs inside a Job: reads what the dispatcher put in the pod's env",
     "gpuorch/workloads/dataset.py": "runs inside a Job",
+    "gpuorch/workloads/agent.py": "runs inside a Job (gpuorch's agent): reads the stores and ids the Job put in the pod's env",
 }
 
 

@@ -31,17 +31,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from nats.js.api import DeliverPolicy
 
 from gpuorch.client import Client
-from gpuorch.invariants import WAIT_TOLERANCE, Violation, check, check_waits
+from gpuorch.invariants import WAIT_TOLERANCE, Violation, check, check_manifests, check_waits
 from gpuorch.kube import make_clients
 from gpuorch.projection import Projection
 from gpuorch.system import SERVICES, System
 from gpuorch_localkube.admin import send_fault
 from gpuorch_proto import ClusterSnapshot, Event, Workload, decode_snapshot, k8s, workload_from_obj
 from gpuorch_proto import events as ev
+from gpuorch_proto.storage import Manifest
 
 HERE = Path(__file__).resolve().parents[2]
 CLUSTERS = HERE / "tests" / "e2e" / "clusters.yaml"
@@ -243,7 +245,10 @@ def checkpoint_step(checkpoint_dir: str) -> int | None:
     """The step of an attempt's newest checkpoint (`ckpt.npz`), None if it wrote none."""
     import numpy as np  # the trainer's dependency; only needed once there are checkpoints
 
-    path = Path(checkpoint_dir) / "ckpt.npz"
+    local = urlsplit(checkpoint_dir).path if checkpoint_dir.startswith("file://") else checkpoint_dir
+    if "://" in local:
+        return None  # a remote store: no figure (the pod log still says where a resume started)
+    path = Path(local) / "ckpt.npz"
     for _ in range(3):  # written atomically, but may be replaced while we read
         try:
             with np.load(path, allow_pickle=False) as ck:
@@ -262,9 +267,13 @@ def pod_log(state_dir: Path, cluster: str, attempt_id: str) -> Path | None:
 
 
 def resumed_from(output_dir: str, log: Path | None = None) -> int | None:
-    """The step an attempt resumed from: its metrics.json, or while it runs its pod log."""
+    """The step an attempt resumed from: its metrics.json (in its prefix of a file:// store, or a
+    local directory), or while it runs (or in a remote store) its pod log."""
+    local = urlsplit(output_dir).path if output_dir.startswith("file://") else output_dir
     with contextlib.suppress(OSError, ValueError):
-        metrics = json.loads((Path(output_dir) / "metrics.json").read_text())
+        if "://" in local:
+            raise ValueError("a remote store: read the pod log")
+        metrics = json.loads((Path(local) / "metrics.json").read_text())
         return int(metrics.get("resumed_from_step") or 0)
     if log is not None:
         with contextlib.suppress(OSError):
@@ -345,6 +354,23 @@ def _running_by_cluster(proj: Projection) -> dict[str, list[str]]:
         for a in v.attempts.values():
             if a.status == "running" and a.cancel_confirmed is None and not a.fenced:
                 out.setdefault(a.cluster, []).append(a.attempt_id)
+    return out
+
+
+async def store_manifests(system: System, wids: Iterable[str]) -> dict[str, dict[str, Manifest]]:
+    """workload -> store -> the result manifest there, for every store the registry names."""
+    from gpuorch.config import load_registry
+    from gpuorch.stores import stores_of
+    from gpuorch_fencer.publish import read_manifest
+
+    st = system.settings
+    stores = stores_of(st, load_registry(st.registry) if st.registry else None)
+    out: dict[str, dict[str, Manifest]] = {}
+    for wid in wids:
+        for name in sorted(stores.configs):
+            m = await read_manifest(stores[name], wid)
+            if m is not None:
+                out.setdefault(wid, {})[name] = m
     return out
 
 
@@ -433,6 +459,8 @@ async def run_schedule(system: System, seed: int, n_workloads: int, n_faults: in
                 break
             await asyncio.sleep(1.0)  # poll until the orphan collector has run (bounded above)
         events = [(seq, e) for seq, e in await c.events() if e.workload_id in set(wids)]
+    # invariant 8 over what the stores hold: every workload's manifests, read through the store port
+    violations += check_manifests(events, await store_manifests(system, wids))
     final, resumed = await asyncio.to_thread(attempt_progress, events, system.state_dir)
     figs.extend(fault_figures(events, injected, final_step=final, resumed_step=resumed))
     return faults, violations, figs

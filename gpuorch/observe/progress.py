@@ -1,10 +1,11 @@
 """"Useful compute started": an attempt-scoped marker the running program writes.
 
 The program (e.g. `gpuorch.workloads.train`) calls `write_marker` once, right after its first
-useful step. The marker lies next to its attempt's output directory (`$GPUORCH_OUTPUT_DIR`,
-`<store>/<workload>/attempts/<attempt>`), named after it: `attempts/.<attempt>.progress.json`.
-So it is the attempt's own, and the output directory itself still holds only outputs (it
-appears only when the program succeeds, and all of it is promoted). The dispatcher, which watches the attempt anyway, reads it (`compute_started`)
+useful step. The marker lies next to its output directory in the pod (`$GPUORCH_OUTPUT_DIR` is
+`/gpuorch/out`, the marker `/gpuorch/.out.progress.json`), so the outputs hold only outputs;
+gpuorch's agent uploads it to the attempt's prefix (`.gpuorch/started.json`,
+`gpuorch_proto.storage.MARKER`). The dispatcher, which watches the attempt anyway, reads that
+object (one GET per look, `next_look`) and decides with `compute_started`
 and publishes one `compute-started` event: the program publishes nothing itself and needs no
 NATS credentials. The marker is small JSON: ``{"attempt_id", "started_at", "step"}``, where
 `started_at` is the program's wall clock at that first step.
@@ -46,21 +47,33 @@ def write_marker(output_dir: str | os.PathLike[str], *, attempt_id: str | None, 
     return path
 
 
-def read_marker(output_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The marker, or None when there is none (yet) or it cannot be read."""
+def parse_marker(data: bytes | None) -> dict[str, Any] | None:
+    """A marker's document, or None when there is none (yet) or it is not one."""
+    if data is None:
+        return None
     try:
-        doc = json.loads(marker_path(output_dir).read_text())
-    except (OSError, ValueError):
+        doc = json.loads(data)
+    except ValueError:
         return None
     return doc if isinstance(doc, dict) and isinstance(doc.get("started_at"), (int, float)) else None
 
 
-def compute_started(workload_id: str, a: Any, now: float) -> list[ev.Base]:
+def read_marker(output_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The marker a program wrote in its pod (gpuorch's agent uploads it), or None."""
+    try:
+        return parse_marker(marker_path(output_dir).read_bytes())
+    except OSError:
+        return None
+
+
+def compute_started(workload_id: str, a: Any, marker: bytes | None, now: float) -> list[ev.Base]:
     """The `compute-started` event for attempt view `a` if its program has written the marker
-    and the event is not on record yet (a deterministic id: a repeat is dropped by JetStream)."""
+    (`marker`: the object gpuorch's agent uploaded to the attempt's prefix,
+    `gpuorch_proto.storage.MARKER`) and the event is not on record yet (a deterministic id: a
+    repeat is dropped by JetStream)."""
     if KIND in a.times or not a.output_path:
         return []
-    doc = read_marker(a.output_path)
+    doc = parse_marker(marker)
     if doc is None or doc.get("attempt_id") not in (None, a.attempt_id):
         return []
     return [ev.ComputeStarted(

@@ -3,7 +3,7 @@
     python -m gpuorch.workloads.dataset --location .gpuorch/data/primary-nfs --dataset imagenet@v3
 
 A data location is a directory (one per location in the embedded environment); the stager
-(``gpuorch.workloads.stage``) copies ``NAME@VERSION/`` from it into a cluster's cache, and the dispatcher
+(gpuorch's agent, ``gpuorch.workloads.agent stage``) copies ``NAME@VERSION/`` from it into a cluster's cache, and the dispatcher
 points ``GPUORCH_INPUT_<NAME>`` at the staged copy (``input_env_var``).
 """
 

@@ -33,7 +33,7 @@ from .config import (
 from .core import ClusterCore, node_object
 from .httpserver import LoopThread
 from .jobcontroller import JobController, PodGC, mark_node_lost
-from .kubelet import Kubelet
+from .kubelet import Kubelet, claim_dir
 from .objects import GPU
 from .scheduler import Scheduler
 from .store import Event
@@ -337,6 +337,11 @@ class LocalCluster:
         with self.core.store.lock:
             pod = self.core.store.get("pods", namespace, name)
             return self.kubelet.pod_pids(pod["metadata"]["uid"]) if pod else {}
+
+    def claim_dir(self, namespace: str, claim: str) -> Path:
+        """The directory that is persistentVolumeClaim `claim` of `namespace` for this cluster's pods
+        (made on the first mount, kept across pods)."""
+        return claim_dir(self.state_dir, namespace, claim)
 
     def pids(self) -> list[int]:
         """Every live container process of this cluster."""

@@ -234,7 +234,167 @@ def _check_resources(c: dict[str, Any], path: str, causes: Causes) -> None:
     c["resources"] = new_res
 
 
-def _validate_container(c: Any, path: str, causes: Causes, names: set[str]) -> None:
+_VOLUME_SOURCES = ("emptyDir", "persistentVolumeClaim", "secret")
+_INT_PROBE_FIELDS = (
+    ("initialDelaySeconds", 0, 0),
+    ("timeoutSeconds", 1, 1),
+    ("periodSeconds", 1, 10),
+    ("successThreshold", 1, 1),
+    ("failureThreshold", 1, 3),
+)
+
+
+def _validate_volumes(spec: dict[str, Any], path: str, causes: Causes) -> set[str]:
+    """`spec.volumes`: the sources a local cluster can give a pod (emptyDir, persistentVolumeClaim,
+    secret); hostPath is refused, since a pod on a gpuorch local cluster shares no disk with the host.
+    Returns the names declared."""
+    vols = spec.get("volumes")
+    names: set[str] = set()
+    if vols is None:
+        return names
+    if not isinstance(vols, list):
+        causes.append((f"{path}.volumes", "FieldValueInvalid", "Invalid value: must be a list"))
+        return names
+    for i, v in enumerate(vols):
+        vp = f"{path}.volumes[{i}]"
+        if not isinstance(v, dict):
+            causes.append((vp, "FieldValueInvalid", "Invalid value: must be an object"))
+            continue
+        name = v.get("name")
+        if not name:
+            causes.append((f"{vp}.name", "FieldValueRequired", "Required value"))
+        elif not isinstance(name, str) or not DNS1123_LABEL.match(name) or len(name) > 63:
+            causes.append((f"{vp}.name", "FieldValueInvalid", f'Invalid value: "{name}": a lowercase RFC 1123 label must consist of lower case alphanumeric characters or \'-\''))
+        elif name in names:
+            causes.append((f"{vp}.name", "FieldValueDuplicate", f'Duplicate value: "{name}"'))
+        else:
+            names.add(name)
+        sources = [k for k in v if k != "name" and v[k] is not None]
+        if not sources:
+            causes.append((vp, "FieldValueRequired", "Required value: must specify a volume type"))
+            continue
+        if len(sources) > 1:
+            causes.append((vp, "FieldValueForbidden", f"Forbidden: may not specify more than 1 volume type (got {', '.join(sources)})"))
+            continue
+        kind = sources[0]
+        src = v[kind]
+        if kind == "hostPath":
+            causes.append((
+                f"{vp}.hostPath", "FieldValueForbidden",
+                "Forbidden: hostPath volumes are not allowed on gpuorch local clusters: a pod shares no disk with "
+                "the host or with other pods (use an emptyDir, a persistentVolumeClaim or a secret volume)",
+            ))
+            continue
+        if kind not in _VOLUME_SOURCES:
+            causes.append((
+                f"{vp}.{kind}", "FieldValueNotSupported",
+                f'Unsupported value: "{kind}": volume types supported by gpuorch local clusters: "emptyDir", "persistentVolumeClaim", "secret"',
+            ))
+            continue
+        if not isinstance(src, dict):
+            causes.append((f"{vp}.{kind}", "FieldValueInvalid", "Invalid value: must be an object"))
+            continue
+        if kind == "persistentVolumeClaim":
+            claim = src.get("claimName")
+            if not claim:
+                causes.append((f"{vp}.persistentVolumeClaim.claimName", "FieldValueRequired", "Required value"))
+            elif not isinstance(claim, str) or not DNS1123_SUBDOMAIN.match(claim) or len(claim) > 253:
+                causes.append((f"{vp}.persistentVolumeClaim.claimName", "FieldValueInvalid", f'Invalid value: "{claim}": a lowercase RFC 1123 subdomain'))
+        elif kind == "secret":
+            secret = src.get("secretName")
+            if not secret:
+                causes.append((f"{vp}.secret.secretName", "FieldValueRequired", "Required value"))
+            elif not isinstance(secret, str) or not DNS1123_SUBDOMAIN.match(secret):
+                causes.append((f"{vp}.secret.secretName", "FieldValueInvalid", f'Invalid value: "{secret}": a lowercase RFC 1123 subdomain'))
+            for j, item in enumerate(src.get("items") or []):
+                ip = f"{vp}.secret.items[{j}]"
+                if not isinstance(item, dict) or not item.get("key"):
+                    causes.append((f"{ip}.key", "FieldValueRequired", "Required value"))
+                    continue
+                _check_relative(item.get("path"), f"{ip}.path", causes)
+    return names
+
+
+def _check_relative(p: Any, path: str, causes: Causes) -> None:
+    if not p or not isinstance(p, str):
+        causes.append((path, "FieldValueRequired", "Required value"))
+    elif p.startswith("/"):
+        causes.append((path, "FieldValueInvalid", f'Invalid value: "{p}": must be a relative path'))
+    elif ".." in p.split("/"):
+        causes.append((path, "FieldValueInvalid", f"Invalid value: \"{p}\": must not contain '..'"))
+
+
+def _validate_mounts(c: dict[str, Any], path: str, causes: Causes, volumes: set[str]) -> None:
+    mounts = c.get("volumeMounts")
+    if mounts is None:
+        return
+    if not isinstance(mounts, list):
+        causes.append((f"{path}.volumeMounts", "FieldValueInvalid", "Invalid value: must be a list"))
+        return
+    seen: list[str] = []
+    for i, m in enumerate(mounts):
+        mp = f"{path}.volumeMounts[{i}]"
+        if not isinstance(m, dict):
+            causes.append((mp, "FieldValueInvalid", "Invalid value: must be an object"))
+            continue
+        name = m.get("name")
+        if not name:
+            causes.append((f"{mp}.name", "FieldValueRequired", "Required value"))
+        elif name not in volumes:
+            causes.append((f"{mp}.name", "FieldValueNotFound", f'Not found: "{name}"'))
+        target = m.get("mountPath")
+        if not target or not isinstance(target, str):
+            causes.append((f"{mp}.mountPath", "FieldValueRequired", "Required value"))
+            continue
+        norm = "/" + "/".join(p for p in target.split("/") if p and p != ".")
+        if not target.startswith("/") or ".." in target.split("/") or norm == "/":
+            causes.append((f"{mp}.mountPath", "FieldValueInvalid", f'Invalid value: "{target}": must be an absolute path below "/" without \'..\''))
+            continue
+        for other in seen:
+            if norm == other:
+                causes.append((f"{mp}.mountPath", "FieldValueInvalid", f'Invalid value: "{target}": must be unique'))
+            elif norm.startswith(other + "/") or other.startswith(norm + "/"):
+                causes.append((
+                    f"{mp}.mountPath", "FieldValueInvalid",
+                    f'Invalid value: "{target}": nested in the mount at "{other}" (or it in this one): gpuorch local '
+                    "clusters do not support mounts inside mounts",
+                ))
+        seen.append(norm)
+        if m.get("subPath") not in (None, ""):
+            _check_relative(m["subPath"], f"{mp}.subPath", causes)
+
+
+def _validate_probe(c: dict[str, Any], key: str, path: str, causes: Causes) -> None:
+    probe = c.get(key)
+    if probe is None:
+        return
+    pp = f"{path}.{key}"
+    if not isinstance(probe, dict):
+        causes.append((pp, "FieldValueInvalid", "Invalid value: must be an object"))
+        return
+    handlers = [h for h in ("exec", "httpGet", "tcpSocket", "grpc") if probe.get(h) is not None]
+    if not handlers:
+        causes.append((pp, "FieldValueRequired", "Required value: must specify a handler type"))
+    elif len(handlers) > 1:
+        causes.append((pp, "FieldValueForbidden", "Forbidden: may not specify more than 1 handler type"))
+    elif handlers[0] != "exec":
+        causes.append((f"{pp}.{handlers[0]}", "FieldValueNotSupported",
+                       f'Unsupported value: "{handlers[0]}": gpuorch local clusters run "exec" probes only'))
+    else:
+        cmd = probe["exec"].get("command") if isinstance(probe["exec"], dict) else None
+        if not cmd or not isinstance(cmd, list) or not all(isinstance(x, str) for x in cmd):
+            causes.append((f"{pp}.exec.command", "FieldValueRequired", "Required value: a non-empty list of strings"))
+    for fld, minimum, default in _INT_PROBE_FIELDS:
+        v = probe.get(fld)
+        if v is None:
+            probe[fld] = default
+        elif isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            causes.append((f"{pp}.{fld}", "FieldValueInvalid", f"Invalid value: {v!r}: must be an integer >= {minimum}"))
+    if key == "startupProbe" and probe.get("successThreshold") not in (None, 1):
+        causes.append((f"{pp}.successThreshold", "FieldValueInvalid", "Invalid value: must be 1"))
+
+
+def _validate_container(c: Any, path: str, causes: Causes, names: set[str], volumes: set[str], init: bool) -> None:
     if not isinstance(c, dict):
         causes.append((path, "FieldValueInvalid", "Invalid value: must be an object"))
         return
@@ -261,6 +421,16 @@ def _validate_container(c: Any, path: str, causes: Causes, names: set[str]) -> N
                     causes.append((f"{path}.env[{j}].name", "FieldValueRequired", "Required value"))
                 elif "value" in e and e.get("valueFrom") is not None:
                     causes.append((f"{path}.env[{j}].valueFrom", "FieldValueInvalid", "Invalid value: may not be specified when `value` is not empty"))
+    _validate_mounts(c, path, causes, volumes)
+    rp = c.get("restartPolicy")
+    if init and rp not in (None, "Always"):
+        causes.append((f"{path}.restartPolicy", "FieldValueNotSupported", f'Unsupported value: "{rp}": supported values: "Always"'))
+    elif not init and rp is not None:
+        causes.append((f"{path}.restartPolicy", "FieldValueForbidden", "Forbidden: may not be set for non-init containers"))
+    if init and rp != "Always" and c.get("startupProbe") is not None:
+        causes.append((f"{path}.startupProbe", "FieldValueForbidden", "Forbidden: may not be set for init containers without restartPolicy=Always"))
+    else:
+        _validate_probe(c, "startupProbe", path, causes)
     c.setdefault("image", "")
     c.setdefault("imagePullPolicy", "IfNotPresent")
     c.setdefault("terminationMessagePath", "/dev/termination-log")
@@ -293,14 +463,15 @@ def validate_pod_spec(spec: Any, path: str, causes: Causes, restart_policies: tu
         causes.append((f"{path}.containers", "FieldValueRequired", "Required value"))
         containers = []
     names: set[str] = set()
+    volumes = _validate_volumes(spec, path, causes)
     for i, c in enumerate(containers):
-        _validate_container(c, f"{path}.containers[{i}]", causes, names)
+        _validate_container(c, f"{path}.containers[{i}]", causes, names, volumes, init=False)
     inits = spec.get("initContainers") or []
     if not isinstance(inits, list):
         causes.append((f"{path}.initContainers", "FieldValueInvalid", "Invalid value: must be a list"))
         inits = []
     for i, c in enumerate(inits):
-        _validate_container(c, f"{path}.initContainers[{i}]", causes, names)
+        _validate_container(c, f"{path}.initContainers[{i}]", causes, names, volumes, init=True)
     rp = spec.get("restartPolicy")
     if rp is None and "Always" in restart_policies:
         rp = spec["restartPolicy"] = "Always"

@@ -74,6 +74,13 @@ class ClusterRegistryEntry(msgspec.Struct, frozen=True, kw_only=True):
     checkpoint_stores: list[str] = []  # stores whose checkpoints this cluster can read
     cache_path: str | None = None  # where datasets staged by gpuorch live, as seen from pods
     credential_refs: dict[str, SecretKeyRef] = {}  # credential name -> its Secret key here (issue 11)
+    # store or data location -> the Secret (in the workload namespace) holding this cluster's
+    # credentials for it (gpuorch_proto.storage.SECRET_KEYS); the name only, never the secret
+    store_credentials: dict[str, str] = {}
+    cache_claim: str | None = None  # the PVC gpuorch stages datasets into (mounted at /gpuorch-cache)
+    # data location -> MB/s measured staging into this cluster (inventory, from gpuorch's own
+    # stagings): where present, `bandwidth_mbps` holds this figure instead of the registry's
+    bandwidth_measured: dict[str, float] = {}
 
 
 class ClusterSnapshot(msgspec.Struct, frozen=True, kw_only=True):

@@ -34,17 +34,25 @@ def env_token(name: str) -> str:
     return re.sub(r"[^A-Z0-9]", "_", name.upper())
 
 
-def job_env(parameters: Mapping[str, ParamValue], inputs: Sequence[ev.StageInput]) -> dict[str, str]:
+def job_env(
+    parameters: Mapping[str, ParamValue], inputs: Sequence[ev.StageInput], paths: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """A trial's parameters as `GPUORCH_PARAM_<NAME>`, and each dependency's promoted result as
-    `GPUORCH_INPUT_<STAGE>` (the path) and `GPUORCH_INPUT_<STAGE>_VERSION` (the promoted attempt),
-    plus `GPUORCH_INPUTS` (all of them, JSON)."""
+    `GPUORCH_INPUT_<STAGE>` (the directory in the pod it is fetched into: `paths[stage]`, else its
+    manifest URL), `GPUORCH_INPUT_<STAGE>_URL` (its manifest) and `GPUORCH_INPUT_<STAGE>_VERSION`
+    (the promoted attempt), plus `GPUORCH_INPUTS` (all of them, JSON)."""
     env = {PARAM_ENV + env_token(k): format_param(v) for k, v in parameters.items()}
+    where = dict(paths or {})
     for i in inputs:
-        env[INPUT_ENV + env_token(i.stage)] = i.result_path
+        env[INPUT_ENV + env_token(i.stage)] = where.get(i.stage, i.result_path)
+        env[INPUT_ENV + env_token(i.stage) + "_URL"] = i.result_path
         env[INPUT_ENV + env_token(i.stage) + "_VERSION"] = i.attempt_id
     if inputs:
         env[INPUTS_ENV] = json.dumps(
-            {i.stage: {"path": i.result_path, "version": i.attempt_id, "store": i.store} for i in inputs},
+            {
+                i.stage: {"path": where.get(i.stage, i.result_path), "url": i.result_path, "version": i.attempt_id, "store": i.store}
+                for i in inputs
+            },
             sort_keys=True,
         )
     return env

@@ -19,6 +19,7 @@ An attempt's prefix holds:
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Final, Literal
 from urllib.parse import urlsplit
 
@@ -247,3 +248,36 @@ def decode_upload_record(data: bytes, at: str) -> UploadRecord:
         return _record_decoder.decode(data)
     except msgspec.DecodeError as exc:
         raise StoreError(f"{at}: not a gpuorch upload record: {exc}") from None
+
+
+# --- a store as a pod sees it ---------------------------------------------------------------------
+
+
+def pod_store_env(name: str, config: StoreConfig, secret: str | None) -> list[dict[str, object]]:
+    """The env entries that give gpuorch's agent in a pod one store: its URL, endpoint and region
+    as values, its credentials as `secretKeyRef`s into the cluster's Secret `secret` (the keys of
+    `SECRET_KEYS`; `optional` so a pod on a cluster that reaches the store without keys, through
+    its node's identity, still starts). gpuorch's records hold only the Secret's name."""
+    pre = credential_env(name)
+    url = parse_url(config.url, f"stores.{name}.url")
+    out: list[dict[str, object]] = [{"name": pre + "URL", "value": config.url}]
+    if config.endpoint:
+        out.append({"name": pre + "ENDPOINT", "value": config.endpoint})
+    if config.region:
+        out.append({"name": pre + "REGION", "value": config.region})
+    if secret:
+        for key in SECRET_KEYS[url.scheme]:
+            ref = {"name": secret, "key": key, "optional": True}
+            out.append({"name": pre + key.upper(), "valueFrom": {"secretKeyRef": ref}})
+    return out
+
+
+def config_from_env(name: str, env: Mapping[str, str]) -> StoreConfig:
+    """A store's config as `pod_store_env` handed it to a process (gpuorch's agent)."""
+    pre = credential_env(name)
+    get = env.get
+    url = get(pre + "URL")
+    if not url:
+        raise StoreError(f"store {name!r}: {pre}URL is not set: the Job names no such store")
+    parse_url(url, pre + "URL")
+    return StoreConfig(url=url, endpoint=get(pre + "ENDPOINT") or None, region=get(pre + "REGION") or None)

@@ -14,6 +14,7 @@ from gpuorch_dispatcher import core
 from gpuorch_proto import ClusterRegistryEntry, RoutingDecision, Workload, workload_from_obj
 from gpuorch_proto import events as ev
 from gpuorch_proto.inventory import QueueRegistry
+from gpuorch_proto.storage import StoreConfig
 from gpuorch_proto.subjects import valid_token
 
 DIGEST = "example.org/train@sha256:" + "ab" * 32
@@ -36,9 +37,7 @@ def env(**registry: ClusterRegistryEntry) -> core.Environment:
     }
     return core.Environment(
         registry=reg,
-        store_roots={"prod": "/stores/prod", "scratch": "/stores/scratch"},
-        data_roots={"primary-nfs": "/data/primary-nfs"},
-        cache_roots={c: f"/cache/{c}" for c in reg},
+        stores={"prod": StoreConfig(url="s3://bucket/prod"), "scratch": StoreConfig(url="s3://bucket/scratch"), "primary-nfs": StoreConfig(url="s3://lake/primary-nfs")},
         time_scale=600,
     )
 
@@ -54,8 +53,6 @@ def job(
         cluster,
         queue,
         e or env(),
-        output_path="/o",
-        checkpoint_path="/c",
         resume_from=None,
     )
 
@@ -78,7 +75,16 @@ def test_job_labels_whole_gpu_limits_and_env() -> None:
     assert c["resources"]["limits"] == c["resources"]["requests"]
     envs = {e["name"]: e["value"] for e in c["env"]}
     assert envs["GPUORCH_ATTEMPT_ID"] == f"{W}-a1" and envs["GPUORCH_EPOCH"] == "1"
-    assert envs["GPUORCH_OUTPUT_DIR"] == "/o" and envs["GPUORCH_CHECKPOINT_DIR"] == "/c"
+    # the program writes local directories of its pod; the URLs say where gpuorch's agent puts them
+    assert envs["GPUORCH_OUTPUT_DIR"] == "$(GPUORCH_POD_ROOT)/gpuorch/out"
+    assert envs["GPUORCH_CHECKPOINT_DIR"] == "$(GPUORCH_POD_ROOT)/gpuorch/checkpoints"
+    assert envs["GPUORCH_OUTPUT_URL"] == f"s3://bucket/prod/{W}/attempts/{W}-a1"
+    assert envs["GPUORCH_CHECKPOINT_URL"] == f"s3://bucket/prod/{W}/attempts/{W}-a1/checkpoints"
+    (agent,) = m["spec"]["template"]["spec"]["initContainers"]
+    assert agent["name"] == "agent" and agent["restartPolicy"] == "Always", "a native sidecar uploads them"
+    assert agent["image"] != c["image"] and agent["args"][:5] == ["sync", "--store", "prod", "--prefix", f"{W}/attempts/{W}-a1"]
+    assert {"name": "GPUORCH_STORE_PROD_URL", "value": "s3://bucket/prod"} in agent["env"]
+    assert agent["securityContext"] == c["securityContext"]
     assert m["spec"]["backoffLimit"] == 0
     assert "schedulerName" not in m["spec"]["template"]["spec"]
     assert "kueue.x-k8s.io/queue-name" not in labels
@@ -154,25 +160,33 @@ def test_admission_integration_only_where_the_cluster_has_it(
     assert m["spec"].get("suspend", False) == suspended
 
 
-def test_input_staged_where_not_cached_and_read_in_place_where_local() -> None:
+def test_input_staged_into_the_cache_from_the_location_over_the_link_or_locally() -> None:
     w = wl(inputs=[{"ref": "imagenet@v3", "size_gb": 1350, "locations": ["primary-nfs"]}])
     e = env(
         primary=ClusterRegistryEntry(data_locations=["primary-nfs"]),
         spare=ClusterRegistryEntry(bandwidth_mbps={"primary-nfs": 125}),
     )
     local = job(w, "primary", e)
-    assert "initContainers" not in local["spec"]["template"]["spec"]
-    assert {"name": "GPUORCH_INPUT_IMAGENET", "value": "/data/primary-nfs/imagenet@v3"} in local["spec"][
-        "template"
-    ]["spec"]["containers"][0]["env"]
+    validate(local)
+    pod = local["spec"]["template"]["spec"]
+    stage = pod["initContainers"][0]
+    assert stage["name"] == "stage-0" and stage["command"][-1] == "gpuorch.workloads.agent"
+    assert stage["args"][:5] == ["stage", "--store", "primary-nfs", "--dataset", "imagenet@v3"]
+    assert "--bandwidth-mbps" not in stage["args"], "the cluster's own location: no link to simulate"
+    assert {"name": "GPUORCH_STORE_PRIMARY_NFS_URL", "value": "s3://lake/primary-nfs"} in stage["env"]
+    assert {"name": "GPUORCH_INPUT_IMAGENET", "value": "$(GPUORCH_POD_ROOT)/gpuorch-cache/imagenet@v3"} in pod["containers"][0]["env"]
+    assert {"name": "gpuorch-cache", "persistentVolumeClaim": {"claimName": "gpuorch-cache"}} in pod["volumes"]
+    assert {"name": "gpuorch-cache", "mountPath": "/gpuorch-cache", "readOnly": True} in pod["containers"][0]["volumeMounts"]
     remote = job(w, "spare", e)
     validate(remote)
     init = remote["spec"]["template"]["spec"]["initContainers"][0]
-    assert (
-        init["command"][-1] == "gpuorch.workloads.stage"
-        and "imagenet@v3" in init["args"]
-        and "125" in init["args"]
-    )
+    assert init["name"] == "stage-0" and "imagenet@v3" in init["args"]
+    assert init["args"][init["args"].index("--bandwidth-mbps") + 1] == "125"
+    cached = job(w, "primary", env(primary=ClusterRegistryEntry(datasets_cached=["imagenet@v3"], cache_claim="fast-cache")))
+    pod = cached["spec"]["template"]["spec"]
+    # said to be cached: still checked by the agent (a hit reads one record; an emptied cache is refilled)
+    assert [c["name"] for c in pod["initContainers"]] == ["stage-0", "agent"]
+    assert {"name": "gpuorch-cache", "persistentVolumeClaim": {"claimName": "fast-cache"}} in pod["volumes"]
 
 
 def routed(n: int, cluster: str = "primary") -> ev.Routed:
@@ -201,7 +215,8 @@ def test_routed_creates_exactly_one_attempt() -> None:
     assert len(acts) == 1 and isinstance(acts[0], core.CreateJob)
     created = acts[0].created
     assert created.attempt_id == f"{W}-a1" and created.epoch == 1 and created.mode == "fresh"
-    assert created.output_path == f"/stores/prod/{W}/attempts/{W}-a1"
+    assert created.output_path == f"s3://bucket/prod/{W}/attempts/{W}-a1"
+    assert created.checkpoint_path == f"s3://bucket/prod/{W}/attempts/{W}-a1/checkpoints"
     p.apply(created, 3)
     assert (
         core.on_routed(p.workloads[W], routed(1), 3.0, env()) == []
@@ -265,13 +280,18 @@ def test_replacement_resumes_from_a_portable_checkpoint() -> None:
         primary=ClusterRegistryEntry(artifact_stores=["prod"]),
         spare=ClusterRegistryEntry(artifact_stores=["prod"]),
     )
-    e = core.Environment(**{**e.__dict__, "checkpoints": {a1: "/c1/ckpt.npz"}})
+    ck = f"s3://bucket/prod/{W}/attempts/{a1}/checkpoints/step-000040.npz"
+    e = core.Environment(**{**e.__dict__, "checkpoints": {a1: ck}})
     acts = core.on_routed(p.workloads[W], routed(2, "spare"), 5.0, e)
     c = acts[0]
     assert isinstance(c, core.CreateJob)
-    assert c.created.mode == "resume" and c.created.resume_from == "/c1/ckpt.npz" and c.created.epoch == 2
-    envs = {x["name"]: x["value"] for x in c.manifest["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert envs["GPUORCH_RESUME_FROM"] == "/c1/ckpt.npz" and envs["GPUORCH_EPOCH"] == "2"
+    assert c.created.mode == "resume" and c.created.resume_from == ck and c.created.epoch == 2
+    pod = c.manifest["spec"]["template"]["spec"]
+    envs = {x["name"]: x["value"] for x in pod["containers"][0]["env"]}
+    assert envs["GPUORCH_RESUME_FROM"] == "$(GPUORCH_POD_ROOT)/gpuorch/resume/step-000040.npz" and envs["GPUORCH_EPOCH"] == "2"
+    fetch = next(x for x in pod["initContainers"] if x["name"] == "fetch")  # the agent reads it from the store
+    assert fetch["args"] == ["fetch", "--store", "prod", "--key", f"{W}/attempts/{a1}/checkpoints/step-000040.npz",
+                             "--to", "/gpuorch/resume/step-000040.npz"]  # fmt: skip
 
 
 def test_no_resume_where_the_checkpoint_store_is_unreachable() -> None:
@@ -1135,3 +1155,16 @@ def test_an_observation_that_asks_nothing_asks_nothing_until_it_is_due(name: str
     assert checked > 0
     if name in ("unplaceable-recorded", "queued-with-estimate") and requeue is not None:
         assert fired > 0, "a clock that fires is among the cases"
+
+
+def test_store_credentials_reach_gpuorchs_agent_by_secret_name_and_never_the_program() -> None:
+    e = env(primary=ClusterRegistryEntry(artifact_stores=["prod"], store_credentials={"prod": "prod-s3"}))
+    m = job(wl(output={"store": "prod"}), "primary", e)
+    validate(m)
+    pod = m["spec"]["template"]["spec"]
+    (agent,) = pod["initContainers"]
+    refs = {x["name"]: x["valueFrom"]["secretKeyRef"] for x in agent["env"] if "valueFrom" in x}
+    assert refs and {r["name"] for r in refs.values()} == {"prod-s3"}, refs
+    assert refs["GPUORCH_STORE_PROD_SECRET_ACCESS_KEY"]["key"] == "secret_access_key"  # the Secret's key, never its value
+    main_env = {x["name"] for x in pod["containers"][0]["env"]}
+    assert not any(n.startswith("GPUORCH_STORE_") for n in main_env), main_env

@@ -13,6 +13,7 @@ from gpuorch_dispatcher import core
 from gpuorch_proto import ClusterRegistryEntry, RoutingDecision, workload_from_obj
 from gpuorch_proto import events as ev
 from gpuorch_proto.resume import can_resume, readable_stores
+from gpuorch_proto.storage import StoreConfig
 
 DIGEST = "example.org/train@sha256:" + "ab" * 32
 W = "train-0123456789"
@@ -26,8 +27,8 @@ REGISTRY = {
 
 def env(checkpoints: dict[str, str] | None = None) -> core.Environment:
     return core.Environment(
-        registry=REGISTRY, store_roots={"prod": "/stores/prod", "scratch": "/stores/scratch"}, data_roots={},
-        cache_roots={c: f"/cache/{c}" for c in REGISTRY}, time_scale=10.0, checkpoints=checkpoints or {},
+        registry=REGISTRY, stores={"prod": StoreConfig(url="s3://bucket/prod"), "scratch": StoreConfig(url="s3://bucket/scratch"), "primary-nfs": StoreConfig(url="s3://lake/primary-nfs")},
+        time_scale=10.0, checkpoints=checkpoints or {},
     )
 
 

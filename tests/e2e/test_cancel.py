@@ -146,16 +146,16 @@ async def test_cancel_while_staging_the_input(system: System, client: Client, ku
     def staging() -> bool:
         pods = pods_of(kube, "beta", wid)
         assert pods, "no pod yet"
-        inits = [s for p in pods for s in p.status.init_container_statuses or []]
-        assert inits and all(s.state.running for s in inits), inits
+        inits = {s.name: s for p in pods for s in p.status.init_container_statuses or []}
+        assert "stage-0" in inits and inits["stage-0"].state.running, inits  # gpuorch's agent copying
         return True
 
     await eventually(client, wid, staging, timeout=30)
     view = await cancel_and_wait(client, wid)
     assert_cancelled_and_gone(view, kube)
     assert [a.status for a in view.attempts.values()] != ["running"] and "running" not in view.times
-    cache = system.state_dir / "caches" / "beta" / ref
-    assert not (cache / ".complete").exists(), "the copy was stopped, not finished"
+    cache = system.state_dir / "clusters" / "beta" / "claims" / "gpuorch" / "gpuorch-cache" / ref  # beta's cache claim
+    assert cache.parent.is_dir() and not (cache / ".complete").exists(), "the copy was started and stopped, not finished"
 
 
 async def test_cancel_of_a_lost_attempt_waits_for_confirmation(system: System, client: Client, kube: dict[str, Any]) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -12,12 +11,13 @@ from gpuorch.invariants import check
 from gpuorch.system import System
 from gpuorch_proto import type_tag
 from tests.e2e.workloads import train
+from tests.support.system import keys_at, result_object
 from tests.support.wait import assert_eventually
 
 pytestmark = pytest.mark.e2e
 
 
-async def running_on(client: Client, wid: str, cluster: str, with_checkpoint: bool = False) -> None:
+async def running_on(system: System, client: Client, wid: str, cluster: str, with_checkpoint: bool = False) -> None:
     async def ok() -> bool:
         v = await client.view(wid)
         if v is None:
@@ -26,8 +26,7 @@ async def running_on(client: Client, wid: str, cluster: str, with_checkpoint: bo
             if a.cluster == cluster and (a.status == "running" or (a.status == "succeeded" and not with_checkpoint)):
                 if not with_checkpoint:
                     return True
-                ck = Path(a.checkpoint_path)
-                return ck.is_dir() and any(ck.iterdir())
+                return bool(await keys_at(system, a.checkpoint_path))
         return False
 
     async def history() -> str:
@@ -55,7 +54,7 @@ async def no_jobs(kube: dict, wid: str) -> None:
 @pytest.mark.parametrize("fencing", ["strict", "fast"])
 async def test_partition_mid_run_replaces_elsewhere_resumes_and_promotes_exactly_once(system: System, client: Client, kube: dict, fencing: str) -> None:
     # fast: the replacement may start right after the epoch bump, long before the lease runs out
-    wid = await client.submit(train(f"part-{fencing}", steps=60, fencing=fencing, lease="10m" if fencing == "strict" else "10h"))
+    wid = await client.submit(train(f"part-{fencing}", steps=120, fencing=fencing, lease="10m" if fencing == "strict" else "10h"))
 
     async def first_cluster() -> str | None:
         v = await client.view(wid)
@@ -63,10 +62,10 @@ async def test_partition_mid_run_replaces_elsewhere_resumes_and_promotes_exactly
 
     home = await assert_eventually(first_cluster, timeout=60)
     other = "beta" if home == "alpha" else "alpha"
-    await running_on(client, wid, home, with_checkpoint=True)
+    await running_on(system, client, wid, home, with_checkpoint=True)
     system.fault(home, "partition")
     try:
-        await running_on(client, wid, other)
+        await running_on(system, client, wid, other)
         v = await client.view(wid)
         assert v is not None
         a1 = next(a for a in v.attempts.values() if a.cluster == home)
@@ -82,8 +81,8 @@ async def test_partition_mid_run_replaces_elsewhere_resumes_and_promotes_exactly
     view = await client.wait(wid, timeout=120)
     assert view.status == "completed", view.reason
     assert view.promoted_attempt == a2.attempt_id
-    metrics = json.loads((Path(view.result_path or "") / "metrics.json").read_text())
-    assert metrics["resumed_from_step"] and metrics["resumed_from_step"] > 0 and metrics["steps"] == 60
+    metrics = json.loads(await result_object(system, view.result_path, "metrics.json"))
+    assert metrics["resumed_from_step"] and metrics["resumed_from_step"] > 0 and metrics["steps"] == 120
     # after the heal, the old attempt is cancelled (or its late promotion rejected) and its Job removed
     await no_jobs(kube, wid)
 
@@ -139,7 +138,7 @@ async def test_failed_attempt_is_retried_from_its_checkpoint(system: System, cli
     attempts = sorted(view.attempts.values(), key=lambda a: a.number)
     assert [a.status for a in attempts] == ["failed", "succeeded"]
     assert attempts[0].exit_code == 3 and attempts[1].mode == "resume"
-    metrics = json.loads((Path(view.result_path or "") / "metrics.json").read_text())
+    metrics = json.loads(await result_object(system, view.result_path, "metrics.json"))
     assert metrics["resumed_from_step"] == 10
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -15,6 +14,7 @@ from gpuorch.system import System
 from gpuorch_proto import encode, type_tag
 from gpuorch_proto import events as ev
 from tests.e2e.workloads import train
+from tests.support.system import result_object
 from tests.support.wait import assert_eventually
 
 pytestmark = pytest.mark.e2e
@@ -34,7 +34,7 @@ async def test_workload_completes_with_one_promoted_attempt_in_lifecycle_order(s
     assert len(promoted) == 1 and view.promoted_attempt == promoted[0].attempt_id
     assert promoted[0].cluster == "alpha", "the data lives on alpha: no copy needed there"
     # the output is where the promotion says: the trainer's metrics, written by that attempt
-    metrics = json.loads((Path(view.result_path or "") / "metrics.json").read_text())
+    metrics = json.loads(await result_object(system, view.result_path, "metrics.json"))
     assert metrics["attempt_id"] == promoted[0].attempt_id and metrics["steps"] == 20
     order = await kinds(client, wid)
     assert [k for k in order if k in LIFECYCLE] == LIFECYCLE, order

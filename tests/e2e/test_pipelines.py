@@ -30,7 +30,7 @@ from gpuorch.client import Client
 from gpuorch.kube import make_clients
 from gpuorch.projection import Projection, WorkloadView
 from gpuorch.system import System
-from gpuorch_fencer.service import tree_bytes
+from gpuorch_fencer.publish import resolve_result
 from gpuorch_proto import (
     Event,
     Workload,
@@ -41,7 +41,7 @@ from gpuorch_proto import (
     workload_to_builtins,
 )
 from gpuorch_proto import events as ev
-from tests.support.system import running
+from tests.support.system import result_object, running
 from tests.support.wait import assert_eventually
 
 pytestmark = pytest.mark.e2e
@@ -163,15 +163,23 @@ async def test_the_seeds_three_stage_pipeline_runs_end_to_end(system: System, cl
     assert requests_of(jobs["train"])[k8s.GPU_RESOURCE] == "8"
     # evaluation reads training's promoted output, by version (and preprocessing's)
     env = env_of(jobs["evaluate"])
-    assert env["GPUORCH_INPUT_TRAIN"] == train.result_path and env["GPUORCH_INPUT_TRAIN_VERSION"] == train.promoted_attempt
+    assert env["GPUORCH_INPUT_TRAIN_URL"] == train.result_path and env["GPUORCH_INPUT_TRAIN_VERSION"] == train.promoted_attempt
+    assert env["GPUORCH_INPUT_TRAIN"] == "$(GPUORCH_POD_ROOT)/gpuorch/inputs/train"  # a pod path: the agent fetched it
     assert env["GPUORCH_INPUT_PREPROCESS_VERSION"] == pre.promoted_attempt
     assert json.loads(env["GPUORCH_INPUTS"])["train"]["version"] == train.promoted_attempt
-    assert json.loads((Path(env["GPUORCH_INPUT_TRAIN"]) / "metrics.json").read_text())["attempt_id"] == train.promoted_attempt
-    assert env_of(jobs["train"])["GPUORCH_INPUT_PREPROCESS"] == pre.result_path
+    fetches = {c.name: [*(c.command or []), *(c.args or [])] for c in jobs["evaluate"].spec.template.spec.init_containers or []}
+    assert any("fetch-result" in a and "inputs/train" in " ".join(a) for a in fetches.values()), fetches
+    assert json.loads(await result_object(system, train.result_path, "metrics.json"))["attempt_id"] == train.promoted_attempt
+    assert env_of(jobs["train"])["GPUORCH_INPUT_PREPROCESS_URL"] == pre.result_path
     # the size of a promoted result is on record (the fencer measured it) and is a routed input
     promoted = {e.workload_id: e for _, e in events if isinstance(e, ev.Promoted)}
     size = promoted[ids["train"]].result_bytes
-    assert size == tree_bytes(train.result_path or "") > 0, size
+    from gpuorch.config import load_registry
+    from gpuorch.stores import stores_of
+
+    st = system.settings
+    manifest = await resolve_result(stores_of(st, load_registry(st.registry) if st.registry else None), train.result_path or "")
+    assert size == manifest.total_bytes > 0, size  # the manifest's total: what the agent uploaded
     ready = next(e for _, e in events if isinstance(e, ev.StageReady) and e.workload_id == ids["evaluate"])
     assert {i.stage: i.size_bytes for i in ready.inputs}["train"] == size
     routed = next(e for _, e in events if isinstance(e, ev.Routed) and e.workload_id == ids["evaluate"])
@@ -341,7 +349,7 @@ async def test_a_200_trial_sweep_never_runs_more_than_k_and_finishes_all(system:
     assert 1 <= most_running <= K, most_running
     # each trial got its own parameters
     v = p.get(trials["t0123"])
-    assert v is not None and v.result_path and (Path(v.result_path) / "params").read_text() == "0.013 3"
+    assert v is not None and (await result_object(system, v.result_path, "params")) == b"0.013 3"
     holds = [e for _, e in events if isinstance(e, ev.Held)]
     assert holds and all(h.holds[0].scope == "pipeline" and h.holds[0].limit == K for h in holds)
 

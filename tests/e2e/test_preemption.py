@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -20,7 +19,7 @@ from gpuorch_proto import events as ev
 from gpuorch_proto import type_tag
 from gpuorch_router.explain import render_waits
 from tests.e2e.workloads import train
-from tests.support.system import one_node, registry, running
+from tests.support.system import keys_at, one_node, registry, result_object, running
 from tests.support.wait import assert_eventually
 
 pytestmark = pytest.mark.e2e
@@ -42,14 +41,13 @@ async def trail(client: Client, wid: str) -> str:
     return " ".join(f"{type_tag(e)}({getattr(e, 'attempt_id', '')})" for _, e in await client.events(wid))
 
 
-async def running_with_checkpoint(client: Client, wid: str) -> None:
+async def running_with_checkpoint(system: System, client: Client, wid: str) -> None:
     async def ok() -> bool:
         v = await client.view(wid)
         a = v.latest_attempt if v is not None else None
         if a is None or a.status != "running":
             return False
-        ck = Path(a.checkpoint_path)
-        return ck.is_dir() and any(ck.iterdir())
+        return bool(await keys_at(system, a.checkpoint_path))
 
     try:
         await assert_eventually(ok, timeout=90)
@@ -62,8 +60,8 @@ async def test_interruptible_work_is_preempted_resumes_from_its_checkpoint_and_t
 ) -> None:
     victim = await client.submit(train("sweep-trial", steps=240, priority=1, preemptible=True))
     steady = await client.submit(train("steady", steps=240, priority=0))  # not interruptible
-    await running_with_checkpoint(client, victim)
-    await running_with_checkpoint(client, steady)
+    await running_with_checkpoint(system, client, victim)
+    await running_with_checkpoint(system, client, steady)
 
     urgent = await client.submit(train("urgent", steps=10, priority=10))
 
@@ -92,7 +90,7 @@ async def test_interruptible_work_is_preempted_resumes_from_its_checkpoint_and_t
     last = rest[-1]
     assert last.mode == "resume" and last.resume_from, last.mode_reason
     assert sum(isinstance(e, ev.Promoted) for _, e in events) == 1 and v.promoted_attempt == last.attempt_id
-    metrics = json.loads((Path(v.result_path or "") / "metrics.json").read_text())
+    metrics = json.loads(await result_object(system, v.result_path, "metrics.json"))
     assert metrics["resumed_from_step"] and metrics["resumed_from_step"] > 0 and metrics["steps"] == 240
     # the urgent job ran before the victim's replacement: the freed GPUs went to it
     u_run = min(a.times["running"] for a in done.attempts.values() if "running" in a.times)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -68,3 +69,35 @@ def test_cli_submit_get_list_explain_events_clusters(system: System, tmp_path: P
     assert refused.returncode == 2 and "spec.resources.gpus: 0.5 is not a whole number" in refused.stderr
     missing = gpuorch(system, "get", "no-such-0000000000")
     assert missing.returncode == 1 and "no workload" in missing.stderr
+
+
+async def test_cli_logs_of_the_running_attempt_and_a_cluster_that_does_not_answer(system: System, client: Client) -> None:
+    """`gpuorch logs`: the trainer's output through its cluster's API (the attempt's pods only);
+    what cannot be shown says why; a partitioned cluster is reported, not waited on."""
+    system.save()
+    wid = await client.submit(train("logs", steps=3000))
+
+    async def printed() -> subprocess.CompletedProcess[str]:
+        out = await asyncio.to_thread(gpuorch, system, "logs", wid)
+        assert out.returncode == 0 and "training step=" in out.stdout, (out.returncode, out.stdout[-300:], out.stderr[-300:])
+        return out
+
+    out = await assert_eventually(printed, timeout=90, interval=0.5)
+    assert out.stdout.startswith("input mnist@v1"), out.stdout[:200]  # its own output, from the start
+    v = await client.view(wid)
+    assert v is not None and v.latest_attempt is not None
+    cluster = v.latest_attempt.cluster
+    stage = await asyncio.to_thread(gpuorch, system, "logs", wid, "--container", "stage-0")
+    assert stage.returncode == 0 and '"dataset": "mnist@v1"' in stage.stdout, stage.stdout + stage.stderr  # gpuorch's agent
+    no_worker = await asyncio.to_thread(gpuorch, system, "logs", wid, "--worker", "3")
+    assert no_worker.returncode == 1 and "no pod of worker 3 (workers: [0])" in no_worker.stderr, no_worker.stderr
+    no_attempt = await asyncio.to_thread(gpuorch, system, "logs", wid, "--attempt", "7")
+    assert no_attempt.returncode == 1 and "has no attempt 7 (it has 1)" in no_attempt.stderr, no_attempt.stderr
+    system.fault(cluster, "partition")
+    try:
+        cut = await asyncio.to_thread(gpuorch, system, "logs", wid, "--attempt", "1")
+        assert cut.returncode == 1 and f"on cluster {cluster}" in cut.stderr and "does not answer" in cut.stderr, cut.stderr
+    finally:
+        system.fault(cluster, "heal")
+        await client.cancel(wid)
+    assert (await client.wait(wid, timeout=120)).status == "cancelled"

@@ -21,8 +21,8 @@ pytestmark = pytest.mark.e2e
 
 
 async def test_only_eligible_cluster_partitioned_lost_then_healed_completes(system: System, client: Client) -> None:
-    wid = await client.submit(train("only-alpha", steps=60, requirements={"clusters": ["alpha"]}))
-    await running_on(client, wid, "alpha", with_checkpoint=True)
+    wid = await client.submit(train("only-alpha", steps=120, requirements={"clusters": ["alpha"]}))
+    await running_on(system, client, wid, "alpha", with_checkpoint=True)
     system.fault("alpha", "partition")
     try:
         async def waiting_for_attempt_2() -> str:

@@ -9,8 +9,20 @@ from hypothesis import strategies as st
 from gpuorch_fencer import core
 from gpuorch_proto import FenceRecord
 from gpuorch_proto import events as ev
+from gpuorch_proto.storage import Manifest, attempt_prefix
 
 W = "train-0123456789"
+RESULT = f"file:///s/{W}/result/manifest.json"
+
+
+def outputs(n: int, epoch: int) -> Manifest:
+    """The manifest of a complete upload of attempt n (what `publish.prepare` gives)."""
+    aid = f"{W}-a{n}"
+    return Manifest(workload_id=W, attempt_id=aid, epoch=epoch, store="prod", prefix=attempt_prefix(W, aid), objects=[], total_bytes=0, created_at=0.0)
+
+
+def promoting(rec: FenceRecord | None, n: int, epoch: int, got: Manifest | str | None = None) -> core.Decision:
+    return core.on_promote_requested(rec, promote(n, epoch), 2.0, RESULT, outputs(n, epoch) if got is None else got)
 
 
 def created(n: int, epoch: int) -> ev.AttemptCreated:
@@ -52,11 +64,42 @@ def test_fence_of_an_already_stale_attempt_does_not_bump_again() -> None:
 
 def test_current_attempt_is_promoted_once_with_its_result_path() -> None:
     rec = FenceRecord(epoch=1, current_attempt=f"{W}-a1")
-    d = core.on_promote_requested(rec, promote(1, 1), 2.0, "/s/result")
-    assert d.record is not None and d.record.promoted_attempt == f"{W}-a1"
-    assert d.promote == (f"/s/{W}/attempts/{W}-a1", "/s/result")
-    again = core.on_promote_requested(d.record, promote(1, 1), 3.0, "/s/result")
+    d = promoting(rec, 1, 1)
+    assert d.record is not None and d.record.promoted_attempt == f"{W}-a1" and d.record.result_path == RESULT
+    assert d.promote == core.Publish(RESULT, outputs(1, 1))
+    promoted = d.events[0]
+    assert isinstance(promoted, ev.Promoted) and promoted.result_path == RESULT
+    again = promoting(d.record, 1, 1)
     assert again.record is None and isinstance(again.events[0], ev.Promoted)  # idempotent re-emit
+    assert again.promote == core.Publish(RESULT, outputs(1, 1)), "the manifest is written again (create-only: a no-op)"
+    lost = promoting(d.record, 1, 1, "no upload record")
+    assert lost.promote == core.Publish(RESULT, None) and isinstance(lost.events[0], ev.Promoted), "read back what is there"
+
+
+def test_an_incomplete_upload_is_rejected_with_its_reason_and_fenced_so_a_replacement_may_start() -> None:
+    rec = FenceRecord(epoch=1, current_attempt=f"{W}-a1")
+    d = promoting(rec, 1, 1, "no upload record: the attempt's upload did not complete (nothing is published)")
+    assert d.promote is None and d.delete_job
+    assert d.record == FenceRecord(epoch=2, current_attempt=None), "the attempt can never publish: its epoch is over"
+    assert [type(x) for x in d.events] == [ev.PromotionRejected, ev.Fenced, ev.ReplacementAllowed]
+    assert "no upload record" in d.events[0].reason  # type: ignore[attr-defined]
+    assert d.events[2].how == "stopped"  # type: ignore[attr-defined]
+    # a stale request is refused for being stale, whatever its upload
+    stale = promoting(FenceRecord(epoch=3), 1, 1, "no upload record")
+    assert stale.record is None and "stale epoch 1" in stale.events[0].reason  # type: ignore[attr-defined]
+
+
+def test_a_manifest_conflict_is_recorded_as_a_rejection_with_its_reason() -> None:
+    e = core.manifest_conflict(promote(1, 1), 1, "it holds x-a9 at epoch 4", 2.0)
+    assert isinstance(e, ev.PromotionRejected) and e.reason == "result manifest conflict: it holds x-a9 at epoch 4"
+    assert e.event_id == f"{W}-a1.promotion-rejected"
+
+
+def test_attempt_and_result_urls_are_the_stores_keys() -> None:
+    assert core.attempt_url("s3://b/pfx", W, f"{W}-a1") == f"s3://b/pfx/{W}/attempts/{W}-a1"
+    assert core.result_url("file:///var/stores/prod", W) == f"file:///var/stores/prod/{W}/result/manifest.json"
+    assert core.attempt_url("s3://b/pfx", "..", f"{W}-a1") is None
+    assert core.attempt_url("/not/a/url", W, f"{W}-a1") is None
 
 
 @pytest.mark.parametrize(
@@ -68,7 +111,7 @@ def test_current_attempt_is_promoted_once_with_its_result_path() -> None:
     ],
 )
 def test_promotion_rejected(record: FenceRecord, attempt: int, epoch: int, why: str) -> None:
-    d = core.on_promote_requested(record, promote(attempt, epoch), 2.0, "/s/result")
+    d = promoting(record, attempt, epoch)
     assert d.record is None and d.promote is None and d.delete_job
     assert isinstance(d.events[0], ev.PromotionRejected)
     assert why in d.events[0].reason
@@ -86,12 +129,8 @@ def test_orphan_rules() -> None:
     assert core.is_orphan(None, "x-a1", 1, False) == "unknown attempt x-a1"
 
 
-def test_result_path() -> None:
-    assert core.result_path_for("/s/prod/w/attempts/w-a1") == "/s/prod/w/result"
-
-
 ops = st.lists(
-    st.tuples(st.sampled_from(["create", "fence", "promote"]), st.integers(1, 4), st.integers(1, 5)),
+    st.tuples(st.sampled_from(["create", "fence", "promote", "promote-cut"]), st.integers(1, 4), st.integers(1, 5)),
     max_size=40,
 )
 
@@ -109,7 +148,7 @@ def test_any_interleaving_promotes_at_most_one_attempt_and_never_a_stale_one(ste
             d = core.on_fence_requested(rec, fence(n, epoch), 0.0)
         else:
             before = rec
-            d = core.on_promote_requested(rec, promote(n, epoch), 0.0, "/r")
+            d = promoting(rec, n, epoch, "upload cut" if op == "promote-cut" else None)
             if d.promote is not None:
                 assert before is None or before.epoch == epoch or before.promoted_attempt == f"{W}-a{n}"
                 promoted.add(f"{W}-a{n}")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from gpuorch.invariants import check
+import pytest
+
+from gpuorch.invariants import check, check_manifests
 from gpuorch_proto import RoutingDecision, workload_from_obj
 from gpuorch_proto import events as ev
+from gpuorch_proto.storage import Manifest
 
 W = "w-0000000001"
 WL = workload_from_obj({"metadata": {"name": "w"}, "spec": {"image": "x@sha256:" + "0" * 64, "command": ["true"]}})
@@ -75,3 +78,42 @@ def test_a_strict_replacement_before_confirmation_is_a_violation() -> None:
 def test_a_replacement_of_an_unfenced_attempt_is_two_current_attempts() -> None:
     (v,) = check(seq(_replaced("fast", stopped=False, confirmed=False, fenced=False)))
     assert v.invariant == "replacement-after-fence" and "two current attempts" in v.detail
+
+
+# --- 8. the stores' manifests agree with the promotions ------------------------------------------
+
+
+def manifest(n: int, epoch: int, wid: str = W) -> Manifest:
+    return Manifest(workload_id=wid, attempt_id=f"{W}-a{n}", epoch=epoch, store="prod", prefix=f"{W}/attempts/{W}-a{n}",
+                    objects=[], total_bytes=0, created_at=0.0)  # fmt: skip
+
+
+def promoted_history() -> list[tuple[int, ev.Base]]:
+    return seq([*base(), ev.Fenced(new_epoch=2, **a(1, 1)), ev.Promoted(output_path="/o", result_path="/r", **a(2, 2)),
+                ev.Completed(workload_id=W, at=3.0, attempt_id=f"{W}-a2", result_path="/r")])  # fmt: skip
+
+
+def test_the_promoted_attempts_manifest_agrees() -> None:
+    assert check_manifests(promoted_history(), {W: {"prod": manifest(2, 2)}}) == []
+
+
+@pytest.mark.parametrize(
+    ("manifests", "says"),
+    [
+        pytest.param({W: {"prod": manifest(1, 1)}}, "whose epoch was fenced", id="the-stale-attempts"),
+        pytest.param({W: {"prod": manifest(2, 2), "other": manifest(2, 2)}}, "published once", id="two-stores"),
+        pytest.param({W: {"prod": manifest(2, 1)}}, "the promotion", id="another-epoch"),
+        pytest.param({}, "no store holds its manifest", id="none"),
+        pytest.param({W: {"prod": manifest(2, 2, wid="x")}}, "x's", id="another-workloads"),
+    ],
+)
+def test_a_manifest_that_disagrees_is_a_violation(manifests: dict, says: str) -> None:
+    found = check_manifests(promoted_history(), manifests)
+    assert found and all(v.invariant == "manifest-agrees" for v in found) and says in found[0].detail, found
+
+
+def test_a_cancelled_workloads_manifest_is_a_violation() -> None:
+    h = seq([*base(), ev.CancelRequested(workload_id=W, at=1.0), ev.Cancelled(workload_id=W, at=2.0, reason="asked")])
+    assert check_manifests(h, {}) == []
+    [v] = check_manifests(h, {W: {"prod": manifest(1, 1)}})
+    assert "never promoted" in v.detail

@@ -15,11 +15,12 @@ from gpuorch_dispatcher import core as dispatch
 from gpuorch_inventory.core import build_snapshot
 from gpuorch_proto import ClusterRegistryEntry, k8s
 from gpuorch_proto.inventory import QueueRegistry
+from gpuorch_proto.storage import StoreConfig
 from tests.inventory.builders import T0, make_node
 from tests.support.builders import make_workload
 
 REGISTRY = ClusterRegistryEntry(artifact_stores=["scratch"], queues=[QueueRegistry(name="default"), QueueRegistry(name="training")])
-ENV = dispatch.Environment(registry={"c": REGISTRY}, store_roots={}, data_roots={}, cache_roots={})
+ENV = dispatch.Environment(registry={"c": REGISTRY}, stores={"scratch": StoreConfig(url="s3://bucket/scratch")})
 
 
 def pods_of(manifest: dict[str, Any]) -> list[dict[str, Any]]:
@@ -37,7 +38,7 @@ def pods_of(manifest: dict[str, Any]) -> list[dict[str, Any]]:
 
 def test_gpuorch_pending_pods_count_under_the_queue_the_dispatcher_chose() -> None:
     wl = make_workload(gpus=4, workers=2, expected_runtime="2h")
-    manifest = dispatch.build_job(wl, "w-1", k8s.attempt_id("w-1", 1), 1, "c", "training", ENV, output_path="/o", checkpoint_path="/c", resume_from=None)
+    manifest = dispatch.build_job(wl, "w-1", k8s.attempt_id("w-1", 1), 1, "c", "training", ENV, resume_from=None)
     pods = pods_of(manifest)
     assert all(p["metadata"]["labels"][k8s.LABEL_QUEUE] == "training" for p in pods)
     snap = build_snapshot("c", [make_node("n0", gpus=8)], pods, REGISTRY, now=T0, observed_at=T0, time_scale=1.0)

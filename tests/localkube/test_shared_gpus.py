@@ -16,6 +16,7 @@ from gpuorch_dispatcher import core as dispatch
 from gpuorch_inventory.core import build_snapshot
 from gpuorch_inventory.service import list_cluster
 from gpuorch_proto import ClusterRegistryEntry
+from gpuorch_proto.storage import StoreConfig
 from gpuorch_router.policy import route
 from tests.support.builders import make_workload
 
@@ -28,7 +29,7 @@ TIME_SLICED = {
     "nvidia.com/gpu.count": "4",
 }
 REGISTRY = ClusterRegistryEntry(artifact_stores=["scratch"])
-ENV = dispatch.Environment(registry={"c1": REGISTRY}, store_roots={}, data_roots={}, cache_roots={})
+ENV = dispatch.Environment(registry={"c1": REGISTRY}, stores={"scratch": StoreConfig(url="s3://bucket/scratch")})
 
 
 def _pod_spec(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -61,7 +62,7 @@ def test_a_whole_l4_waits_for_a_whole_l4_and_never_takes_a_time_sliced_one(lk: L
     assert decision.outcome == "routed" and decision.placement is not None, decision.summary
     manifest = dispatch.build_job(
         wl, "w-1", "w-1-a1", 1, "c1", decision.queue, ENV,
-        output_path="/o", checkpoint_path="/c", resume_from=None, placement=decision.placement,
+        resume_from=None, placement=decision.placement,
     )
     # the Job's scheduling as the dispatcher wrote it (affinity, tolerations, GPU limits); a command
     # the local cluster can run

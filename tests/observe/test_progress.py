@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -19,22 +20,33 @@ def attempt(tmp: Path, attempt_id: str = "w-1-a1") -> AttemptView:
     return AttemptView(attempt_id=attempt_id, number=1, epoch=1, cluster="east", output_path=str(out))
 
 
+def marker(a: AttemptView) -> bytes | None:
+    """The marker as the dispatcher reads it: the object gpuorch's agent uploaded (its bytes), or None."""
+    path = progress.marker_path(a.output_path)
+    return path.read_bytes() if path.exists() else None
+
+
 def test_a_written_marker_is_read_once_as_one_compute_started_event(tmp_path: Path) -> None:
     a = attempt(tmp_path)
-    assert progress.compute_started("w-1", a, 100.0) == []  # nothing written yet
+    assert progress.compute_started("w-1", a, marker(a), 100.0) == []  # nothing written yet
     progress.write_marker(a.output_path, attempt_id=a.attempt_id, step=3, at=42.5)
     progress.write_marker(a.output_path, attempt_id=a.attempt_id, step=9, at=99.0)  # the first one stays
-    [e] = progress.compute_started("w-1", a, 100.0)
+    [e] = progress.compute_started("w-1", a, marker(a), 100.0)
     assert isinstance(e, ev.ComputeStarted)
     assert (e.started_at, e.step, e.attempt_id, e.event_id) == (42.5, 3, a.attempt_id, f"{a.attempt_id}.{progress.KIND}")
     a.times[progress.KIND] = 100.0  # on record: not published again
-    assert progress.compute_started("w-1", a, 101.0) == []
+    assert progress.compute_started("w-1", a, marker(a), 101.0) == []
 
 
 def test_another_attempts_marker_is_not_taken_for_this_one(tmp_path: Path) -> None:
     a = attempt(tmp_path)
     progress.write_marker(a.output_path, attempt_id="w-1-a0", step=1, at=1.0)
-    assert progress.compute_started("w-1", a, 2.0) == []
+    assert progress.compute_started("w-1", a, marker(a), 2.0) == []
+
+
+@pytest.mark.parametrize("data", [b"", b"not json", b"[1, 2]", b'{"attempt_id": "w-1-a1"}', b'{"started_at": "soon"}'])
+def test_a_marker_that_is_not_one_starts_nothing(tmp_path: Path, data: bytes) -> None:
+    assert progress.compute_started("w-1", attempt(tmp_path), data, 2.0) == []
 
 
 @given(

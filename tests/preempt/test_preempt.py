@@ -14,6 +14,7 @@ from gpuorch_dispatcher import core as dcore
 from gpuorch_proto import ClusterRegistryEntry, RoutingDecision, Workload, workload_from_obj
 from gpuorch_proto import events as ev
 from gpuorch_proto.routing import Check, ClusterVerdict
+from gpuorch_proto.storage import StoreConfig
 from gpuorch_router import core as rcore
 from gpuorch_router import preempt
 from gpuorch_router.explain import render_waits
@@ -205,9 +206,7 @@ def env() -> dcore.Environment:
     reg = {"primary": ClusterRegistryEntry(artifact_stores=["prod", "scratch"])}
     return dcore.Environment(
         registry=reg,
-        store_roots={"prod": "/stores/prod", "scratch": "/stores/scratch"},
-        data_roots={},
-        cache_roots={"primary": "/cache"},
+        stores={"prod": StoreConfig(url="s3://bucket/prod"), "scratch": StoreConfig(url="s3://bucket/scratch"), "primary-nfs": StoreConfig(url="s3://lake/primary-nfs")},
         time_scale=1,
     )
 

@@ -34,6 +34,7 @@ from gpuorch_localkube.scheduler import NodeInfo as SchedNode
 from gpuorch_localkube.scheduler import _filter
 from gpuorch_proto import ClusterRegistryEntry, Workload
 from gpuorch_proto.placement import Placement, accepts, gpu_memory_floor_mib, placement_for
+from gpuorch_proto.storage import StoreConfig
 from gpuorch_proto.workload import Toleration
 from gpuorch_router.explain import render_explain
 from gpuorch_router.policy import eligible_nodes, route
@@ -218,13 +219,13 @@ def assert_sharing_rule(wl: Workload, nodes: list[dict[str, Any]], chosen: froze
                 assert profile == res.sharing.profile, f"{name}: MIG {res.sharing.profile} asked for, slices {profile}"
 
 
-ENV = dispatch.Environment(registry={"c": REGISTRY}, store_roots={}, data_roots={}, cache_roots={})
+ENV = dispatch.Environment(registry={"c": REGISTRY}, stores={"scratch": StoreConfig(url="s3://bucket/scratch")})
 
 
 def job_for(wl: Workload, placement: Placement | None, queue: str | None = None) -> dict[str, Any]:
     """The dispatcher's Job for attempt 1 on cluster `c`, with the router's placement."""
     return dispatch.build_job(
-        wl, "w-1", "w-1-a1", 1, "c", queue, ENV, output_path="/o", checkpoint_path="/c", resume_from=None, placement=placement,
+        wl, "w-1", "w-1-a1", 1, "c", queue, ENV, resume_from=None, placement=placement,
     )
 
 

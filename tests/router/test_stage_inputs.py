@@ -91,6 +91,20 @@ def test_a_store_with_a_link_entry_is_copied_even_when_reached() -> None:
     assert verdict(d, "c").estimate.data_staging == pytest.approx(100.0)
 
 
+def test_a_measured_link_figure_is_used_and_said_to_be_measured() -> None:
+    """Inventory puts measured staging throughput in `bandwidth_mbps` and names it in
+    `bandwidth_measured`: the estimate uses the figure, the reason says where it came from."""
+    measured = make_snapshot(
+        "c", artifact_stores=["scratch"], bandwidth_mbps={"east-results": 40.0}, bandwidth_measured={"east-results": 40.0}
+    )
+    d = decide(snapshots(measured), [prep_result(4 * 10**9)])
+    assert verdict(d, "c").estimate.data_staging == pytest.approx(100.0)
+    assert check(d, "c", "INPUT_DATA").message == "prep@p--prep-a1 copy 4 GB from east-results at 40 MB/s measured = 1m40s"
+    assert decide(snapshots(measured), [prep_result(4 * 10**9)], memo=RoutingMemo()) == d, "the fast path agrees"
+    registry = make_snapshot("c", artifact_stores=["scratch"], bandwidth_mbps={"east-results": 40.0})
+    assert check(decide(snapshots(registry), [prep_result(4 * 10**9)]), "c", "INPUT_DATA").message.endswith("at 40 MB/s = 1m40s")
+
+
 def test_inputs_are_added_after_the_stage_own_and_not_to_plain_workloads() -> None:
     wl = make_workload(inputs=[("imagenet@v3", 10.0, ["s3-east"])])
     assert pl.with_stage_inputs(wl, []) is wl

@@ -163,21 +163,22 @@ def _promote(path: str, attempt: str = "w-1-a1", epoch: int = 1) -> ev.PromoteRe
 
 def test_promotion_only_from_the_fencers_own_records() -> None:
     good = fencer.AttemptFacts(created_epoch=1, succeeded=True)
-    d = fencer.attempt_dir("/stores/prod", "w-1", "w-1-a1")
-    assert d == "/stores/prod/w-1/attempts/w-1-a1"
+    d = fencer.attempt_url("file:///stores/prod", "w-1", "w-1-a1")
+    assert d == "file:///stores/prod/w-1/attempts/w-1-a1"
     assert fencer.promotion_problem(_promote(d), good, d) is None
     assert fencer.promotion_problem(_promote(d + "/"), good, d) is None
-    for path in (d + "/../../../w-2/attempts/w-2-a1", "/etc", d + "/..", "/stores/prod/w-1/attempts/w-1-a2"):
+    for path in (d + "/../../../w-2/attempts/w-2-a1", "/etc", d + "/..", "file:///stores/prod/w-1/attempts/w-1-a2",
+                 "s3://elsewhere/w-1/attempts/w-1-a1"):  # fmt: skip
         problem = fencer.promotion_problem(_promote(path), good, d)
-        assert problem is not None and "is not the attempt's directory" in problem, path
+        assert problem is not None and "is not the attempt's prefix" in problem, path
     assert "never created" in str(fencer.promotion_problem(_promote(d), fencer.AttemptFacts(None, True), d))
     assert "epoch 2" in str(fencer.promotion_problem(_promote(d), fencer.AttemptFacts(2, True), d))
     assert "not succeeded" in str(fencer.promotion_problem(_promote(d), fencer.AttemptFacts(1, False), d))
     assert "not in the registry" in str(fencer.promotion_problem(_promote(d), good, None))
-    assert fencer.attempt_dir("/stores/prod", "..", "w-1-a1") is None
-    assert fencer.attempt_dir("/stores/prod", "w-1", "../../etc") is None
-    assert fencer.attempt_dir("relative", "w-1", "w-1-a1") is None
-    refused = fencer.on_promote_requested(None, _promote(d), 2.0, "/stores/prod/w-1/result")
+    assert fencer.attempt_url("file:///stores/prod", "..", "w-1-a1") is None
+    assert fencer.attempt_url("file:///stores/prod", "w-1", "../../etc") is None
+    assert fencer.attempt_url("relative", "w-1", "w-1-a1") is None
+    refused = fencer.on_promote_requested(None, _promote(d), 2.0, "file:///stores/prod/w-1/result/manifest.json", "unread")
     assert refused.promote is None and "no fence record" in refused.events[0].reason  # type: ignore[attr-defined]
 
 

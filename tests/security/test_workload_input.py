@@ -37,7 +37,7 @@ from gpuorch_proto import events as ev
 from gpuorch_proto.k8s import NAMESPACE
 from gpuorch_proto.validate import MAX_SUBMIT_BYTES
 from tests.e2e.workloads import train
-from tests.support.system import running
+from tests.support.system import result_object, running
 from tests.support.wait import assert_eventually
 
 E2E = Path(__file__).parent.parent / "e2e"
@@ -113,7 +113,7 @@ async def test_a_named_credential_reaches_the_pod_from_a_secret_and_never_the_bu
     view = await client.wait(wid, timeout=120)
     assert view.status == "completed", view.reason
     assert {a.cluster for a in view.attempts.values()} == {"alpha"}  # beta has no such credential
-    seen = (Path(view.result_path or "") / "seen.sha256").read_text()
+    seen = (await result_object(system, view.result_path, "seen.sha256")).decode()
     assert seen == hashlib.sha256(SECRET.encode()).hexdigest()  # the process had the value itself
     # (the Job is deleted once promoted; that it holds a secretKeyRef and no value is shown by
     # tests/dispatcher/test_core.py and tests/localkube/test_secrets.py)

@@ -15,10 +15,11 @@ from gpuorch_dispatcher import core as dcore
 from gpuorch_fencer import core as fcore
 from gpuorch_proto import Event, FenceRecord
 from gpuorch_proto import events as ev
+from gpuorch_proto.storage import StoreConfig
 from tests.snapshot.histories import MAKERS, WORKLOADS
 from tests.support.builders import NOW
 
-ENV = dcore.Environment(registry={}, store_roots={"scratch": "/store"}, data_roots={}, cache_roots={})
+ENV = dcore.Environment(registry={}, stores={"scratch": StoreConfig(url="s3://bucket/store")})
 LIFE = ["submitted", "routed", "attempt-created", "admitted", "running", "succeeded", "promote-requested", "promoted", "completed"]
 
 
@@ -104,20 +105,20 @@ def test_the_fencer_still_refuses_a_late_promote_for_a_retired_workload() -> Non
                          ("promoted", 2), ("completed", 2)])  # fmt: skip
     whole, services = both(events)
     assert "w1" in services.retired
-    late = ev.PromoteRequested(workload_id="w1", at=NOW + 99, attempt_id="w1-a1", epoch=1, cluster="east", output_path="/store/w1/attempts/w1-a1")
+    late = ev.PromoteRequested(workload_id="w1", at=NOW + 99, attempt_id="w1-a1", epoch=1, cluster="east", output_path="file:///store/w1/attempts/w1-a1")
     for p in (whole, services):
         v = p.get("w1")
         assert v is not None and v.workload is not None
         a = v.attempts["w1-a1"]
         facts = fcore.AttemptFacts(created_epoch=a.epoch if "created" in a.times else None, succeeded=a.status == "succeeded")
         assert v.workload.spec.output.store == "scratch", "the store the fencer derives the paths from"
-        problem = fcore.promotion_problem(late, facts, fcore.attempt_dir("/store", "w1", "w1-a1"))
-        assert problem == fcore.promotion_problem(late, facts, fcore.attempt_dir("/store", "w1", "w1-a1"))
+        problem = fcore.promotion_problem(late, facts, fcore.attempt_url("file:///store", "w1", "w1-a1"))
+        assert problem == fcore.promotion_problem(late, facts, fcore.attempt_url("file:///store", "w1", "w1-a1"))
         assert fcore.deferred_promotion(v, MAKERS["attempt-created"]("w1", 0, 1, NOW)) is None
     wa, ra = whole.workloads["w1"].attempts["w1-a1"], services.get("w1").attempts["w1-a1"]  # type: ignore[union-attr]
     assert (ra.epoch, ra.status, ra.times.get("created")) == (wa.epoch, wa.status, wa.times.get("created"))
     rec = FenceRecord(epoch=2, current_attempt="w1-a2", promoted_attempt="w1-a2")
-    d = fcore.on_promote_requested(rec, late, NOW + 99, "/store/w1/result")
+    d = fcore.on_promote_requested(rec, late, NOW + 99, "file:///store/w1/result/manifest.json", "not read")
     assert d.promote is None and any(isinstance(x, ev.PromotionRejected) for x in d.events), d.events
 
 

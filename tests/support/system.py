@@ -80,3 +80,46 @@ async def client(system: System) -> AsyncIterator[Client]:
 @pytest.fixture(scope="module")
 def kube(system: System) -> dict:
     return make_clients(system.kubeconfig)
+
+
+def stores_of_system(system: System) -> Any:
+    """The system's stores (`gpuorch.objectstore.Stores`), as its control plane reaches them."""
+    from gpuorch.config import load_registry
+    from gpuorch.stores import stores_of
+
+    st = system.settings
+    return stores_of(st, load_registry(st.registry) if st.registry else None)
+
+
+async def manifests_of(system: System, workload_id: str) -> dict[str, Any]:
+    """Every result manifest of `workload_id` in any of the system's stores: store -> Manifest."""
+    from gpuorch_fencer.publish import read_manifest
+
+    stores = stores_of_system(system)
+    out = {}
+    for name in sorted(stores.configs):
+        m = await read_manifest(stores[name], workload_id)
+        if m is not None:
+            out[name] = m
+    return out
+
+
+async def result_object(system: System, result_path: str | None, key: str) -> bytes:
+    """One object of a workload's promoted result, read as every reader reads it (the CLI, a
+    pipeline's next stage): through its manifest in the store (issue 28)."""
+    from gpuorch_fencer.publish import read_object, resolve_result
+
+    stores = stores_of_system(system)
+    assert result_path, "the workload has no result"
+    m = await resolve_result(stores, result_path)
+    return await read_object(stores, m, key)
+
+
+async def keys_at(system: System, url: str) -> list[str]:
+    """The keys of the objects under `url` (an attempt's prefix, its checkpoints), listed through
+    the store that holds it: what the dispatcher sees, not a path on this machine."""
+    stores = stores_of_system(system)
+    where = stores.locate(url)
+    assert where is not None, f"{url!r} is in none of the system's stores"
+    name, key = where
+    return [o.key for o in await stores[name].list(key)]

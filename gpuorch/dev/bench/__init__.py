@@ -14,4 +14,5 @@ BENCHES: list[str] = [
     "gpuorch.dev.bench.restart:run",
     "gpuorch.dev.bench.pending:run",
     "gpuorch.dev.bench.localkube:run",
+    "gpuorch.dev.bench.storage:run",
 ]

@@ -102,11 +102,12 @@ def _decide(n: int, sink: Callable[[int, list[Event], dict[str, str]], None]) ->
     from gpuorch.dev.bench.restart import _world
     from gpuorch_dispatcher import core as dcore
     from gpuorch_proto import workload_id_for
+    from gpuorch_proto.storage import StoreConfig
 
     router = _router(False)
     _, router.indexes = _world()
     doc = _documents(n)
-    env = dcore.Environment(registry={}, store_roots={"prod": "/store/prod"}, data_roots={}, cache_roots={})
+    env = dcore.Environment(registry={}, stores={"prod": StoreConfig(url="s3://bench/prod")})
     scratch = Projection(retire=True)  # the dispatcher's view to make the Job from (not measured)
     seq = 0
     start = time.time()  # the clusters' snapshots were observed now

@@ -273,8 +273,8 @@ class SimCluster:
             return
         att = p.obj["metadata"]["labels"].get(k8s.LABEL_ATTEMPT)
         env = {e["name"]: e.get("value") for e in p.obj["spec"]["containers"][0].get("env") or []}
-        if att and env.get("GPUORCH_CHECKPOINT_DIR"):
-            self.checkpoints[att] = f"{env['GPUORCH_CHECKPOINT_DIR']}/ckpt"
+        if att and env.get("GPUORCH_CHECKPOINT_URL"):  # what the pod's agent uploaded
+            self.checkpoints[att] = f"{env['GPUORCH_CHECKPOINT_URL']}/ckpt"
 
     def _finish(self, p: SimPod, job: SimJob, phase: str, code: int | None, t: float) -> None:
         if p.phase == "Running":

@@ -18,16 +18,27 @@ from gpuorch_dispatcher import core as dcore
 from gpuorch_fencer import core as fcore
 from gpuorch_proto import FenceRecord, InstanceLease, OwnerRecord
 from gpuorch_proto import events as ev
+from gpuorch_proto.storage import Manifest
 
 
-def promote_ignoring_epoch(rec: FenceRecord | None, e: ev.PromoteRequested, now: float, result_path: str) -> fcore.Decision:
+def promote_ignoring_epoch(rec: FenceRecord | None, e: ev.PromoteRequested, now: float, result_path: str, outputs: Manifest | str) -> fcore.Decision:
     """`on_promote_requested` without its epoch comparison: the real function, shown the request's
     own epoch as the record's (the record it writes keeps the real epoch)."""
     if rec is None:
-        return _ORIGINAL_PROMOTE(rec, e, now, result_path)
-    d = _ORIGINAL_PROMOTE(replace(rec, epoch=e.epoch), e, now, result_path)
+        return _ORIGINAL_PROMOTE(rec, e, now, result_path, outputs)
+    d = _ORIGINAL_PROMOTE(replace(rec, epoch=e.epoch), e, now, result_path, outputs)
     if d.record is not None:
         d = dataclasses.replace(d, record=replace(d.record, epoch=rec.epoch))
+    return d
+
+
+def publish_even_when_refused(rec: FenceRecord | None, e: ev.PromoteRequested, now: float, result_path: str, outputs: Manifest | str) -> fcore.Decision:
+    """`on_promote_requested` that hands the shell the attempt's manifest to publish even when the
+    gate refuses it (the bug of writing the result before, or apart from, the epoch check): the
+    events still say `promotion-rejected`, only the store shows it (invariant 8)."""
+    d = _ORIGINAL_PROMOTE(rec, e, now, result_path, outputs)
+    if d.promote is None and isinstance(outputs, Manifest) and any(isinstance(x, ev.PromotionRejected) for x in d.events):
+        return dataclasses.replace(d, promote=fcore.Publish(result_path=result_path, manifest=outputs))
     return d
 
 
@@ -54,6 +65,7 @@ _ORIGINAL_PROMOTE = fcore.on_promote_requested
 #: name -> (module, function name, replacement, the invariant it should break)
 MUTANTS: dict[str, tuple[Any, str, Callable[..., Any], str]] = {
     "promote-ignores-epoch": (fcore, "on_promote_requested", promote_ignoring_epoch, "no-stale-promotion"),
+    "publish-when-refused": (fcore, "on_promote_requested", publish_even_when_refused, "manifest-agrees"),
     "strict-before-confirmation": (fcore, "replacement_now", replacement_without_confirmation, "replacement-after-fence"),
     "two-owners": (dcore, "claim", claim_always, "one-owner"),
     "renew-after-end": (dcore, "renewed", renew_after_end, "one-owner"),

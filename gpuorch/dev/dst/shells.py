@@ -35,6 +35,7 @@ from gpuorch_proto import events as ev
 from gpuorch_proto.events import message_ref
 from gpuorch_proto.k8s import NAMESPACE
 from gpuorch_proto.policy import AdmissionPolicy
+from gpuorch_proto.storage import Manifest, StoreConfig, attempt_prefix
 from gpuorch_proto.subjects import valid_token
 from gpuorch_router import core as rcore
 from gpuorch_router.pipeline import Gate
@@ -314,12 +315,10 @@ class DispatcherSim(Service):
 
     def environment(self, attempts: Sequence[AttemptView] = ()) -> dcore.Environment:
         reg = self.w.registry
-        stores = sorted({s for e in reg.values() for s in (*e.artifact_stores, *e.checkpoint_stores)})
+        names = {s for e in reg.values() for s in (*e.artifact_stores, *e.checkpoint_stores, *e.data_locations, *e.bandwidth_mbps)}
         return dcore.Environment(
             registry=reg,
-            store_roots={s: f"/sim/stores/{s}" for s in stores},
-            data_roots={},
-            cache_roots={c: f"/sim/caches/{c}" for c in reg},
+            stores={s: StoreConfig(url=sim_store_url(s)) for s in sorted(names)},
             time_scale=1.0,
             checkpoints={a.attempt_id: ck for a in attempts if (ck := self.w.checkpoints.get(a.attempt_id))},
         )
@@ -615,6 +614,18 @@ class DispatcherSim(Service):
 Pursuit = fcore.Pursuit
 
 
+def sim_store_url(store: str) -> str:
+    """An artifact store's URL in the simulation (the dispatcher's `store_roots`, the fencer's
+    `stores.url`)."""
+    return f"file:///sim/stores/{store}"
+
+
+def sim_outputs(e: ev.PromoteRequested, store: str, now: float) -> Manifest:
+    """What the simulated store holds of a succeeded attempt: its upload is always complete."""
+    return Manifest(workload_id=e.workload_id, attempt_id=e.attempt_id, epoch=e.epoch, store=store,
+                    prefix=attempt_prefix(e.workload_id, e.attempt_id), objects=[], total_bytes=0, created_at=now)
+
+
 class FencerSim(Service):
     kind = "fencer"
     interval = 0.5  # GPUORCH_FENCE_INTERVAL
@@ -627,7 +638,6 @@ class FencerSim(Service):
         self.projection = Projection(retire=True, compact=True)  # as the services' (gpuorch.follow.Follower)
         self.pursuits: dict[str, Pursuit] = {}
         self.kv = w.fence
-        self.published: dict[str, str] = {}  # result path -> output path (publish_dir)
 
     def start(self) -> Gen:
         yield from self.replay(self.projection.apply)
@@ -669,7 +679,7 @@ class FencerSim(Service):
             d = yield from self.cas(e.workload_id, lambda r: fcore.on_attempt_created(r, e, now))
             if d.delete_job:
                 self.pursue(e, now)
-            waiting = self.deferred_promotion(e) if hasattr(fcore, "promotion_problem") else None
+            waiting = self.deferred_promotion(e)
             later = (yield from self.promote(waiting, now)) if waiting is not None else []
             return [*d.events, *later]
         if isinstance(e, ev.FenceRequested):
@@ -684,30 +694,36 @@ class FencerSim(Service):
 
     def promote(self, e: ev.PromoteRequested, now: float) -> Gen:
         """Fencer.promote: from the fencer's own records (the attempt as its projection has it,
-        the store root from its settings); refused as a message when they contradict the request,
-        deferred while its `attempt-created` is not on record yet."""
-        result = fcore.result_path_for(e.output_path)
-        checks = getattr(fcore, "promotion_problem", None)  # the record checks (docs/security.md), where present
-        if checks is not None:
-            view = self.projection.get(e.workload_id)
-            a = view.attempts.get(e.attempt_id) if view is not None else None
-            facts = fcore.AttemptFacts(created_epoch=a.epoch if a is not None and "created" in a.times else None, succeeded=a is not None and a.status == "succeeded")
-            store = view.workload.spec.output.store if view is not None and view.workload is not None else None
-            root = f"/sim/stores/{store}"
-            expected = fcore.attempt_dir(root, e.workload_id, e.attempt_id) if store is not None else None
-            problem = checks(e, facts, expected)
-            if problem is not None:
-                if a is None or "created" not in a.times:
-                    return []  # deferred: promoted once its attempt-created is folded
-                raise Reject(f"promotion refused: {problem}", claimed_workload_id=e.workload_id)
-            result = fcore.result_dir(root, e.workload_id)
-        d = yield from self.cas(e.workload_id, lambda r: fcore.on_promote_requested(r, e, now, result))
+        the store's URL from its settings); refused as a message when they contradict the
+        request, deferred while its `attempt-created` is not on record yet; after the
+        compare-and-set, the manifest written create-only (the world's `manifests`)."""
+        view = self.projection.get(e.workload_id)
+        a = view.attempts.get(e.attempt_id) if view is not None else None
+        facts = fcore.AttemptFacts(created_epoch=a.epoch if a is not None and "created" in a.times else None, succeeded=a is not None and a.status == "succeeded")
+        store = view.workload.spec.output.store if view is not None and view.workload is not None else None
+        expected = fcore.attempt_url(sim_store_url(store), e.workload_id, e.attempt_id) if store is not None else None
+        problem = fcore.promotion_problem(e, facts, expected)
+        if problem is not None:
+            if a is None or "created" not in a.times:
+                return []  # deferred: promoted once its attempt-created is folded
+            raise Reject(f"promotion refused: {problem}", claimed_workload_id=e.workload_id)
+        assert store is not None
+        result = fcore.result_url(sim_store_url(store), e.workload_id) or ""
+        outputs = sim_outputs(e, store, now)
+        yield None  # the listing and the upload record
+        d = yield from self.cas(e.workload_id, lambda r: fcore.on_promote_requested(r, e, now, result, outputs))
+        events = list(d.events)
         if d.promote is not None:
-            yield None
-            self.published.setdefault(d.promote[1], d.promote[0])
+            yield None  # the create-only write
+            mine = (e.attempt_id, e.epoch)
+            there = self.w.manifests.setdefault(d.promote.result_path, mine)
+            if there != mine:
+                rec = self.kv.get(e.workload_id)
+                epoch = rec[0].epoch if rec else e.epoch
+                events = [fcore.manifest_conflict(e, epoch, f"{d.promote.result_path} holds {there[0]} at epoch {there[1]}", now)]
         if d.delete_job:
-            self.pursue(e, now, orphan_reason="promotion rejected: " + "; ".join(getattr(x, "reason", "") for x in d.events))
-        return list(d.events)
+            self.pursue(e, now, orphan_reason="promotion rejected: " + "; ".join(getattr(x, "reason", "") for x in d.events if isinstance(x, ev.PromotionRejected)))
+        return events
 
     def deferred_promotion(self, e: ev.AttemptCreated) -> ev.PromoteRequested | None:
         return fcore.deferred_promotion(self.projection.get(e.workload_id), e)

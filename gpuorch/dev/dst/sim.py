@@ -17,12 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuorch.invariants import Violation, check, check_waits
+from gpuorch.invariants import Violation, check, check_manifests, check_waits
 from gpuorch.projection import Projection
 from gpuorch_proto import ClusterRegistryEntry, Workload, workload_from_obj, workload_id_for
 from gpuorch_proto import events as ev
 from gpuorch_proto.inventory import QueueRegistry
 from gpuorch_proto.k8s import LABEL_GPU_COUNT, LABEL_GPU_MEMORY, LABEL_GPU_PRODUCT, LABEL_POOL, LABEL_WORKLOAD
+from gpuorch_proto.storage import Manifest
 from gpuorch_proto.validate import validate_workload
 
 from .checks import check_owners
@@ -471,6 +472,7 @@ class Simulation:
         violations = check(events, jobs=jobs, snapshots=w.snapshots, now=w.now)
         violations += list(self.wait_violations.values())
         violations += check_owners(w.owners.writes)
+        violations += check_manifests(events, sim_manifests(w.manifests))  # invariant 8: what the store holds
         if w.trace is not None:
             w.trace.append(f"--- settled={settled} after {self.steps} steps, {w.now - EPOCH0:.1f}s virtual, {len(events)} events")
             for v in violations:
@@ -479,6 +481,17 @@ class Simulation:
             seed=self.seed, violations=violations, faults=self.faults, steps=self.steps, virtual_seconds=w.now - EPOCH0,
             events=len(events), workloads=len(self.wids), settled=settled, trace=w.trace, loop_errors=list(w.loop_errors),
         )
+
+
+def sim_manifests(written: dict[str, tuple[str, int]]) -> dict[str, dict[str, Manifest]]:
+    """The simulated store's manifests (result URL -> (attempt, epoch)) as the invariants take
+    them: workload -> store -> manifest. The URL is `file:///sim/stores/<store>/<wid>/result/...`."""
+    out: dict[str, dict[str, Manifest]] = {}
+    for url, (attempt, epoch) in written.items():
+        store, wid = url.removeprefix("file:///sim/stores/").split("/")[:2]
+        out.setdefault(wid, {})[store] = Manifest(workload_id=wid, attempt_id=attempt, epoch=epoch, store=store,
+                                                  prefix=f"{wid}/attempts/{attempt}", objects=[], total_bytes=0, created_at=0.0)  # fmt: skip
+    return out
 
 
 def run(seed: int, *, trace: bool = False) -> Result:

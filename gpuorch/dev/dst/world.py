@@ -29,6 +29,8 @@ class World:
     fence: SimKV = field(default_factory=lambda: SimKV("fence"))
     owners: SimKV = field(default_factory=lambda: SimKV("owners"))
     checkpoints: dict[str, str] = field(default_factory=dict)  # attempt -> its latest checkpoint file
+    #: the object store's result manifests, written create-only (manifest URL -> (attempt, epoch))
+    manifests: dict[str, tuple[str, int]] = field(default_factory=dict)
     snapshots: dict[str, list[ClusterSnapshot]] = field(default_factory=dict)  # as published, per cluster
     submitted: set[str] = field(default_factory=set)  # workload ids whose `submitted` is in the log
     outcomes: dict[str, tuple[float, int]] = field(default_factory=dict)  # attempt -> (run seconds, exit code)

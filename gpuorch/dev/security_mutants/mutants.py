@@ -156,11 +156,12 @@ def _any_output_path(original: Callable[..., str | None]) -> Callable[..., str |
 
 
 def _source_from_the_event(original: Callable[..., Any]) -> Callable[..., Any]:
-    def paths(self: Any, e: Any) -> tuple[str, str, str | None]:
-        src, result, problem = original(self, e)
-        return (e.output_path if problem is None else src), result, problem
+    def source(self: Any, e: Any) -> tuple[str | None, str | None]:
+        store, problem = original(self, e)
+        where = self.stores.locate(e.output_path) if problem is None else None
+        return (where[0] if where is not None else store), problem
 
-    return paths
+    return source
 
 
 def _identity_from_the_header(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -311,11 +312,11 @@ MUTANTS: dict[str, Mutant] = {
         (ATTACKS + "test_a_promotion_whose_path_escapes_the_attempt_directory_is_refused",),
     ),
     "promotion-trusts-event-path": Mutant(
-        "the fencer copies from the directory its records name, never from a path an event carries",
+        "the fencer reads the attempt its records name, never a store an event's path names",
         ("fencer",),
         (
             ("gpuorch_fencer.core", "promotion_problem", _any_output_path),
-            ("gpuorch_fencer.service", "Fencer.promotion_paths", _source_from_the_event),
+            ("gpuorch_fencer.service", "Fencer.promotion_source", _source_from_the_event),
         ),
         (ATTACKS + "test_a_promotion_whose_path_escapes_the_attempt_directory_is_refused",),
     ),

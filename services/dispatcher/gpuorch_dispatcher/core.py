@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Container, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import msgspec
 
 from gpuorch.projection import AttemptView, WorkloadView
-from gpuorch_proto import ClusterRegistryEntry, Event, InstanceLease, OwnerRecord, Workload, event_id
+from gpuorch_proto import ClusterRegistryEntry, Event, InstanceLease, OwnerRecord, Workload, event_id, podpath
 from gpuorch_proto import events as ev
 from gpuorch_proto.credentials import secret_env
 from gpuorch_proto.jobenv import job_env  # a pipeline child's parameters and inputs (docs/pipelines.md)
@@ -35,6 +35,15 @@ from gpuorch_proto.k8s import (
 )
 from gpuorch_proto.placement import Placement, placement_for
 from gpuorch_proto.resume import CheckpointRef, can_resume, readable_stores
+from gpuorch_proto.storage import (
+    StoreConfig,
+    StoreError,
+    attempt_prefix,
+    checkpoints_prefix,
+    manifest_key,
+    parse_url,
+    pod_store_env,
+)
 from gpuorch_proto.subjects import valid_token
 from gpuorch_proto.units import format_duration, parse_duration, parse_quantity
 
@@ -114,17 +123,27 @@ class RefuseMessage:
 Action = Emit | CreateJob | DeleteJob | RefuseMessage
 
 
+#: The cache claim a cluster's pods stage datasets into when its registry entry names none.
+CACHE_CLAIM: Final = "gpuorch-cache"
+
+
 @dataclass(frozen=True)
 class Environment:
     """What the dispatcher knows about where things live (filled in by the shell)."""
 
     registry: dict[str, ClusterRegistryEntry]
-    store_roots: dict[str, str]  # artifact store -> root path/URI
-    data_roots: dict[str, str]  # data location -> root path/URI
-    cache_roots: dict[str, str]  # cluster -> where gpuorch stages datasets
+    stores: dict[str, StoreConfig]  # every store and data location by name (`gpuorch.stores.store_configs`)
     time_scale: float = 1.0
     python: str = "python"
-    checkpoints: dict[str, str] = field(default_factory=dict)  # attempt id -> latest valid checkpoint file
+    agent_image: str = podpath.AGENT_IMAGE
+    checkpoints: dict[str, str] = field(default_factory=dict)  # attempt id -> URL of its latest complete checkpoint
+
+    def store_url(self, name: str) -> str:
+        """A store's root URL; a store the registry does not name cannot be written."""
+        config = self.stores.get(name)
+        if config is None:
+            raise StoreError(f"store {name!r} is not in the registry: no attempt can write to it")
+        return parse_url(config.url, f"stores.{name}.url").join("")
 
 
 @dataclass(frozen=True)
@@ -239,17 +258,24 @@ def build_job(
     queue: str | None,
     env: Environment,
     *,
-    output_path: str,
-    checkpoint_path: str,
     resume_from: str | None,
     traceparent: str | None = None,
     placement: Placement | None = None,
-    pipeline_env: Mapping[str, str] | None = None,
+    parameters: Mapping[str, Any] | None = None,
+    stage_inputs: Sequence[ev.StageInput] = (),
 ) -> dict[str, Any]:
     """The batch/v1 Job for one attempt (DESIGN §6), as a plain JSON-able dict.
 
-    `pipeline_env`: a pipeline's child gets its parameters and its inputs by version
-    (`gpuorch_proto.jobenv.job_env`, docs/pipelines.md)."""
+    The pod shares no disk with the control plane (docs/storage.md): it writes into its own
+    emptyDir, and gpuorch's agent (its own image) moves bytes between the pod and the stores:
+    init containers stage datasets into the cluster's cache claim, fetch the checkpoint resumed
+    from and a pipeline stage's inputs (by their manifests); a native sidecar uploads checkpoints
+    as they appear and the outputs, with their upload record last, when the program is done.
+    Stores reach the pod by URL; credentials by the name of the cluster's Secret only.
+
+    `parameters`/`stage_inputs`: a pipeline's child gets its parameters and its inputs by version
+    (`gpuorch_proto.jobenv.job_env`, docs/pipelines.md). `resume_from`: the URL of the
+    checkpoint to resume from (in the workload's checkpoint store)."""
     spec = wl.spec
     res = spec.resources
     entry = env.registry.get(cluster, ClusterRegistryEntry())
@@ -273,59 +299,76 @@ def build_job(
     if pod_gpus:
         limits[GPU_RESOURCE] = str(pod_gpus)
     pods = 1 if res.same_node else res.workers
-    cache_root = env.cache_roots.get(cluster, "")
+    out_store, ck_store = _stores_of(wl)
+    out_url, ck_url = attempt_urls(env, wl, workload_id, att_id)
+    used: set[str] = {out_store, ck_store}
+    fetch_inputs = {i.stage: podpath.INPUTS + "/" + _path_token(i.stage) for i in stage_inputs}
     envs: dict[str, str] = dict(spec.env)
     envs.update(
         {
             "GPUORCH_WORKLOAD_ID": workload_id,
             "GPUORCH_ATTEMPT_ID": att_id,
             "GPUORCH_EPOCH": str(epoch),
-            "GPUORCH_OUTPUT_DIR": output_path,
-            "GPUORCH_CHECKPOINT_DIR": checkpoint_path,
+            "GPUORCH_OUTPUT_DIR": podpath.in_pod(podpath.OUT),
+            "GPUORCH_CHECKPOINT_DIR": podpath.in_pod(podpath.CHECKPOINTS),
+            "GPUORCH_OUTPUT_URL": out_url,
+            "GPUORCH_CHECKPOINT_URL": ck_url,
             "GPUORCH_WORKERS": str(res.workers),
         }
     )
-    envs.update(pipeline_env or {})
-    if resume_from:
-        envs["GPUORCH_RESUME_FROM"] = resume_from
+    envs.update(job_env(parameters or {}, stage_inputs, {k: podpath.in_pod(v) for k, v in fetch_inputs.items()}))
     if traceparent:
         envs["TRACEPARENT"] = traceparent
+    ids = {"GPUORCH_WORKLOAD_ID": workload_id, "GPUORCH_ATTEMPT_ID": att_id}
     init: list[dict[str, Any]] = []
+    cache = bool(spec.inputs)
     for inp in spec.inputs:
+        envs[_input_env_name(inp.ref)] = podpath.in_pod(f"{podpath.CACHE}/{inp.ref}")
+        # staged even where the registry (or a past staging) says the cache holds it: on a hit the
+        # agent only reads the `.complete` record, and a cache emptied since is filled again
         local = next((loc for loc in inp.locations if loc in entry.data_locations), None)
-        if local is not None:
-            envs[_input_env_name(inp.ref)] = f"{env.data_roots.get(local, local)}/{inp.ref}"
-            continue
-        envs[_input_env_name(inp.ref)] = f"{cache_root}/{inp.ref}"
-        if inp.ref in entry.datasets_cached:
-            continue
-        source = max(inp.locations, key=lambda loc: entry.bandwidth_mbps.get(loc, 0.0), default="")
-        init.append(
-            {
-                "name": f"stage-{len(init)}",
-                "image": spec.image,
-                "command": [env.python, "-m", "gpuorch.workloads.stage"],
-                "args": [
-                    "--dataset",
-                    inp.ref,
-                    "--source",
-                    env.data_roots.get(source, source),
-                    "--cache",
-                    cache_root,
-                    "--size-gb",
-                    f"{inp.size_gb:g}",
-                    "--bandwidth-mbps",
-                    f"{entry.bandwidth_mbps.get(source, 0.0):g}",
-                    "--time-scale",
-                    f"{env.time_scale:g}",
-                ],
-                "resources": {
-                    "limits": {"cpu": "1", "memory": "1Gi"},
-                    "requests": {"cpu": "1", "memory": "1Gi"},
-                },
-                "securityContext": dict(CONTAINER_SECURITY),
-            }
-        )
+        source = local or max(inp.locations, key=lambda loc: entry.bandwidth_mbps.get(loc, 0.0), default="")
+        used.add(source)
+        args = [
+            "stage", "--store", source, "--dataset", inp.ref, "--cache", podpath.CACHE,
+            "--size-gb", f"{inp.size_gb:g}", "--time-scale", f"{env.time_scale:g}",
+        ]  # fmt: skip
+        if local is None:  # over a link: the registry's bandwidth (the cluster's own location has none)
+            args += ["--bandwidth-mbps", f"{entry.bandwidth_mbps.get(source, 0.0):g}"]
+        stage = _agent_container(env, f"stage-{len(init)}", args, ids, [source], entry, cache=True)
+        stage["resources"] = {"limits": {"cpu": "1", "memory": "1Gi"}, "requests": {"cpu": "1", "memory": "1Gi"}}
+        init.append(stage)
+    if resume_from:
+        ck_root = env.store_url(ck_store).rstrip("/") + "/"
+        if resume_from.startswith(ck_root):
+            name = resume_from.rsplit("/", 1)[-1]
+            to = f"{podpath.RESUME}/{name}"
+            args = ["fetch", "--store", ck_store, "--key", resume_from[len(ck_root) :], "--to", to]
+            init.append(_agent_container(env, "fetch", args, ids, [ck_store], entry))
+            envs["GPUORCH_RESUME_FROM"] = podpath.in_pod(to)
+    for n, i in enumerate(stage_inputs):
+        used.add(i.store)
+        args = ["fetch-result", "--store", i.store, "--key", manifest_key(i.workload_id), "--to", fetch_inputs[i.stage]]
+        init.append(_agent_container(env, f"input-{n}", args, ids, [i.store], entry))
+    sync = ["sync", "--store", out_store, "--prefix", attempt_prefix(workload_id, att_id), "--interval", "1"]
+    if ck_store != out_store:
+        sync += ["--checkpoint-store", ck_store]
+    sidecar = _agent_container(env, "agent", sync, ids, sorted({out_store, ck_store}), entry)
+    sidecar["restartPolicy"] = "Always"  # a native sidecar: runs beside the program, stopped after it
+    sidecar["startupProbe"] = {
+        # a shell test, not `agent ready`: a probe per second per pod must not start a Python
+        "exec": {"command": ["sh", "-c", f'test -f "$GPUORCH_POD_ROOT{podpath.AGENT_READY}"']},
+        "periodSeconds": 1,
+        "failureThreshold": 120,
+    }
+    init.append(sidecar)
+    main_mounts: list[dict[str, Any]] = [{"name": podpath.WORK_VOLUME, "mountPath": podpath.WORK}]
+    if cache:
+        main_mounts.append({"name": podpath.CACHE_VOLUME, "mountPath": podpath.CACHE, "readOnly": True})
+    volumes: list[dict[str, Any]] = [{"name": podpath.WORK_VOLUME, "emptyDir": {}}]
+    if cache:
+        claim = entry.cache_claim or CACHE_CLAIM
+        volumes.append({"name": podpath.CACHE_VOLUME, "persistentVolumeClaim": {"claimName": claim}})
     # the node constraints the router's checks accepted, as it recorded them (one rule: placement_for)
     if placement is None:
         placement = placement_for(res, spec.requirements)
@@ -346,18 +389,21 @@ def build_job(
                     for i, c in enumerate(spec.command)
                 ],
                 "args": list(spec.args),
-                "env": [{"name": k, "value": v} for k, v in sorted(envs.items()) if k not in secret_names]
+                # the pod root first: the paths after it name it ($(GPUORCH_POD_ROOT), podpath)
+                "env": [{"name": podpath.POD_ROOT, "value": ""}]
+                + [{"name": k, "value": v} for k, v in sorted(envs.items()) if k not in secret_names]
                 + secrets,
                 "resources": {"limits": limits, "requests": dict(limits)},
+                "volumeMounts": main_mounts,
                 "securityContext": dict(CONTAINER_SECURITY),
             }
         ],
+        "volumes": volumes,
         # the `restricted` Pod Security Standard the workload namespace enforces (deploy/, docs/security.md)
         "automountServiceAccountToken": False,
         "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
     }
-    if init:
-        pod_spec["initContainers"] = init
+    pod_spec["initContainers"] = init
     if node_selector:
         pod_spec["nodeSelector"] = node_selector
     if match_exprs:
@@ -415,14 +461,52 @@ def _fmt_cpu(cores: float) -> str:
     return str(int(cores)) if cores == int(cores) else f"{int(cores * 1000)}m"
 
 
-def _attempt_paths(env: Environment, wl: Workload, workload_id: str, att_id: str) -> tuple[str, str]:
-    out_root = env.store_roots.get(wl.spec.output.store, wl.spec.output.store)
-    ck_store = wl.spec.checkpoint.store or wl.spec.output.store
-    ck_root = env.store_roots.get(ck_store, ck_store)
+def _stores_of(wl: Workload) -> tuple[str, str]:
+    """(output store, checkpoint store) of a workload."""
+    return wl.spec.output.store, wl.spec.checkpoint.store or wl.spec.output.store
+
+
+def attempt_urls(env: Environment, wl: Workload, workload_id: str, att_id: str) -> tuple[str, str]:
+    """The URLs of an attempt's prefix (its outputs) and of its checkpoints (docs/storage.md)."""
+    out_store, ck_store = _stores_of(wl)
     return (
-        f"{out_root}/{workload_id}/attempts/{att_id}",
-        f"{ck_root}/{workload_id}/attempts/{att_id}/checkpoints",
+        f"{env.store_url(out_store).rstrip('/')}/{attempt_prefix(workload_id, att_id)}",
+        f"{env.store_url(ck_store).rstrip('/')}/{checkpoints_prefix(workload_id, att_id)}",
     )
+
+
+def _path_token(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "_"
+
+
+def _agent_container(
+    env: Environment,
+    name: str,
+    args: list[str],
+    ids: Mapping[str, str],
+    stores: Iterable[str],
+    entry: ClusterRegistryEntry,
+    *,
+    cache: bool = False,
+) -> dict[str, Any]:
+    """One of gpuorch's agent containers: its image, the stores it reaches (URLs, and the
+    cluster's Secret for each by name) and the pod's work volume (and the cache claim)."""
+    store_env: list[dict[str, Any]] = []
+    for s in sorted(set(stores)):
+        if s in env.stores:
+            store_env.extend(pod_store_env(s, env.stores[s], entry.store_credentials.get(s)))
+    mounts = [{"name": podpath.WORK_VOLUME, "mountPath": podpath.WORK}]
+    if cache:
+        mounts.append({"name": podpath.CACHE_VOLUME, "mountPath": podpath.CACHE})
+    return {
+        "name": name,
+        "image": env.agent_image,
+        "command": [env.python, "-m", "gpuorch.workloads.agent"],
+        "args": args,
+        "env": [{"name": podpath.POD_ROOT, "value": ""}, *({"name": k, "value": v} for k, v in sorted(ids.items())), *store_env],
+        "volumeMounts": mounts,
+        "securityContext": dict(CONTAINER_SECURITY),
+    }
 
 
 def on_routed(
@@ -438,7 +522,7 @@ def on_routed(
         return []  # an unfenced attempt still owns this workload: never two current attempts
     cluster = e.decision.cluster
     att = attempt_id(view.workload_id, e.attempt_number)
-    out, ckpt = _attempt_paths(env, wl, view.workload_id, att)
+    out, ckpt = attempt_urls(env, wl, view.workload_id, att)
     mode, resume_from, why = choose_mode(view, cluster, env)
     manifest = build_job(
         wl,
@@ -448,12 +532,11 @@ def on_routed(
         cluster,
         e.decision.queue,
         env,
-        output_path=out,
-        checkpoint_path=ckpt,
         resume_from=resume_from,
         traceparent=traceparent,
         placement=e.decision.placement,
-        pipeline_env=job_env(view.parameters, view.stage_inputs),
+        parameters=view.parameters,
+        stage_inputs=view.stage_inputs,
     )
     created = ev.AttemptCreated(
         event_id=event_id(view.workload_id, "attempt-created", e.attempt_number),
@@ -1351,3 +1434,89 @@ def cancel_wait(
         if delivered < unknown_retries:
             return Wait(1.0, "unknown workload: its submit may still be on its way")
     return None
+
+
+# --- staging measurements (issue 28: the estimate's bandwidth from measured staging) -------------
+
+#: A stage container's record is its termination message (`gpuorch.workloads.agent.stage_message`):
+#: written by a pod, so not trusted. Bounds on what is believed.
+STAGE_RECORD_LIMIT: Final = podpath.TERMINATION_MESSAGE_LIMIT  # bytes (what Kubernetes keeps)
+MAX_STAGE_BYTES: Final = 1 << 50  # 1 PiB
+MAX_STAGE_SIZE_GB: Final = 1e6
+MAX_STAGE_SECONDS: Final = 1e8  # simulated seconds (three years)
+_LOCATION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+
+
+@dataclass(frozen=True, slots=True)
+class StageMeasurement:
+    """One staging of a dataset over a link into a cluster's cache: from which location (the
+    store name), how much, and how long the simulated link took (what the router's copy-time
+    estimate is in)."""
+
+    location: str
+    bytes: int
+    size_gb: float
+    simulated_seconds: float
+
+    def doc(self) -> dict[str, Any]:
+        return {"location": self.location, "bytes": self.bytes, "size_gb": self.size_gb, "simulated_seconds": self.simulated_seconds}
+
+
+def _number(v: object, *, low: float, high: float, positive: bool) -> float | None:
+    """A finite int/float (never a bool) in [low, high] (> low when `positive`), or None."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    x = float(v)
+    if not math.isfinite(x) or x < low or x > high or (positive and x <= low):
+        return None
+    return x
+
+
+def parse_stage_record(message: object, ref: str) -> StageMeasurement | None:
+    """The measurement in a stage container's termination message, for dataset `ref`; None for
+    anything else: not a string, over the limit, not a JSON object, a cache hit, another
+    dataset, a location name that is not one, sizes or times that are not finite, are negative
+    or zero (seconds, size) or out of bounds."""
+    if not isinstance(message, str) or len(message.encode("utf-8", errors="replace")) > STAGE_RECORD_LIMIT:
+        return None
+    try:
+        doc = msgspec.json.decode(message)
+    except msgspec.DecodeError:
+        return None
+    if not isinstance(doc, dict) or doc.get("cache_hit") is not False or doc.get("dataset") != ref:
+        return None
+    location = doc.get("store")
+    if not isinstance(location, str) or not _LOCATION_NAME.fullmatch(location):
+        return None
+    size = doc.get("bytes")
+    if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_STAGE_BYTES:
+        return None
+    size_gb = _number(doc.get("size_gb"), low=0.0, high=MAX_STAGE_SIZE_GB, positive=True)
+    seconds = _number(doc.get("simulated_seconds"), low=0.0, high=MAX_STAGE_SECONDS, positive=True)
+    if size_gb is None or seconds is None:
+        return None
+    return StageMeasurement(location, size, size_gb, seconds)
+
+
+def stage_measurements(pods: Iterable[Mapping[str, Any]], refs: Sequence[str]) -> dict[str, StageMeasurement]:
+    """ref -> a measurement of its staging, from the attempt's pods: init container ``stage-N``
+    (the Job stages input N there) that terminated with exit 0 and whose message parses
+    (`parse_stage_record`). Of several pods (workers), the first that copied."""
+    out: dict[str, StageMeasurement] = {}
+    for pod in pods:
+        for cs in (pod.get("status") or {}).get("initContainerStatuses") or []:
+            if not isinstance(cs, Mapping):
+                continue
+            name = cs.get("name")
+            if not isinstance(name, str) or not name.startswith("stage-") or not name[6:].isdigit():
+                continue
+            n = int(name[6:])
+            if n >= len(refs) or refs[n] in out:
+                continue
+            term = (cs.get("state") or {}).get("terminated") or {}
+            if not isinstance(term, Mapping) or term.get("exitCode") != 0:
+                continue
+            m = parse_stage_record(term.get("message"), refs[n])
+            if m is not None:
+                out[refs[n]] = m
+    return out

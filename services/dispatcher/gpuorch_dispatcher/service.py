@@ -8,6 +8,7 @@ decisions come from `core`; this module only does I/O.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import heapq
@@ -16,7 +17,6 @@ import math
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -28,6 +28,7 @@ from gpuorch.config import Settings, load_registry
 from gpuorch.follow import Follower, every, run_until_stopped
 from gpuorch.informer import PROBE_INTERVAL, ClusterInformers, Informer
 from gpuorch.kube import TIMEOUT, ClusterClient, make_clients, unreachable
+from gpuorch.objectstore import StoreUnavailable
 from gpuorch.observe import progress, spans
 from gpuorch.projection import AttemptView, WorkloadView
 from gpuorch.resync import Resync
@@ -36,6 +37,7 @@ from gpuorch.runtime.shell import Incoming, Publisher, Reject, Retry, consume, g
 from gpuorch.runtime.snapshot import Snapshots, follower_body, restore_follower
 from gpuorch.security.bundle import load_identities
 from gpuorch.security.identity import Verifier, cancel_refusal
+from gpuorch.stores import store_configs, stores_of
 from gpuorch_proto import (
     InstanceLease,
     OwnerRecord,
@@ -46,6 +48,7 @@ from gpuorch_proto import (
     k8s,
 )
 from gpuorch_proto import events as ev
+from gpuorch_proto.storage import MARKER, latest_checkpoint
 from gpuorch_proto.subjects import valid_token
 
 from . import core
@@ -58,17 +61,6 @@ def staged_key(cluster: str, ref: str) -> str:
     return f"{cluster}.{hashlib.sha256(ref.encode()).hexdigest()[:16]}"
 
 
-def latest_checkpoint(path: str) -> str | None:
-    """The newest complete checkpoint file in an attempt's checkpoint dir (tmp files skipped)."""
-    p = Path(path)
-    if not p.is_dir():
-        return None
-    files = [
-        f for f in p.iterdir() if f.is_file() and not f.name.endswith(".tmp") and not f.name.startswith(".")
-    ]
-    return str(max(files, key=lambda f: f.stat().st_mtime)) if files else None
-
-
 def observe(job: dict[str, Any], pods: list[dict[str, Any]]) -> core.JobObservation:
     spec, status = job.get("spec") or {}, job.get("status") or {}
     conds = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
@@ -76,16 +68,29 @@ def observe(job: dict[str, Any], pods: list[dict[str, Any]]) -> core.JobObservat
     scheduled = sum(1 for p in pods if (p.get("spec") or {}).get("nodeName"))
     running = sum(1 for p in pods if (p.get("status") or {}).get("phase") in ("Running", "Succeeded"))
     exit_code = None
+    init_failed = ""  # a gpuorch agent's init container (stage-N, fetch, input-N) that failed: why
     for p in pods:
-        for cs in (p.get("status") or {}).get("containerStatuses") or []:
+        st = p.get("status") or {}
+        for cs in st.get("containerStatuses") or []:
             term = (cs.get("state") or {}).get("terminated")
             if term and term.get("exitCode"):
                 exit_code = int(term["exitCode"])
+        sidecars = {c.get("name") for c in (p.get("spec") or {}).get("initContainers") or [] if c.get("restartPolicy") == "Always"}
+        for cs in st.get("initContainerStatuses") or []:
+            term = (cs.get("state") or {}).get("terminated")
+            if cs.get("name") in sidecars or not term or not term.get("exitCode"):
+                continue
+            # the agent's exit codes are the contract's: 1 retry, 2 permanent (docs/storage.md)
+            exit_code = int(term["exitCode"])
+            said = str(term.get("message") or term.get("reason") or "").strip().replace("\n", " ")[:300]
+            init_failed = init_failed or f"init container {cs.get('name')} exited {exit_code}" + (f": {said}" if said else "")
     failed = conds.get("Failed")
     reason = ""
     if failed:
         reason = f"{failed.get('reason', 'Failed')}: {failed.get('message', '')}".strip(": ")
-        if exit_code is not None:
+        if init_failed:
+            reason += f"; {init_failed}"
+        elif exit_code is not None:
             reason += f" (exit code {exit_code})"
     unschedulable = ""
     for p in pods:
@@ -162,7 +167,6 @@ def created_resource_version(raw: bytes) -> int | None:
 #: a costly one puts the next off)
 FULL_RECONCILE_EVERY = 30
 FULL_PRUNE_EVERY = 10  # lease renewals: every 10th looks at every record for finished workloads
-ENV_RECHECK = 1.0  # seconds between two looks at the data directory (`_environment_base`)
 #: watch ticks: every 20th looks at every live attempt, changed or not (a resync; at most,
 #: `gpuorch.resync`: a costly one puts the next off)
 FULL_WATCH_EVERY = 20
@@ -172,12 +176,12 @@ class Dispatcher:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.names = settings.names
-        self._env_base: tuple[int | None, core.Environment] | None = None  # (data dir mtime, environment)
-        self._env_checked = 0.0  # when the data directory's mtime was last read (monotonic)
+        self._env_base: core.Environment | None = None
         #: the event subjects it reads (`core.READS`: the types it decides anything from)
         self.reads = [self.names.evt_kind(t) for t in core.READS]
         self.follower = Follower.of(settings.tuning)  # finished workloads retired (gpuorch.projection)
         self.registry = load_registry(settings.registry) if settings.registry else None
+        self.stores = stores_of(settings, self.registry)  # where attempts' checkpoints and markers are read
         self.clients: dict[str, ClusterClient] = (
             make_clients(settings.kubeconfig) if settings.kubeconfig else {}
         )
@@ -235,51 +239,52 @@ class Dispatcher:
         self.watch_resync = Resync(FULL_WATCH_EVERY)  # when the watch looks at every live attempt
         self.upkeep_resync = Resync(FULL_RECONCILE_EVERY)  # when the upkeep looks at every owned workload
 
-    def environment(self, attempts: Sequence[AttemptView] = ()) -> core.Environment:
-        """Where things live, for the core. The registry's part is resolved once; the data
-        locations again only when their directory changes (a new location appears); the
-        checkpoints of the given attempts every time (they move as the attempts run)."""
-        base = self._environment_base()
-        if not attempts:
-            return base
-        checkpoints = {a.attempt_id: ck for a in attempts if (ck := latest_checkpoint(a.checkpoint_path))}
-        return dataclasses.replace(base, checkpoints=checkpoints) if checkpoints else base
+    def environment(self) -> core.Environment:
+        """Where things live, for the core: the registry's clusters and stores (resolved once)."""
+        if self._env_base is None:
+            s = self.settings
+            self._env_base = core.Environment(
+                registry=self.registry.clusters if self.registry else {},
+                stores=store_configs(s, self.registry),
+                time_scale=self.registry.time_scale if self.registry else 1.0,
+                agent_image=s.tuning.agent_image,
+            )
+        return self._env_base
 
-    def _environment_base(self) -> core.Environment:
-        """(The data directory is looked at again at most every ENV_RECHECK seconds: a new
-        location is a new directory of it, made when a site is set up, not per workload; this
-        runs for every event.)"""
-        s = self.settings
-        now = time.monotonic()
-        if self._env_base is not None and now - self._env_checked < ENV_RECHECK:
-            return self._env_base[1]
-        self._env_checked = now
+    async def checkpointed(self, attempts: Iterable[AttemptView]) -> core.Environment:
+        """The environment with the latest complete checkpoint of the newest of these attempts
+        that has one, found by listing its checkpoints prefix in the store (the pod uploaded it;
+        nothing of it is on this process's disk). One listing per attempt, newest first."""
+        base = self.environment()
+        for a in sorted(attempts, key=lambda a: a.number, reverse=True):
+            url = await self.latest_checkpoint(a)
+            if url is not None:
+                return dataclasses.replace(base, checkpoints={a.attempt_id: url})
+        return base
+
+    async def latest_checkpoint(self, a: AttemptView) -> str | None:
+        where = self.stores.locate(a.checkpoint_path) if a.checkpoint_path else None
+        if where is None:
+            return None
+        store = self.stores[where[0]]
         try:
-            stamp = s.data_dir.stat().st_mtime_ns
-        except FileNotFoundError:
-            stamp = None
-        if self._env_base is not None and self._env_base[0] == stamp:
-            return self._env_base[1]
-        reg = self.registry.clusters if self.registry else {}
-        data_roots: dict[str, str] = {}
-        if stamp is not None:
-            data_roots = {p.name: str(p.resolve()) for p in s.data_dir.iterdir() if p.is_dir()}
-        stores = (
-            set().union(*(set(e.artifact_stores) | set(e.checkpoint_stores) for e in reg.values()))
-            if reg
-            else set()
-        )
-        env = core.Environment(
-            registry=reg,
-            store_roots={st: str(s.store_root(st)) for st in stores},
-            data_roots=data_roots,
-            cache_roots={
-                c: e.cache_path or str((s.state_dir / "caches" / c).resolve()) for c, e in reg.items()
-            },
-            time_scale=self.registry.time_scale if self.registry else 1.0,
-        )
-        self._env_base = (stamp, env)
-        return env
+            name = latest_checkpoint(await store.list(where[1]))
+        except StoreUnavailable as exc:
+            log.warning("checkpoint.lookup_failed", attempt=a.attempt_id, error=str(exc))
+            return None
+        return None if name is None else store.url_of(f"{where[1].rstrip('/')}/{name}")
+
+    async def marker(self, a: AttemptView) -> bytes | None:
+        """The attempt's first-step marker, as its agent uploaded it (None: none yet, or the store
+        did not answer: looked for again later)."""
+        where = self.stores.locate(a.output_path) if a.output_path else None
+        if where is None:
+            return None
+        try:
+            return await self.stores[where[0]].get(f"{where[1].rstrip('/')}/{MARKER}")
+        except StoreUnavailable as exc:
+            log.warning("marker.lookup_failed", attempt=a.attempt_id, error=str(exc))
+            return None
 
     # --- executing actions ---------------------------------------------------------------
     async def execute(self, actions: Sequence[core.Action], workload_id: str) -> list[ev.Base]:
@@ -574,7 +579,7 @@ class Dispatcher:
         seq, env = view.last_seq, self.environment()
         actions = core.reconcile(view, now, env, tp)
         if core.needs_checkpoints(actions):  # only then read the checkpoints (file I/O)
-            actions = core.reconcile(view, now, self.environment(list(view.attempts.values())), tp)
+            actions = core.reconcile(view, now, await self.checkpointed(view.attempts.values()), tp)
         # an attempt we created ourselves is on its way to our projection: never create it twice
         mine = self.created.get(view.workload_id, set())
         actions = [a for a in actions if not (isinstance(a, core.CreateJob) and a.created.attempt_id in mine)]
@@ -622,7 +627,7 @@ class Dispatcher:
             spans.record_attempt(view, e, msg.context)  # an attempt that ended: its span and its phases
         now = time.time()
         if isinstance(e, ev.Routed):
-            env = self.environment(list(view.attempts.values()))
+            env = await self.checkpointed(view.attempts.values())
             actions = core.on_routed(view, e, now, env, traceparent=self.follower.traceparent(e.workload_id))
             if not actions or not await self.owns(e.workload_id, fresh=e.attempt_number == 1 and not view.attempts):
                 return []
@@ -648,7 +653,7 @@ class Dispatcher:
             await self.record_staged(view, e)
         actions = core.on_event(view, e, now, self.environment())
         if core.needs_checkpoints(actions):  # a replacement's route request names the latest checkpoint
-            actions = core.on_event(view, e, now, self.environment(list(view.attempts.values())))
+            actions = core.on_event(view, e, now, await self.checkpointed(view.attempts.values()))
         if not actions or not await self.owns(e.workload_id):
             return []
         return await self.execute(actions, e.workload_id)
@@ -690,15 +695,30 @@ class Dispatcher:
             return False
 
     async def record_staged(self, view: WorkloadView, e: ev.Running) -> None:
-        """After an attempt's staging init containers ran, its inputs are cached on that cluster."""
+        """After an attempt's staging init containers ran, its inputs are cached on that cluster.
+        A copy (not a cache hit) also records its measurement, from the stage container's
+        termination message (`core.stage_measurements`): inventory turns those into the
+        cluster's measured bandwidth per location. A hit never overwrites a measurement."""
         if view.workload is None or self.kv_staged is None:
             return
         entry = self.registry.clusters.get(e.cluster) if self.registry else None
-        for inp in view.workload.spec.inputs:
-            if entry and (inp.ref in entry.datasets_cached or set(inp.locations) & set(entry.data_locations)):
+        refs = [inp.ref for inp in view.workload.spec.inputs]
+        attempt = view.attempts.get(e.attempt_id)
+        measured: dict[str, core.StageMeasurement] = {}
+        if refs and attempt is not None and e.cluster in self.informers:
+            measured = core.stage_measurements(self.observed(e.cluster, attempt)[1], refs)
+        for ref in refs:
+            m = measured.get(ref)
+            key = staged_key(e.cluster, ref)
+            if m is None:
+                if entry and ref in entry.datasets_cached:
+                    continue  # the registry's already
+                with contextlib.suppress(KeyWrongLastSequenceError):  # staged before: keep its measurement
+                    await self.kv_staged.create(key, json.dumps({"cluster": e.cluster, "ref": ref, "at": e.at}).encode())
                 continue
-            value = json.dumps({"cluster": e.cluster, "ref": inp.ref, "at": e.at}).encode()
-            await self.kv_staged.put(staged_key(e.cluster, inp.ref), value)
+            value = {"cluster": e.cluster, "ref": ref, "at": e.at, **m.doc()}
+            await self.kv_staged.put(key, json.dumps(value).encode())
+            log.info("staging.measured", workload=e.workload_id, cluster=e.cluster, ref=ref, **m.doc())
 
     # --- watching the clusters ---------------------------------------------------------------
     def observed(self, cluster: str, a: AttemptView) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
@@ -807,14 +827,14 @@ class Dispatcher:
                     if not acts and (due := core.observation_due(view, a, obs, **clocks)) is not None:  # type: ignore[arg-type]
                         self.look_again(view.workload_id, due)
                     if a.status == "running" and progress.KIND not in a.times:
-                        # its marker is a file: looked for again soon, less often the longer it runs
+                        # its marker is an object in the store: looked for again soon, less often the longer it runs
                         # without one (most programs never write it; its time is the program's own)
                         self.look_again(view.workload_id, progress.next_look(a.times.get("running"), now, self.interval))
                     # the program's first step, if reported: only where pods run or ran (the marker
                     # is written from inside one), not for every attempt still queued
                     seen = (
-                        progress.compute_started(view.workload_id, a, now)
-                        if acts or a.status == "running"
+                        progress.compute_started(view.workload_id, a, await self.marker(a), now)
+                        if (acts or a.status == "running") and progress.KIND not in a.times
                         else []
                     )
                     if acts or seen:

@@ -23,6 +23,7 @@ from gpuorch.projection import WorkloadView
 from gpuorch_proto import FenceRecord, event_id
 from gpuorch_proto import events as ev
 from gpuorch_proto.k8s import LABEL_ATTEMPT, LABEL_EPOCH, LABEL_WORKLOAD
+from gpuorch_proto.storage import Manifest, StoreError, attempt_prefix, manifest_key, parse_url
 from gpuorch_proto.subjects import valid_token
 from gpuorch_proto.units import parse_duration
 
@@ -55,10 +56,21 @@ ConfirmHow = Literal["deleted", "already-gone", "lease-expired"]
 
 
 @dataclass(frozen=True)
+class Publish:
+    """What the shell writes once the compare-and-set made the attempt the promoted one: its
+    manifest, create-only, at `result_path` (the store's own compare-and-set: never overwritten).
+    `manifest` None: the record already names this attempt promoted and its outputs could not be
+    read again (a redelivery): the shell only reads back the manifest the store holds."""
+
+    result_path: str  # the manifest's URL
+    manifest: Manifest | None
+
+
+@dataclass(frozen=True)
 class Decision:
     record: FenceRecord | None  # the record to write by compare-and-set; None = leave as is
     events: list[ev.Base]
-    promote: tuple[str, str] | None = None  # (attempt output path, result path) to publish
+    promote: Publish | None = None  # the manifest to publish after the write
     delete_job: bool = False  # the attempt's Job must be deleted and confirmed gone
 
 
@@ -148,22 +160,28 @@ class AttemptFacts:
     succeeded: bool  # its `succeeded` is on record
 
 
-def attempt_dir(store_root: str, workload_id: str, attempt_id: str) -> str | None:
-    """`<store root>/<workload>/attempts/<attempt>`: the only directory an attempt may publish.
-    None when an id is not a single safe token (no `/`, `.` or `..` can come through)."""
-    if not (valid_token(workload_id) and valid_token(attempt_id)) or not store_root.startswith("/"):
+def attempt_url(store_url: str, workload_id: str, attempt_id: str) -> str | None:
+    """`<store URL>/<workload>/attempts/<attempt>`: the only prefix an attempt may publish from
+    (`gpuorch_proto.storage.attempt_prefix` in the store's root URL). None when an id is not a
+    single safe token (no `/`, `.` or `..` can come through) or the store's URL is not one."""
+    try:
+        return parse_url(store_url).join(attempt_prefix(workload_id, attempt_id))
+    except StoreError:
         return None
-    return f"{store_root.rstrip('/')}/{workload_id}/attempts/{attempt_id}"
 
 
-def result_dir(store_root: str, workload_id: str) -> str:
-    return f"{store_root.rstrip('/')}/{workload_id}/result"
+def result_url(store_url: str, workload_id: str) -> str | None:
+    """`<store URL>/<workload>/result/manifest.json`: where the workload's result manifest goes."""
+    try:
+        return parse_url(store_url).join(manifest_key(workload_id))
+    except StoreError:
+        return None
 
 
-def promotion_problem(e: ev.PromoteRequested, facts: AttemptFacts, expected_dir: str | None) -> str | None:
+def promotion_problem(e: ev.PromoteRequested, facts: AttemptFacts, expected_url: str | None) -> str | None:
     """Why this promotion may not happen on the fencer's own records (None: it may): the attempt
     was created by the dispatcher at this epoch, it succeeded, and the output path it names is
-    exactly its attempt directory, built from the registry's store root and the ids.
+    exactly its attempt prefix, built from the registry's store URL and the ids.
 
     `facts.created_epoch is None` is not a problem of its own: the dispatcher may publish an
     attempt's `attempt-created` after its first lifecycle events (a crash between creating the
@@ -174,45 +192,69 @@ def promotion_problem(e: ev.PromoteRequested, facts: AttemptFacts, expected_dir:
         return f"attempt {e.attempt_id} was created at epoch {facts.created_epoch}, not {e.epoch}"
     if not facts.succeeded:
         return f"attempt {e.attempt_id} has not succeeded"
-    if expected_dir is None:
-        return "the workload's output store is not in the registry: no attempt directory to publish from"
-    if e.output_path.rstrip("/") != expected_dir:
-        return f"output path {e.output_path[:200]!r} is not the attempt's directory {expected_dir!r}"
+    if expected_url is None:
+        return "the workload's output store is not in the registry: no attempt prefix to publish from"
+    if e.output_path.rstrip("/") != expected_url:
+        return f"output path {e.output_path[:200]!r} is not the attempt's prefix {expected_url!r}"
     return None
 
 
-def on_promote_requested(rec: FenceRecord | None, e: ev.PromoteRequested, now: float, result_path: str) -> Decision:
+def _promoted(e: ev.PromoteRequested, now: float, result_path: str, manifest: Manifest | None) -> ev.Promoted:
+    size = manifest.total_bytes if manifest is not None else 0
+    return ev.Promoted(event_id=f"{e.attempt_id}.promoted", output_path=e.output_path, result_path=result_path, result_bytes=size, **_base(e, now))
+
+
+def promotion_rejected(e: ev.PromoteRequested, current_epoch: int, reason: str, now: float) -> ev.PromotionRejected:
+    return ev.PromotionRejected(event_id=f"{e.attempt_id}.promotion-rejected", current_epoch=current_epoch, reason=reason, **_base(e, now))
+
+
+def on_promote_requested(rec: FenceRecord | None, e: ev.PromoteRequested, now: float, result_path: str, outputs: Manifest | str) -> Decision:
     """Promotion is the only way to publish: current epoch, first and only promotion, by CAS.
 
     The shell calls it only once `promotion_problem` found nothing against the request on the
-    fencer's own records. A workload without a fence record is refused with a reason (the
-    fencer registers every attempt it sees created, so there is no record only if none was)."""
-    b = _base(e, now)
-    rejected_id = f"{e.attempt_id}.promotion-rejected"
+    fencer's own records, with what the store holds of the attempt: `outputs` is its manifest
+    (`gpuorch_proto.storage.manifest_for`) or why there is none (an upload cut in the middle, an
+    object deleted since). `result_path` is the manifest's URL. A workload without a fence record
+    is refused with a reason (the fencer registers every attempt it sees created, so there is no
+    record only if none was).
+
+    The current attempt whose outputs are not all there can never publish: it is fenced (the
+    epoch moves past it, as `on_fence_requested` would for a stopped attempt) with the reason,
+    and its replacement may start at once (its pods have ended)."""
     if rec is None:
         reason = f"workload {e.workload_id} has no fence record: no attempt of it was ever registered"
-        return Decision(None, [ev.PromotionRejected(event_id=rejected_id, current_epoch=0, reason=reason, **b)], delete_job=True)
-    if rec.promoted_attempt == e.attempt_id:
-        return Decision(
-            None,
-            [ev.Promoted(event_id=f"{e.attempt_id}.promoted", output_path=e.output_path, result_path=rec.result_path or result_path, **b)],
-            promote=(e.output_path, rec.result_path or result_path),
-        )
+        return Decision(None, [promotion_rejected(e, 0, reason, now)], delete_job=True)
+    if rec.promoted_attempt == e.attempt_id:  # a retried promotion: the same result again
+        path = rec.result_path or result_path
+        manifest = outputs if isinstance(outputs, Manifest) else None
+        return Decision(None, [_promoted(e, now, path, manifest)], promote=Publish(path, manifest))
     if rec.promoted_attempt is not None:
         reason = f"workload already promoted attempt {rec.promoted_attempt}"
-        return Decision(None, [ev.PromotionRejected(event_id=rejected_id, current_epoch=rec.epoch, reason=reason, **b)], delete_job=True)
+        return Decision(None, [promotion_rejected(e, rec.epoch, reason, now)], delete_job=True)
     if e.epoch != rec.epoch:
         reason = f"stale epoch {e.epoch}: the workload's epoch is {rec.epoch}"
-        return Decision(None, [ev.PromotionRejected(event_id=rejected_id, current_epoch=rec.epoch, reason=reason, **b)], delete_job=True)
+        return Decision(None, [promotion_rejected(e, rec.epoch, reason, now)], delete_job=True)
     if rec.current_attempt not in (None, e.attempt_id):
         reason = f"attempt {rec.current_attempt} is current at epoch {rec.epoch}"
-        return Decision(None, [ev.PromotionRejected(event_id=rejected_id, current_epoch=rec.epoch, reason=reason, **b)], delete_job=True)
+        return Decision(None, [promotion_rejected(e, rec.epoch, reason, now)], delete_job=True)
+    if isinstance(outputs, str):
+        new = replace(rec, epoch=rec.epoch + 1, current_attempt=None)
+        events: list[ev.Base] = [
+            promotion_rejected(e, new.epoch, f"outputs not published: {outputs}", now),
+            _fenced(e, new.epoch, now),
+            replacement_allowed(e, now, "stopped"),
+        ]
+        return Decision(new, events, delete_job=True)
     new = replace(rec, current_attempt=e.attempt_id, promoted_attempt=e.attempt_id, promoted_epoch=e.epoch, result_path=result_path)
-    return Decision(
-        new,
-        [ev.Promoted(event_id=f"{e.attempt_id}.promoted", output_path=e.output_path, result_path=result_path, **b)],
-        promote=(e.output_path, result_path),
-    )
+    return Decision(new, [_promoted(e, now, result_path, outputs)], promote=Publish(result_path, outputs))
+
+
+def manifest_conflict(e: ev.PromoteRequested, current_epoch: int, reason: str, now: float) -> ev.PromotionRejected:
+    """The record made this attempt the promoted one, but the store holds another manifest at
+    the result's key (written by hand, or by something that bypassed the fence): it is never
+    overwritten, and the conflict is recorded with its reason for the operators. The record keeps
+    the promotion (no other attempt may ever publish); the workload gets no `promoted`."""
+    return promotion_rejected(e, current_epoch, f"result manifest conflict: {reason}", now)
 
 
 def cancel_confirmed(e: ev.AttemptEvent, now: float, how: ConfirmHow) -> ev.CancelConfirmed:
@@ -286,12 +328,6 @@ def lease_expires_at(fence_requested_at: float, lease: str, time_scale: float) -
 def cancellation_due(lease_expires_at: float, now: float) -> bool:
     """Unreachable cluster: presume the attempt dead only once its lease has run out."""
     return now >= lease_expires_at
-
-
-def result_path_for(output_path: str) -> str:
-    """`<store>/<workload>/attempts/<attempt>` publishes to `<store>/<workload>/result`."""
-    head, sep, _ = output_path.rstrip("/").rpartition("/attempts/")
-    return f"{head}/result" if sep else f"{output_path.rstrip('/')}.result"
 
 
 # --- cancellation pursuit: the rules the shell (and the simulation) follow ----------------------

@@ -16,13 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import os
-import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -30,21 +27,23 @@ import structlog
 from kubernetes.client.exceptions import ApiException
 from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
 
-from gpuorch.config import Settings, load_registry
+from gpuorch.config import Registry, Settings, load_registry
 from gpuorch.follow import Follower, every, run_until_stopped
 from gpuorch.informer import PROBE_INTERVAL, ClusterInformers
 from gpuorch.kube import TIMEOUT, ClusterClient, make_clients, unreachable
+from gpuorch.objectstore import Stores, StoreUnavailable
 from gpuorch.resync import Resync
 from gpuorch.runtime import bus, kv
-from gpuorch.runtime.shell import Incoming, Publisher, Reject, consume, run_service
+from gpuorch.runtime.shell import Incoming, Publisher, Reject, Retry, consume, run_service
 from gpuorch.runtime.snapshot import Snapshots, follower_body, restore_follower
 from gpuorch.security.model import events_durable, snapshot_owner
+from gpuorch.stores import stores_of
 from gpuorch_proto import FenceRecord, decode_fence, encode
 from gpuorch_proto import events as ev
 from gpuorch_proto.k8s import LABEL_WORKLOAD, MANAGED_SELECTOR, NAMESPACE
 from gpuorch_proto.subjects import valid_token
 
-from . import core
+from . import core, publish
 
 log = structlog.get_logger("gpuorch.fencer")
 
@@ -54,51 +53,11 @@ FULL_COLLECT_EVERY = 10
 LABEL_JOB_NAME = "job-name"  # set on a Job's pods by the Job controller (every Kubernetes version)
 
 
-def publish_dir(src: str, dst: str) -> None:
-    """Copy an attempt's outputs to the workload's result path atomically (idempotent).
-
-    Symbolic links in the outputs are not published (a link could name any file the fencer can
-    read); only regular files and directories inside `src` are copied."""
-    s, d = Path(src), Path(dst)
-    if d.exists():
-        return
-    d.parent.mkdir(parents=True, exist_ok=True)
-    tmp = d.with_name(d.name + f".tmp-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    if s.is_dir() and not s.is_symlink():
-        shutil.copytree(s, tmp, symlinks=True, ignore=_symlinks)
-    else:
-        tmp.mkdir(parents=True)
-    try:
-        os.replace(tmp, d)
-    except OSError:
-        if not d.exists():
-            raise
-        shutil.rmtree(tmp, ignore_errors=True)  # another fencer replica published it first: same outputs
-
-
-def tree_bytes(path: str) -> int:
-    """The size of the regular files under `path` (what `publish_dir` published), in bytes."""
-    total = 0
-    for root, _, files in os.walk(path):
-        for name in files:
-            f = os.path.join(root, name)
-            if not os.path.islink(f):
-                total += os.stat(f).st_size
-    return total
-
-
-def _symlinks(directory: str, entries: list[str]) -> list[str]:
-    return [n for n in entries if os.path.islink(os.path.join(directory, n))]
-
-
-def _registry_stores(settings: Settings) -> list[str] | None:
+def _registry_stores(registry: Registry | None) -> list[str] | None:
     """Every artifact and checkpoint store of the registry (None without a registry)."""
-    if settings.registry is None:
+    if registry is None:
         return None
-    reg = load_registry(settings.registry)
-    return sorted({st for c in reg.clusters.values() for st in (*c.artifact_stores, *c.checkpoint_stores)})
+    return sorted({st for c in registry.clusters.values() for st in (*c.artifact_stores, *c.checkpoint_stores)} | set(registry.stores))
 
 
 def informers_for(cc: ClusterClient, probe_interval: float = PROBE_INTERVAL) -> ClusterInformers:
@@ -220,11 +179,16 @@ class Fencer:
         self.interval = settings.tuning.fence_interval
         self.orphan_grace = settings.tuning.orphan_grace
         self.orphan_grace_unknown = settings.tuning.orphan_grace_unknown
-        self.time_scale = load_registry(settings.registry).time_scale if settings.registry else 1.0
+        registry = load_registry(settings.registry) if settings.registry else None
+        self.time_scale = registry.time_scale if registry is not None else 1.0
         self.js: Any = None
         #: the event subjects it reads (`core.READS`: the types it decides anything from)
         self.reads = [self.names.evt_kind(t) for t in core.READS]
-        self.store_names: list[str] | None = _registry_stores(settings)  # None: no registry to check against
+        self.store_names: list[str] | None = _registry_stores(registry)  # None: no registry to check against
+        #: the artifact stores by name, with this process's credentials: promotion reads each
+        #: attempt's listing and upload record there and writes the result's manifest
+        self.stores: Stores = stores_of(settings, registry)
+        self.store_retry = 5.0  # seconds before a promotion whose store did not answer is tried again
 
     # --- compare-and-set on the fence record ------------------------------------------------
     async def cas(self, workload_id: str, decide: Callable[[FenceRecord | None], core.Decision]) -> core.Decision:
@@ -252,35 +216,69 @@ class Fencer:
             return True
 
     async def promote(self, e: ev.PromoteRequested, now: float) -> list[ev.Base]:
-        """Publish an attempt's outputs, from the fencer's own records only (docs/security.md):
+        """Publish an attempt's result, from the fencer's own records only (docs/security.md):
         a request its records contradict is refused as a message (a `rejected` record, the
-        attempt untouched); one whose `attempt-created` is not on record yet waits for it."""
-        src, result, problem = self.promotion_paths(e)
+        attempt untouched); one whose `attempt-created` is not on record yet waits for it.
+
+        Then, in this order: what the store holds of the attempt (its listing and upload
+        record: a manifest, or why there is none); the compare-and-set on the fence record
+        (`core.on_promote_requested`, the gate); the manifest written create-only at the
+        workload's result key (`publish.publish`, the store's own compare-and-set). Only the
+        manifest is written: no output's bytes pass through here. A store that does not answer
+        is tried again later (`Retry`), before or after the compare-and-set (a redelivered
+        promotion of the promoted attempt publishes the same manifest)."""
+        store, problem = self.promotion_source(e)
         if problem is not None and self.not_created_yet(e):
             log.info("promotion.deferred", workload=e.workload_id, attempt=e.attempt_id, reason=problem)
             return []
-        if problem is not None:
+        if problem is not None or store is None:
             log.warning("promotion.refused", workload=e.workload_id, attempt=e.attempt_id, reason=problem)
             raise Reject(f"promotion refused: {problem}", claimed_workload_id=e.workload_id)
         created_epoch = self.created_epoch(e)
+        result = core.result_url(self.stores.url(store), e.workload_id) or ""
+        try:
+            outputs = await publish.prepare(self.stores[store], e.workload_id, e.attempt_id, e.epoch, now)
+        except StoreUnavailable as exc:
+            log.warning("promotion.store_unavailable", workload=e.workload_id, attempt=e.attempt_id, error=str(exc))
+            raise Retry(self.store_retry, f"promotion of {e.attempt_id} waits for its store: {exc}") from exc
 
         def decide(rec: FenceRecord | None) -> core.Decision:
             if rec is None and created_epoch is not None:
                 # its attempt-created is on the fencer's record (the log) but its registration is
                 # still on its way (redelivered after a crash): register it as that would have
                 rec = FenceRecord(epoch=created_epoch, current_attempt=e.attempt_id)
-            return core.on_promote_requested(rec, e, now, result)
+            return core.on_promote_requested(rec, e, now, result, outputs)
 
         d = await self.cas(e.workload_id, decide)
         events = list(d.events)
         if d.promote is not None:
-            await asyncio.to_thread(publish_dir, src, d.promote[1])
-            size = await asyncio.to_thread(tree_bytes, d.promote[1])  # what a dependent stage reads
-            events = [msgspec.structs.replace(x, result_bytes=size) if isinstance(x, ev.Promoted) else x for x in events]
-            log.info("promotion.done", workload=e.workload_id, attempt=e.attempt_id, result=d.promote[1], bytes=size)
+            events = await self.publish_result(e, store, d, now)
+        elif isinstance(outputs, str):
+            log.warning("promotion.rejected", workload=e.workload_id, attempt=e.attempt_id, reason=outputs)
         if d.delete_job:
-            self.pursue(e, now, orphan_reason="promotion rejected: " + "; ".join(getattr(x, "reason", "") for x in d.events))
+            self.pursue(e, now, orphan_reason="promotion rejected: " + "; ".join(getattr(x, "reason", "") for x in d.events if isinstance(x, ev.PromotionRejected)))
         return events
+
+    async def publish_result(self, e: ev.PromoteRequested, store: str, d: core.Decision, now: float) -> list[ev.Base]:
+        """After the compare-and-set: the manifest, create-only (`publish.publish`). This
+        attempt's manifest in the store (written now or before) gives `promoted` with its size;
+        another manifest there is never overwritten: the conflict is recorded for the operators
+        (`core.manifest_conflict`), the fence record keeps the promotion."""
+        assert d.promote is not None
+        try:
+            done = await publish.publish(self.stores[store], e.workload_id, e.attempt_id, e.epoch, d.promote.manifest)
+        except StoreUnavailable as exc:
+            log.warning("promotion.store_unavailable", workload=e.workload_id, attempt=e.attempt_id, error=str(exc))
+            raise Retry(self.store_retry, f"the manifest of {e.attempt_id} waits for its store: {exc}") from exc
+        if done.outcome == "conflict":
+            log.error("promotion.manifest_conflict", workload=e.workload_id, attempt=e.attempt_id, manifest=done.url, reason=done.reason)
+            rec = await self.record(e.workload_id)
+            self.pursue(e, now, orphan_reason="promotion rejected: result manifest conflict")  # its Job has no use left
+            return [core.manifest_conflict(e, rec.epoch if rec is not None else e.epoch, done.reason, now)]
+        assert done.manifest is not None
+        size = done.manifest.total_bytes  # what a dependent stage reads
+        log.info("promotion.done", workload=e.workload_id, attempt=e.attempt_id, result=d.promote.result_path, bytes=size, manifest=done.outcome)
+        return [msgspec.structs.replace(x, result_bytes=size) if isinstance(x, ev.Promoted) else x for x in d.events]
 
     def created_epoch(self, e: ev.AttemptEvent) -> int | None:
         """The epoch of the attempt's `attempt-created` as the fencer's projection has it."""
@@ -295,10 +293,11 @@ class Fencer:
         """The promotion request of this attempt that arrived before its `attempt-created` (`core.deferred_promotion`)."""
         return core.deferred_promotion(self.follower.projection.get(e.workload_id), e)
 
-    def promotion_paths(self, e: ev.PromoteRequested) -> tuple[str, str, str | None]:
-        """(source, result, problem) of a promotion, from the fencer's own records only: the
-        attempt as its projection has it, the store root from its settings (never a path the
-        event carries), canonicalized (symlinks resolved) and inside the attempt's directory."""
+    def promotion_source(self, e: ev.PromoteRequested) -> tuple[str | None, str | None]:
+        """(store, problem) of a promotion, from the fencer's own records only: the attempt as
+        its projection has it, the workload's output store, which must be the registry's, and
+        the attempt's prefix in it (`core.attempt_url`: never a path the event carries; the
+        event's `output_path` must be exactly that prefix)."""
         view = self.follower.projection.get(e.workload_id)
         a = view.attempts.get(e.attempt_id) if view is not None else None
         facts = core.AttemptFacts(
@@ -308,15 +307,9 @@ class Fencer:
         store = view.workload.spec.output.store if view is not None and view.workload is not None else None
         known = set(self.store_names) if self.store_names is not None else None
         if store is None or (known is not None and store not in known):
-            return "", "", core.promotion_problem(e, facts, None)
-        root = os.path.realpath(self.settings.store_root(store))
-        expected = core.attempt_dir(root, e.workload_id, e.attempt_id)
-        problem = core.promotion_problem(e, facts, expected)
-        if problem is None and expected is not None:
-            real = os.path.realpath(expected)
-            if real != expected:  # a symlink somewhere on the way: it leads elsewhere
-                problem = f"the attempt directory {expected!r} resolves to {real!r}, outside itself"
-        return expected or "", core.result_dir(root, e.workload_id), problem
+            return None, core.promotion_problem(e, facts, None)
+        expected = core.attempt_url(self.stores.url(store), e.workload_id, e.attempt_id)
+        return store, core.promotion_problem(e, facts, expected)
 
     def pursue(self, e: ev.AttemptEvent, lease_expires_at: float, orphan_reason: str | None = None, *, replacement_pending: bool = False) -> None:
         view = self.follower.projection.get(e.workload_id)
@@ -531,7 +524,9 @@ class Fencer:
             for inf in self.informers.values():
                 inf.start()
             await run_until_stopped("fencer", stop, [
-                consume(js, stream=self.names.stream_evt, durable=events_durable(self.names, "fencer", me), filter_subject=self.reads, handler=self.on_event, publisher=self.publisher, names=self.names, stop=stop),
+                # never dead-lettered (max_deliver 0: unlimited): a promotion waiting out a store
+                # outage, or a fence request, is retried for as long as it takes, never dropped
+                consume(js, stream=self.names.stream_evt, durable=events_durable(self.names, "fencer", me), filter_subject=self.reads, handler=self.on_event, publisher=self.publisher, names=self.names, stop=stop, max_deliver=0),
                 self.pursue_loop(stop),
                 self.collect_orphans(stop),
                 snapshots.run(stop),

@@ -60,6 +60,7 @@ __all__ = [
     "earliest_start",
     "estimate_queue_waits",
     "measure_queue_delays",
+    "measured_bandwidth",
     "observe",
     "observe_pod_starts",
     "parse_staged_entry",
@@ -877,11 +878,70 @@ def staged_refs(entries: Mapping[str, bytes], cluster: str) -> set[str]:
     return out
 
 
-def _with_cache(registry: ClusterRegistryEntry, staged: Iterable[str]) -> ClusterRegistryEntry:
+#: a staging measurement is believed up to this throughput (MB/s; anything faster is an error)
+MAX_MEASURED_MBPS = 1e7
+
+
+def staging_measurement(value: bytes) -> tuple[str, str, float] | None:
+    """(cluster, location, MB/s) of one `kv_staged` value that carries a measurement (the
+    dispatcher's, from a stage container's record: ``location``, ``size_gb``,
+    ``simulated_seconds``): the throughput of the simulated link, size_gb x 1000 / seconds, the
+    unit the router's copy-time estimate is in. Anything else: None."""
+    try:
+        doc = msgspec.json.decode(value) if value else None
+    except msgspec.DecodeError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    cluster, location = doc.get("cluster"), doc.get("location")
+    size_gb, seconds = doc.get("size_gb"), doc.get("simulated_seconds")
+    if not isinstance(cluster, str) or not isinstance(location, str) or not cluster or not location:
+        return None
+    if isinstance(size_gb, bool) or isinstance(seconds, bool):
+        return None
+    if not isinstance(size_gb, (int, float)) or not isinstance(seconds, (int, float)):
+        return None
+    size, secs = float(size_gb), float(seconds)
+    if not (math.isfinite(size) and math.isfinite(secs) and size > 0 and secs > 0):
+        return None
+    mbps = size * 1000.0 / secs
+    return (cluster, location, mbps) if math.isfinite(mbps) and 0 < mbps <= MAX_MEASURED_MBPS else None
+
+
+def measured_bandwidth(entries: Mapping[str, bytes], cluster: str) -> dict[str, float]:
+    """Location -> MB/s measured staging into `cluster`: the median of the measurements in the
+    current `kv_staged` entries (one per (cluster, dataset), the latest staging of each)."""
+    by_location: dict[str, list[float]] = {}
+    for value in entries.values():
+        m = staging_measurement(value)
+        if m is not None and m[0] == cluster:
+            by_location.setdefault(m[1], []).append(m[2])
+    out: dict[str, float] = {}
+    for location, xs in sorted(by_location.items()):
+        xs.sort()
+        mid = len(xs) // 2
+        out[location] = xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+    return out
+
+
+def _with_cache(
+    registry: ClusterRegistryEntry, staged: Iterable[str], measured: Mapping[str, float] | None = None
+) -> ClusterRegistryEntry:
+    """The registry entry as the snapshot carries it: the datasets gpuorch staged added to
+    `datasets_cached`; and for each link the registry names (a `bandwidth_mbps` location that is
+    not one of the cluster's own), the measured throughput in place of the registry's figure,
+    once there is one (`bandwidth_measured` says which). A location the registry names no link
+    for gets none: a measurement never turns a store read in place into a copy."""
     merged = list(dict.fromkeys([*registry.datasets_cached, *sorted(set(staged))]))
-    if merged == registry.datasets_cached:
+    links = {loc: mbps for loc, mbps in (measured or {}).items() if loc in registry.bandwidth_mbps and loc not in registry.data_locations}
+    if merged == registry.datasets_cached and links == registry.bandwidth_measured:
         return registry
-    return msgspec.structs.replace(registry, datasets_cached=merged)
+    return msgspec.structs.replace(
+        registry,
+        datasets_cached=merged,
+        bandwidth_mbps={**registry.bandwidth_mbps, **links},
+        bandwidth_measured=links,
+    )
 
 
 def build_snapshot(
@@ -894,6 +954,7 @@ def build_snapshot(
     observed_at: float,
     time_scale: float,
     staged: Iterable[str] = (),
+    measured: Mapping[str, float] | None = None,
     history: QueueHistory | None = None,
     reference_gpus: int = REFERENCE_GPUS,
     unknown_wait_s: float = UNKNOWN_WAIT_S,
@@ -966,7 +1027,7 @@ def build_snapshot(
         queues=queues,
         running_gpus=sum(p.gpus for p in parsed_pods if p.holds),
         pending_gpus=sum(p.gpus for p in pending),
-        registry=_with_cache(registry, staged),
+        registry=_with_cache(registry, staged, measured),
         time_scale=time_scale,
     )
 
@@ -1002,7 +1063,7 @@ def unreachable_snapshot(
         reachable=False,
         published_at=now,
         error=error,
-        registry=_with_cache(registry, previous.registry.datasets_cached),
+        registry=_with_cache(registry, previous.registry.datasets_cached, previous.registry.bandwidth_measured),
         time_scale=scale,
     )
 

@@ -190,6 +190,7 @@ class Inventory:
             observed_at=now,
             time_scale=self.registry.time_scale,
             staged=core.staged_refs(self.staged, state.name),
+            measured=core.measured_bandwidth(self.staged, state.name),
             history=self.history,
             memo=state.memo,
         )

@@ -475,7 +475,8 @@ def data_staging(idx: SnapshotIndex, d: Demand) -> Staging:
         mbps, loc = links[0]
         t = inp.size_gb * 1000.0 / mbps
         seconds += t
-        notes.append(f"{inp.ref} copy {inp.size_gb:g} GB from {loc} at {mbps:g} MB/s = {dur(t)}{mismatch}")
+        measured = " measured" if loc in idx.bandwidth_measured else ""
+        notes.append(f"{inp.ref} copy {inp.size_gb:g} GB from {loc} at {mbps:g} MB/s{measured} = {dur(t)}{mismatch}")
     return Staging(seconds, notes, failures)
 
 

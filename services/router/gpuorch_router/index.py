@@ -139,6 +139,7 @@ class SnapshotIndex:
     __slots__ = (
         "artifact_stores",
         "bandwidth",
+        "bandwidth_measured",
         "checkpoint_stores",
         "classes",
         "cluster",
@@ -186,6 +187,8 @@ class SnapshotIndex:
         self.datasets_by_name: Mapping[str, list[str]] = by_name
         self.images_cached = frozenset(reg.images_cached)
         self.bandwidth: Mapping[str, float] = dict(reg.bandwidth_mbps)
+        # the links whose figure is measured staging throughput (inventory), not the registry's
+        self.bandwidth_measured = frozenset(loc for loc in reg.bandwidth_measured if loc in self.bandwidth)
         self.data_locations = frozenset(reg.data_locations)
         # Where an input is read in place: its local data locations, and the artifact stores it
         # reaches for which the registry names no link (a store with a `bandwidth_mbps` entry is
