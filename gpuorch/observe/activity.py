@@ -297,7 +297,7 @@ def diagnose(f: AttemptFacts, time_scale: float = 1.0) -> Diagnosis:
         d = _shape(f.shape)
         return Diagnosis(d.case, d.summary, d.evidence, d.suggestion, unknown=(), numbers=d.numbers)
     if f.gpus <= 0:
-        return Diagnosis("no-gpu", "it holds no GPU", (), "nothing to diagnose on GPUs", unknown=missing)
+        return Diagnosis("no-gpu", "it holds no GPU", (), "nothing to diagnose on GPUs")
     if f.held is None:
         return Diagnosis("unknown", "its pods hold no GPUs yet", (), "look again once it is placed", unknown=missing)
     w = work_of(f, time_scale)
@@ -306,7 +306,7 @@ def diagnose(f: AttemptFacts, time_scale: float = 1.0) -> Diagnosis:
     p = f.progress if isinstance(f.progress, Progress) else None
     numbers: dict[str, Any] = {"gpus": f.gpus, **w.as_dict()}
     if hu is not None:
-        numbers.update(fb_used_mib=hu.fb_used_mib, samples=hu.samples, devices=hu.devices, series=hu.series)
+        numbers.update(fb_used_mib=hu.fb_used_mib, device_samples=hu.samples, devices=hu.devices, series=hu.series)
     held_line = (
         f"{f.gpus:g} GPUs held {_d(w.held_seconds)} = {w.allocated_gpu_hours:.2f} GPU-hours; device activity "
         + (f"{_pct(hu.activity)} (at most {hu.fb_used_mib:.0f} MiB used; {hu.samples} samples of {hu.series})" if hu else "unknown")

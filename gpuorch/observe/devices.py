@@ -284,8 +284,13 @@ async def gather(
             stepping = (p.first_step_at, now if live and not p.done else p.last_step_at)
         elif "compute-started" in a.times and t.held is not None:
             stepping = (a.times["compute-started"], t.held[1])
-        held_use, compute_use = await asyncio.gather(
-            reader.use(a.cluster, a.attempt_id, t.held, live=live), reader.use(a.cluster, a.attempt_id, stepping, live=live))
+        held_use: Measured
+        compute_use: Measured
+        if t.gpus <= 0:
+            held_use = compute_use = Unknown("it holds no GPU")
+        else:
+            held_use, compute_use = await asyncio.gather(
+                reader.use(a.cluster, a.attempt_id, t.held, live=live), reader.use(a.cluster, a.attempt_id, stepping, live=live))
         shape = shape_of(view, a, snapshots.get(a.cluster)) if t.held is None and live else None
         return AttemptFacts(
             workload_id=view.workload_id, attempt_id=a.attempt_id, cluster=a.cluster, owner=owner, gpus=t.gpus,

@@ -63,28 +63,26 @@ class Meter:
 
     @contextlib.contextmanager
     def waiting(self) -> Iterator[None]:
-        """The program waits for its input (a slow reader): the device idles."""
+        """The program waits for its input (a slow reader): the device idles until it has data."""
         t0 = self.clock()
         self._begin(t0)
+        self._close(t0)
         try:
             yield
         finally:
-            self.doc["input_wait_seconds"] += self.clock() - t0
+            t1 = self.clock()
+            self.doc["input_wait_seconds"] += t1 - t0
+            self._open(t1)
 
     @contextlib.contextmanager
     def computing(self) -> Iterator[None]:
-        """The program computes (on its GPUs, for device ``gpu``)."""
+        """The program computes (on its GPUs, for device ``gpu``). From here to its next wait for
+        input (or its end) its devices have work: everything in the loop that is not waiting for
+        input counts as compute, so compute + input wait is the stepping time."""
         t0 = self.clock()
         self._begin(t0)
-        self.busy_since = t0
-        self._device(fb=self.fb_used_mib)
-        try:
-            yield
-        finally:
-            dt = self.clock() - t0
-            self.doc["compute_seconds"] += dt
-            self.busy_since = None
-            self._device(fb=self.fb_used_mib)
+        self._open(t0)
+        yield
 
     def step_done(self, step: int) -> None:
         now = self.clock()
@@ -97,8 +95,10 @@ class Meter:
 
     def finish(self) -> None:
         """The loop is over: the last progress, and the device released."""
+        now = self.clock()
+        self._close(now)
         self.doc["done"] = True
-        self._progress(self.clock())
+        self._progress(now)
         self._device(fb=0)
 
     def summary(self) -> dict[str, Any]:
@@ -117,10 +117,24 @@ class Meter:
         if self.doc["first_step_at"] is None:
             self.doc["first_step_at"] = now
 
+    def _open(self, now: float) -> None:
+        if self.busy_since is None:
+            self.busy_since = now
+            self._device(fb=self.fb_used_mib)
+
+    def _close(self, now: float) -> None:
+        if self.busy_since is not None:
+            self.doc["compute_seconds"] += max(0.0, now - self.busy_since)
+            self.busy_since = None
+            self._device(fb=self.fb_used_mib)
+
     def _progress(self, now: float) -> None:
         self.doc["updated_at"] = now
         self.written_at = now
-        write_work(self.output, self.doc)
+        doc = dict(self.doc)
+        if self.busy_since is not None:  # the compute phase it is in, so far
+            doc["compute_seconds"] += max(0.0, now - self.busy_since)
+        write_work(self.output, doc)
 
     def _device(self, *, fb: int) -> None:
         if self.gpu_report is None:

@@ -29,7 +29,8 @@ exactly the weights of an uninterrupted run. A checkpoint records the data finge
 on different data is refused.
 
 Each step may sleep ``--step-seconds`` simulated seconds (divided by the time scale) computing, and
-``--input-wait-seconds`` before it waiting, so a one hour run takes a few real seconds. ``--fail-at-step N --exit-code C`` exits with C right after
+``--input-wait-seconds`` before it waiting, so a one hour run takes a few real seconds.
+``--fail-at-step N --exit-code C`` exits with C right after
 step N completes (after its checkpoint, if one is due): a run resumed from step >= N never
 reaches it, a retry from scratch fails again.
 
