@@ -80,8 +80,11 @@ async def explain_activity(s: Settings, c: Any, v: Any) -> tuple[list[str], list
     from .activity import diagnose, render, work_of
 
     views = [v]
-    if v.children:
-        views = [w for w in [await c.view(ch.workload_id) for ch in v.children] if w is not None]
+    if v.children:  # every stage's view from one read of the pipeline's events
+        from gpuorch.projection import Projection
+
+        family = Projection.of(await c.pipeline_events(v.workload_id))
+        views = [w for w in (family.get(ch.workload_id) for ch in v.children) if w is not None]
     facts = await activity_facts(s, [w for w in views if w.attempts], await c.snapshots())
     k = time_scale(s)
     doc = [{"workload_id": f.workload_id, "attempt_id": f.attempt_id, "cluster": f.cluster, "stage": f.stage,
