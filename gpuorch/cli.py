@@ -358,17 +358,27 @@ async def cmd_clusters(ns: argparse.Namespace, s: Settings) -> int:
 
 
 async def cmd_explain(ns: argparse.Namespace, s: Settings) -> int:
-    from gpuorch_router.explain import render_explain, render_waits
+    from gpuorch.observe.commands import explain_activity
 
     async with Client(s.nats_url, s.names, creds=s.nats_creds) as c:
         v = await c.view(ns.id)
+        activity = await explain_activity(s, c, v) if v is not None else ([], [])  # docs/activity.md
     if v is None:
         print(f"no workload {ns.id!r}", file=sys.stderr)
         return 1
+    code = await _explain_routing(ns, s, v, activity[1])
+    if ns.output != "json" and activity[0]:
+        print("\n" + "\n".join(activity[0]))
+    return code
+
+
+async def _explain_routing(ns: argparse.Namespace, s: Settings, v: WorkloadView, activity: list[dict[str, Any]]) -> int:
+    from gpuorch_router.explain import render_explain, render_waits
+
     if v.decision is None:
         if ns.output == "json":
             held = msgspec.to_builtins(v.held) if v.held is not None and v.status == "held" else None
-            print(json.dumps({"status": v.status, "reason": v.reason, "held": held, "decision": None}, indent=2))
+            print(json.dumps({"status": v.status, "reason": v.reason, "held": held, "decision": None, "activity": activity}, indent=2))
             return 0
         if v.children:  # a pipeline is never routed itself: why each stage is where it is
             from gpuorch_router.pipeline import render_graph
@@ -382,7 +392,7 @@ async def cmd_explain(ns: argparse.Namespace, s: Settings) -> int:
                 print(f"  {h.scope} {h.name or ''}: {h.kind} {h.used:g} of {h.limit:g}" + (f", needs {h.needs:g}" if h.needs else ""))
         return 0
     if ns.output == "json":
-        print(json.dumps({"status": v.status, "reason": v.reason, "decision": msgspec.to_builtins(v.decision)}, indent=2))
+        print(json.dumps({"status": v.status, "reason": v.reason, "decision": msgspec.to_builtins(v.decision), "activity": activity}, indent=2))
         return 0
     print(f"{ns.id}: {v.status} — {v.reason}\n")
     print(render_explain(v.decision))

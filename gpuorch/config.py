@@ -23,15 +23,17 @@ values in force. A malformed value stops the process with the variable's name an
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import msgspec
 import yaml
 
-from gpuorch_proto import ClusterRegistryEntry, Names
+from gpuorch_proto import ClusterRegistryEntry, MetricsSource, Names
 from gpuorch_proto.credentials import registry_errors as credential_registry_errors
 from gpuorch_proto.podpath import AGENT_IMAGE
 from gpuorch_proto.storage import StoreConfig, StoreError, parse_url
@@ -242,6 +244,25 @@ class Registry:
     stores: dict[str, StoreConfig] = field(default_factory=dict)
 
 
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+def metrics_source_problem(src: MetricsSource | None, at: str) -> str | None:
+    """What is wrong with a cluster's `registry.metrics` (docs/activity.md), naming the field; None: nothing."""
+    if src is None:
+        return None
+    if src.prometheus is None and src.exporter is None:
+        return f"{at}: give prometheus (a Prometheus HTTP API URL) or exporter (dcgm-exporter through the API server), or leave metrics out"
+    if src.prometheus is not None:
+        u = urlsplit(src.prometheus)
+        if u.scheme not in ("http", "https") or not u.netloc or u.query or u.fragment:
+            return f"{at}.prometheus: {src.prometheus!r} is not a Prometheus base URL (http(s)://host:port[/path], no query)"
+    for k in src.selector:
+        if not _LABEL_NAME.match(k):
+            return f"{at}.selector: {k!r} is not a Prometheus label name"
+    return None
+
+
 def load_registry(path: Path) -> Registry:
     """Read the registry part of a clusters file (`clusters: [{name, registry: {...}}]`)."""
     doc: Any = yaml.safe_load(path.read_text()) or {}
@@ -269,6 +290,9 @@ def load_registry(path: Path) -> Registry:
             entries[name] = msgspec.convert(c.get("registry") or {}, ClusterRegistryEntry)
         except msgspec.ValidationError as exc:
             raise ValueError(f"{path}: clusters[{i}].registry: {exc}") from exc
+        metrics_problem = metrics_source_problem(entries[name].metrics, f"clusters[{i}].registry.metrics")
+        if metrics_problem:
+            raise ValueError(f"{path}: {metrics_problem}")
         bad = credential_registry_errors(entries[name], f"clusters[{i}].registry")
         if bad:
             raise ValueError(f"{path}: " + "; ".join(f"{e.path}: {e.message}" for e in bad))

@@ -45,17 +45,72 @@ def add_web_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8765, help="0 = any free port (printed)")
 
 
+async def activity_facts(s: Settings, views: list[Any], snapshots: dict[str, Any]) -> list[Any]:
+    """Every attempt's facts for the activity diagnosis (`gpuorch.observe.devices.gather`), read
+    from the registry's metrics sources, the stores and `snapshots`; what cannot be read is
+    "unknown" with its reason, never an error here."""
+    from gpuorch.stores import stores_of
+
+    from .devices import Reader, gather
+
+    try:
+        registry = load_registry(s.registry) if s.registry else None
+    except (OSError, ValueError):
+        registry = None  # every cluster's metrics then say: not in the registry
+    kube: dict[str, Any] = {}
+    if s.kubeconfig is not None and registry is not None and any(
+        e.metrics is not None and e.metrics.exporter is not None for e in registry.clusters.values()
+    ):
+        from gpuorch.kube import make_clients
+
+        try:
+            kube = dict(make_clients(s.kubeconfig))
+        except (OSError, ValueError):
+            kube = {}
+    reader, stores, now = Reader(registry, kube), stores_of(s, registry), time.time()
+    out: list[Any] = []
+    for v in views:
+        out += await gather(v, reader, stores, snapshots, now)
+    return out
+
+
+async def explain_activity(s: Settings, c: Any, v: Any) -> tuple[list[str], list[dict[str, Any]]]:
+    """`gpuorch explain`'s activity part: lines, and the JSON (`-o json`'s `activity`): the
+    workload's attempts, or each stage's of a pipeline."""
+    from .activity import diagnose, render, work_of
+
+    views = [v]
+    if v.children:  # every stage's view from one read of the pipeline's events
+        from gpuorch.projection import Projection
+
+        family = Projection.of(await c.pipeline_events(v.workload_id))
+        views = [w for w in (family.get(ch.workload_id) for ch in v.children) if w is not None]
+    facts = await activity_facts(s, [w for w in views if w.attempts], await c.snapshots())
+    k = time_scale(s)
+    doc = [{"workload_id": f.workload_id, "attempt_id": f.attempt_id, "cluster": f.cluster, "stage": f.stage,
+            "work": work_of(f, k).as_dict(), "diagnosis": diagnose(f, k).as_dict()} for f in facts]  # fmt: skip
+    return (render(facts, k) if facts else []), doc
+
+
 async def run_report(ns: argparse.Namespace, s: Settings) -> int:
     from gpuorch.client import Client
+    from gpuorch.projection import Projection
 
+    from .activity import render_report
+    from .activity import report as activity_report
     from .report import build_report, render
     from .timeline import timelines
 
     async with Client(s.nats_url, s.names, creds=s.nats_creds) as c:
         events = await c.events()
+        snapshots = await c.snapshots()
     since = parse_since(ns.since, time.time())
     tls = list(timelines(events).values())
     report = build_report(tls, since=since, cluster=ns.cluster, time_scale=time_scale(s))
+    views = [v for v in Projection.of(events).workloads.values()
+             if v.attempts and (since is None or v.times.get("submitted", 0.0) >= since)]  # fmt: skip
+    facts = [f for f in await activity_facts(s, views, snapshots) if ns.cluster is None or f.cluster == ns.cluster]
+    report["activity"] = activity_report(facts, time_scale(s))
     if ns.plot is not None:
         from .plots import render_all
 
@@ -64,6 +119,7 @@ async def run_report(ns: argparse.Namespace, s: Settings) -> int:
         print(json.dumps(report, indent=2))
     else:
         print(render(report))
+        print("\n".join(["", "allocated vs active (docs/activity.md):", *render_report(report["activity"])]))
         for p in report.get("charts", []):
             print(f"chart: {p}")
     return 0

@@ -9,6 +9,14 @@ object (one GET per look, `next_look`) and decides with `compute_started`
 and publishes one `compute-started` event: the program publishes nothing itself and needs no
 NATS credentials. The marker is small JSON: ``{"attempt_id", "started_at", "step"}``, where
 `started_at` is the program's wall clock at that first step.
+
+The same channel carries the program's **useful work** (docs/activity.md): the program keeps a
+progress file next to the marker (`work_path`: ``/gpuorch/.out.work.json``;
+`gpuorch.workloads.meter.write_work`, at
+most every `WORK_EVERY` seconds and at its end) with the steps and samples this attempt did, its
+compute and input-wait seconds (its own clock) and the times of its first and last step. The
+agent uploads every new version to ``.gpuorch/progress.json`` (`gpuorch_proto.storage.PROGRESS`);
+`gpuorch explain` and `gpuorch report` read it from there (`parse_work`).
 """
 
 from __future__ import annotations
@@ -22,6 +30,13 @@ from typing import Any
 from gpuorch_proto import events as ev
 
 KIND = "compute-started"
+#: the longest a program's progress file goes unwritten while it steps (real seconds)
+WORK_EVERY = 0.5
+#: the fields of a progress document (`write_work`), each a number but `attempt_id`, `device`, `done`
+WORK_FIELDS = (
+    "attempt_id", "step", "steps", "samples", "compute_seconds", "input_wait_seconds",
+    "first_step_at", "last_step_at", "updated_at", "device", "done",
+)  # fmt: skip
 
 #: the longest a running attempt without its marker waits between two looks for it (seconds)
 LOOK_MAX = 10.0
@@ -45,6 +60,29 @@ def write_marker(output_dir: str | os.PathLike[str], *, attempt_id: str | None, 
     tmp.write_text(json.dumps(doc))
     tmp.replace(path)
     return path
+
+
+def work_path(output_dir: str | os.PathLike[str]) -> Path:
+    """The program's progress (useful work) file: next to its output directory, like the marker."""
+    out = Path(output_dir)
+    return out.parent / f".{out.name}.work.json"
+
+
+def parse_work(data: bytes | None) -> dict[str, Any] | None:
+    """A progress document (steps, samples, compute and input-wait seconds, first and last step
+    times), or None when there is none or it is not one."""
+    if not data:
+        return None
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    numbers = ("steps", "samples", "compute_seconds", "input_wait_seconds")
+    if not all(isinstance(doc.get(k), (int, float)) and not isinstance(doc.get(k), bool) for k in numbers):
+        return None
+    return doc
 
 
 def parse_marker(data: bytes | None) -> dict[str, Any] | None:

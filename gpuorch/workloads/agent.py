@@ -14,7 +14,8 @@ in and out.
   (``ready`` is its startupProbe); then every interval uploads the checkpoints under
   ``/gpuorch/checkpoints`` to ``<S2 or S>/<P>/checkpoints/<rel>``, the outputs under
   ``/gpuorch/out`` to ``<S>/<P>/<rel>`` and the program's first-step marker
-  (`gpuorch.observe.progress`) once to ``<S>/<P>/.gpuorch/started.json``. A file is uploaded when
+  (`gpuorch.observe.progress`) once to ``<S>/<P>/.gpuorch/started.json``, and every new version of
+  its progress (useful work) to ``<S>/<P>/.gpuorch/progress.json``. A file is uploaded when
   it is new or changed (size, mtime) and either unchanged across two looks or renamed into place
   (first seen with an mtime older than the previous look). ``*.tmp`` files are partial writes and
   skipped; checkpoints skip dot-files too; symlinks are never followed. On SIGTERM/SIGINT: one
@@ -65,13 +66,14 @@ from typing import Any, NamedTuple, TypeVar
 import msgspec
 
 from gpuorch.objectstore import Store, StoreUnavailable, open_store
-from gpuorch.observe.progress import marker_path
+from gpuorch.observe.progress import marker_path, work_path
 from gpuorch.workloads.stage import COMPLETE, StageError, check_ref, transfer_seconds
 from gpuorch_proto import podpath
 from gpuorch_proto.storage import (
     CHECKPOINTS,
     MARKER,
     META_DIR,
+    PROGRESS,
     UPLOAD_RECORD,
     ObjectInfo,
     StoreError,
@@ -402,6 +404,8 @@ class Sidecar:
         self.checkpoints = Tree("checkpoint", podpath.local(podpath.CHECKPOINTS, env), ckpt_store, f"{self.prefix}/{CHECKPOINTS}")
         self.marker = marker_path(out)
         self.marker_sent = False
+        self.work = work_path(out)
+        self.work_sent: bytes | None = None  # the progress document last uploaded
         self.ready = podpath.local(podpath.AGENT_READY, env)
 
     async def send_marker(self) -> None:
@@ -414,12 +418,27 @@ class Sidecar:
         await self.store.put(f"{self.prefix}/{MARKER}", data)
         self.marker_sent = True
 
+    async def send_progress(self) -> None:
+        """The program's progress (useful work), each new version: it replaces it whole (rename)."""
+        try:
+            data = await asyncio.to_thread(self.work.read_bytes)
+        except FileNotFoundError:
+            return
+        if data == self.work_sent:
+            return
+        await self.store.put(f"{self.prefix}/{PROGRESS}", data)
+        self.work_sent = data
+
     async def look(self, *, final: bool) -> list[str]:
         errors: list[str] = []
         try:
             await self.send_marker()
         except (StoreUnavailable, OSError) as exc:
             errors.append(f"marker: {exc}")
+        try:
+            await self.send_progress()
+        except (StoreUnavailable, OSError) as exc:  # a measurement: never what keeps outputs from a result
+            _say(f"progress not uploaded (tried again at the next look): {exc}")
         for tree in (self.checkpoints, self.outputs):
             _, errs = await tree.step(final=final)
             errors += errs

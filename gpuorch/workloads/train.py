@@ -17,15 +17,20 @@ What it takes from gpuorch (the dispatcher sets these in the pod):
 
 After its first step it writes ``.<attempt>.progress.json`` next to ``$GPUORCH_OUTPUT_DIR`` (the
 time and the step, `gpuorch.observe.progress`): the dispatcher reports it as ``compute-started``, the end of
-the attempt's start-up in its timeline.
+the attempt's start-up in its timeline. While it steps it keeps its progress (steps, samples,
+compute vs input-wait seconds) next to it, and on a local cluster it tells the cluster's GPU
+metrics what it computed (`gpuorch.workloads.meter`; docs/activity.md). ``--input-wait-seconds``
+makes each step wait for its input first (a data-bound job); ``--device cpu`` computes without
+the GPUs it was given (a CPU stage that asks for a GPU).
 
 Determinism: the minibatch of step t is drawn from ``default_rng([seed, t])`` and the checkpoint
 holds the weights, the momentum buffer and the step, so a run resumed from step k ends with
 exactly the weights of an uninterrupted run. A checkpoint records the data fingerprint: resuming
 on different data is refused.
 
-Each step may sleep ``--step-seconds`` simulated seconds (divided by the time scale), so a one
-hour run takes a few real seconds. ``--fail-at-step N --exit-code C`` exits with C right after
+Each step may sleep ``--step-seconds`` simulated seconds (divided by the time scale) computing, and
+``--input-wait-seconds`` before it waiting, so a one hour run takes a few real seconds.
+``--fail-at-step N --exit-code C`` exits with C right after
 step N completes (after its checkpoint, if one is due): a run resumed from step >= N never
 reaches it, a retry from scratch fails again.
 
@@ -50,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from gpuorch.observe.progress import write_marker
+from gpuorch.workloads.meter import Meter
 
 from .dataset import (
     Dataset,
@@ -85,7 +91,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--input", default="imagenet", help="input NAME or NAME@VERSION (env GPUORCH_INPUT_<NAME>)")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--checkpoint-every", type=int, default=50)
-    p.add_argument("--step-seconds", type=float, default=0.0, help="simulated seconds per step")
+    p.add_argument("--step-seconds", type=float, default=0.0, help="simulated seconds of compute per step")
+    p.add_argument("--input-wait-seconds", type=float, default=0.0,
+                   help="simulated seconds per step spent waiting for input (a slow reader): the device idles")
+    p.add_argument("--device", choices=["gpu", "cpu"], default="gpu",
+                   help="where it computes: cpu leaves any GPUs it was given idle (a CPU stage)")
+    p.add_argument("--gpu-memory-mib", type=int, default=2048, help="device memory it holds while it runs (device gpu)")
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--batch-size", type=int, default=64)
@@ -204,8 +215,10 @@ class _Terminate:
 
 
 def run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    if args.steps < 0 or args.checkpoint_every < 1 or args.batch_size < 1 or args.step_seconds < 0:
-        raise UsageError("--steps >= 0, --checkpoint-every >= 1, --batch-size >= 1 and --step-seconds >= 0")
+    if (args.steps < 0 or args.checkpoint_every < 1 or args.batch_size < 1 or args.step_seconds < 0
+            or args.input_wait_seconds < 0 or args.gpu_memory_mib < 0):
+        raise UsageError("--steps >= 0, --checkpoint-every >= 1, --batch-size >= 1, --step-seconds >= 0, "
+                         "--input-wait-seconds >= 0 and --gpu-memory-mib >= 0")
     out_raw = env.get("GPUORCH_OUTPUT_DIR") or (str(args.output_dir) if args.output_dir else "")
     if not out_raw:
         raise UsageError("no output directory: set GPUORCH_OUTPUT_DIR (or --output-dir)")
@@ -230,14 +243,21 @@ def run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     print(f"training step={s.step} steps={args.steps}", flush=True)  # from here SIGTERM checkpoints
     started = time.monotonic()
     first_step = True
+    meter = Meter(output, env, device=args.device, batch=min(args.batch_size, data.X.shape[0]),
+                  fb_used_mib=args.gpu_memory_mib, step=s.step)
     try:
         while s.step < args.steps:
-            sgd_step(args.task, data, s, args)
+            if args.input_wait_seconds:
+                with meter.waiting():  # the next batch is read slowly: the device has nothing to do
+                    time.sleep(args.input_wait_seconds / scale)
+            with meter.computing():
+                sgd_step(args.task, data, s, args)
+                if args.step_seconds:
+                    time.sleep(args.step_seconds / scale)
+            meter.step_done(s.step)
             if first_step:  # useful compute has started: tell gpuorch through the attempt's own marker
                 write_marker(output, attempt_id=env.get("GPUORCH_ATTEMPT_ID"), step=s.step)
                 first_step = False
-            if args.step_seconds:
-                time.sleep(args.step_seconds / scale)
             if ckpt_dir is not None and (s.step % args.checkpoint_every == 0 or term.requested):
                 save_checkpoint(ckpt_dir, s, data, args)
                 print(f"checkpoint step={s.step}", flush=True)
@@ -249,6 +269,7 @@ def run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
                 return int(args.exit_code)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        meter.finish()
 
     loss, acc = loss_and_accuracy(args.task, data, s.w, s.b, args.l2)
     epoch_raw = env.get("GPUORCH_EPOCH")
@@ -263,7 +284,8 @@ def run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         "task": args.task,
         "time_scale": scale,
         "real_seconds": round(time.monotonic() - started, 3),
-        "simulated_seconds": round((args.steps - (resumed_from or 0)) * args.step_seconds, 3),
+        "simulated_seconds": round((args.steps - (resumed_from or 0)) * (args.step_seconds + args.input_wait_seconds), 3),
+        "work": meter.summary(),  # its own account of compute vs input wait, steps and samples
     }
     output.mkdir(parents=True, exist_ok=True)
     _atomic_npz(output / "model.npz", w=s.w, b=np.float64(s.b), step=np.int64(s.step))

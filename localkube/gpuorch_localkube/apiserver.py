@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -26,7 +27,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import msgspec
 import yaml
 
-from . import openapi, protobuf
+from . import dcgm, openapi, protobuf
 from .errors import EVENTS, JOBS, NAMESPACES, NODES, PODS, SECRETS, ApiError, Resource
 from .httpserver import Exchange, HTTPServer, LoopThread, Stream
 from .kubelet import log_path
@@ -257,6 +258,9 @@ class _Handler:
                 return self._send(200, openapi.v3_index())
             if parts[:2] == ["openapi", "v3"] and "/".join(parts[2:]) in openapi.V3_GROUPS:
                 return self._send_bytes(200, openapi.v3_document("/".join(parts[2:])), "application/json")
+        if method == "GET" and len(parts) >= 7 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "services" \
+                and parts[6] == "proxy":
+            return self._service_proxy(parts[3], parts[5], "/".join(parts[7:]))
         if parts[:2] == ["api", "v1"]:
             group, rest = "", parts[2:]
         elif parts[:3] == ["apis", "batch", "v1"]:
@@ -317,6 +321,25 @@ class _Handler:
         if method == "PUT":
             return self._send(200, core.replace(res, key_ns, name, body, dry_run=dry))
         raise ApiError.method_not_allowed()
+
+    def _service_proxy(self, namespace: str, service: str, path: str) -> None:
+        """`GET .../namespaces/<ns>/services/<svc>/proxy/<path>`: only the cluster's dcgm-exporter
+        (gpuorch_localkube.dcgm) is a Service here; anything else is not found, as on a cluster
+        without it."""
+        core = self.api.core
+        cfg = core.config.dcgm_exporter
+        if cfg is None or not cfg.proxies(namespace, service):
+            name = next((p for p in service.split(":") if p not in ("http", "https")), service)
+            raise ApiError(404, "NotFound", f'services "{name}" not found', {"name": name, "kind": "services"})
+        if path != "metrics":
+            raise ApiError(404, "NotFound", f"404 page not found: /{path}")
+
+        def current() -> list[dcgm.Device]:
+            with core.store.lock:
+                return dcgm.devices(core.store.values("nodes"), core.store.values("pods"), core.state_dir)
+
+        body = self.api.exporter.scrape(current, time.time())
+        return self._send_bytes(200, body, "text/plain; version=0.0.4; charset=utf-8")
 
     def _namespaces(self, method: str, name: str | None, sub: str | None, body: Any, q: dict[str, str]) -> None:
         core = self.api.core
@@ -552,6 +575,8 @@ class APIServer:
         self._seen = 0  # the fan-out has handed out every event up to this resourceVersion
         self._fanout_pending = False
         core.store.add_hook(self._committed)
+        # the cluster's dcgm-exporter, served at its service proxy path (gpuorch_localkube.dcgm)
+        self.exporter = dcgm.Exporter(core.config.name, core.config.dcgm_exporter or dcgm.DcgmConfig())
 
     @property
     def url(self) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from .dcgm import DcgmConfig
 from .quantity import QuantityError, parse_quantity
 from .util import DNS1123_SUBDOMAIN, parse_duration
 
@@ -93,6 +94,9 @@ class ClusterConfig:
     watch_history: int = 5000
     priority_classes: dict[str, int] = field(default_factory=dict)
     scheduler_names: tuple[str, ...] = ("default-scheduler",)
+    #: the dcgm-exporter it serves through its API server's service proxy (None: none, as on a
+    #: cluster without the GPU Operator's exporter); gpuorch_localkube.dcgm
+    dcgm_exporter: DcgmConfig | None = field(default_factory=DcgmConfig)
 
     def to_seconds(self, simulated: float) -> float:
         """Real seconds for a simulated duration."""
@@ -237,6 +241,32 @@ def parse_background(raw: Any, where: str = "background") -> list[BackgroundLoad
     return out
 
 
+def _dcgm(raw: Any, where: str) -> DcgmConfig | None:
+    """`dcgm_exporter:` false (none), true or absent (the GPU Operator's defaults), or a mapping
+    of `DcgmConfig`'s fields."""
+    if raw is None or raw is True:
+        return DcgmConfig()
+    if raw is False:
+        return None
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: expected true, false or a mapping (namespace, service, port, port_name, collect_interval)")
+    known = {"namespace", "service", "port", "port_name", "collect_interval"}
+    extra = sorted(set(raw) - known)
+    if extra:
+        raise ConfigError(f"{where}: unknown field {extra[0]!r} (known: {', '.join(sorted(known))})")
+    base = DcgmConfig()
+    for key in ("namespace", "service", "port_name"):
+        if key in raw and not DNS1123_SUBDOMAIN.match(str(raw[key])):
+            raise ConfigError(f"{where}.{key}: {raw[key]!r} is not a DNS-1123 name")
+    return DcgmConfig(
+        namespace=str(raw.get("namespace", base.namespace)),
+        service=str(raw.get("service", base.service)),
+        port=_int(raw.get("port", base.port), f"{where}.port", 1),
+        port_name=str(raw.get("port_name", base.port_name)),
+        collect_interval=_positive_number(raw.get("collect_interval", base.collect_interval), f"{where}.collect_interval"),
+    )
+
+
 def parse_cluster(
     raw: Mapping[str, Any], *, time_scale: float = 1.0, job_clock: str = "simulated", where: str = "cluster"
 ) -> ClusterConfig:
@@ -274,6 +304,7 @@ def parse_cluster(
         watch_history=_int(raw.get("watch_history", 5000), f"{where}.watch_history", 1),
         priority_classes={str(k): _int(v, f"{where}.priority_classes.{k}", -(2**31)) for k, v in pcs.items()},
         scheduler_names=tuple(str(s) for s in sched),
+        dcgm_exporter=_dcgm(raw.get("dcgm_exporter"), f"{where}.dcgm_exporter"),
     )
 
 

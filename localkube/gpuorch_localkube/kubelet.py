@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .dcgm import GPU_REPORT_ENV, gpu_containers, report_path
 from .objects import GPU, pod_requests, set_condition
 from .quantity import parse_quantity
 from .secrets import SecretNotFound, secret_key_value
@@ -451,6 +452,9 @@ class Kubelet:
         if c.root is not None:  # before the container's env: its "$(GPUORCH_POD_ROOT)/..." expand to it
             env[POD_ROOT] = str(c.root)
         node = self._store.get("nodes", "", run.node)
+        if run.gpu_ids and c.name in gpu_containers(spec):  # where its program may say what it did on them
+            env[GPU_REPORT_ENV] = str(report_path(self.core.state_dir, run.namespace, run.name, run.uid, c.name))
+            Path(env[GPU_REPORT_ENV]).parent.mkdir(parents=True, exist_ok=True)
         if run.gpu_ids:
             ids = ",".join(str(i) for i in run.gpu_ids)
             env["NVIDIA_VISIBLE_DEVICES"] = ids

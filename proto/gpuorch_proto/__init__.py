@@ -20,7 +20,15 @@ from .codec import (
     workload_to_builtins,
 )
 from .events import EVENT_TYPES, TERMINAL_TYPES, Base, Event, FieldError, event_id, type_tag
-from .inventory import ClusterRegistryEntry, ClusterSnapshot, NodeInfo, QueueInfo, Taint
+from .inventory import (
+    ClusterRegistryEntry,
+    ClusterSnapshot,
+    ExporterRef,
+    MetricsSource,
+    NodeInfo,
+    QueueInfo,
+    Taint,
+)
 from .routing import Check, ClusterVerdict, Estimate, RoutingDecision
 from .state import INSTANCE_KEY_PREFIX, FenceRecord, InstanceLease, OwnerRecord, instance_key
 from .subjects import Names, kv_buckets, streams
@@ -39,9 +47,11 @@ __all__ = [
     "ContractError",
     "Estimate",
     "Event",
+    "ExporterRef",
     "FenceRecord",
     "FieldError",
     "InstanceLease",
+    "MetricsSource",
     "Names",
     "NodeInfo",
     "OwnerRecord",

@@ -57,6 +57,26 @@ class SecretKeyRef(msgspec.Struct, frozen=True, kw_only=True):
     env: str | None = None  # the variable the Job sees it as; None: GPUORCH_CREDENTIAL_<NAME>
 
 
+class ExporterRef(msgspec.Struct, frozen=True, kw_only=True):
+    """NVIDIA's dcgm-exporter as the Kubernetes API's service proxy reaches it (the GPU
+    Operator's names by default): ``/api/v1/namespaces/<namespace>/services/<service>:<port>/proxy/metrics``."""
+
+    namespace: str = "gpu-operator"
+    service: str = "nvidia-dcgm-exporter"
+    port: str = "gpu-metrics"  # the Service port's name or number
+
+
+class MetricsSource(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a cluster's GPU metrics are read (docs/activity.md): a Prometheus HTTP API that
+    scrapes its dcgm-exporter (history: any attempt's window), or the exporter itself through the
+    API server (the present values only). `selector`: label matchers that pick this cluster's
+    series when one Prometheus scrapes several (e.g. ``{cluster: east}``)."""
+
+    prometheus: str | None = None  # base URL; gpuorch asks <url>/api/v1/query
+    selector: dict[str, str] = {}
+    exporter: ExporterRef | None = None
+
+
 class ClusterRegistryEntry(msgspec.Struct, frozen=True, kw_only=True):
     """What Kubernetes does not hold about a cluster: one entry per kubeconfig context."""
 
@@ -81,6 +101,7 @@ class ClusterRegistryEntry(msgspec.Struct, frozen=True, kw_only=True):
     # data location -> MB/s measured staging into this cluster (inventory, from gpuorch's own
     # stagings): where present, `bandwidth_mbps` holds this figure instead of the registry's
     bandwidth_measured: dict[str, float] = {}
+    metrics: MetricsSource | None = None  # where its GPU metrics are read (None: nowhere, "unknown")
 
 
 class ClusterSnapshot(msgspec.Struct, frozen=True, kw_only=True):

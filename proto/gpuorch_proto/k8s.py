@@ -34,6 +34,7 @@ __all__ = [
     "TAINT_UNSCHEDULABLE",
     "attempt_id",
     "parse_attempt_id",
+    "pod_name_regex",
 ]
 
 #: Where every attempt's Job lives on a destination cluster.
@@ -71,6 +72,13 @@ _ATTEMPT = re.compile(r"^(?P<workload>.+)-a(?P<number>[1-9][0-9]*)$")
 def attempt_id(workload_id: str, number: int) -> str:
     """The id (and Job name) of attempt `number` of a workload: ``<workload>-a<number>``."""
     return f"{workload_id}-a{number}"
+
+
+def pod_name_regex(attempt_id: str) -> str:
+    """An RE2/Python regular expression matching exactly the names of the pods of the attempt's
+    Job (the Job controller's ``<job>-<5 chars>`` and ``<job>-<index>-<5 chars>``); dots of the id
+    as ``[.]``, so the expression needs no backslash inside a PromQL string."""
+    return attempt_id.replace(".", "[.]") + "-([0-9]+-)?[a-z0-9]{5}"
 
 
 def parse_attempt_id(value: str) -> tuple[str, int] | None:

@@ -34,6 +34,7 @@ SCHEMES: Final = {"s3": "Amazon S3 or any S3 API (endpoint)", "gs": "Google Clou
 META_DIR: Final = ".gpuorch"
 UPLOAD_RECORD: Final = f"{META_DIR}/upload.json"
 MARKER: Final = f"{META_DIR}/started.json"  # the program's first step (gpuorch.observe.progress)
+PROGRESS: Final = f"{META_DIR}/progress.json"  # the program's useful work so far (gpuorch.observe.progress)
 CHECKPOINTS: Final = "checkpoints"
 MANIFEST: Final = "manifest.json"
 
