@@ -8,7 +8,7 @@
   gpuorch get ID | list | events [ID] [--follow] | clusters | explain ID | cancel ID
   gpuorch result ID [--get KEY]                a workload's result: its manifest, or one object's bytes
   gpuorch report [--since 2h] [--cluster C] [--plot DIR]   per destination: delays, GPU-hours per result, cleanup
-  gpuorch web [--host 127.0.0.1] [--port 8765]           read-only web view, live from the event stream
+  gpuorch web [--host 127.0.0.1] [--port 8765] [--base-path /gpuorch]   read-only web view, live from the event stream
   gpuorch demo                                 the seed's scenario, end to end, then stop
   gpuorch fault CLUSTER partition|heal|...     inject a fault into a local cluster
   gpuorch simulate --trace FILE [--clusters FILE] [--policy NAME] [--seed S] [--plot DIR]

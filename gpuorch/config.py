@@ -91,6 +91,7 @@ class Tuning:
     metrics_addr: str = _knob("GPUORCH_METRICS_ADDR", "127.0.0.1", "every service: /metrics listen address")
     trace_file: str = _knob("GPUORCH_TRACE_FILE", "", "every service: also write spans to this JSONL file (tests, demo)")
     agent_image: str = _knob("GPUORCH_AGENT_IMAGE", AGENT_IMAGE, "dispatcher: the image of gpuorch's agent in every attempt's pod (staging, checkpoint fetch, uploads: docs/storage.md)")
+    web_base_path: str = _knob("GPUORCH_WEB_BASE_PATH", "", "gpuorch web: the path prefix it serves under behind a reverse proxy (e.g. /gpuorch; `--base-path` wins)")
     profile_dir: str = _knob("GPUORCH_PROFILE", "", "every service: write a cProfile of its event loop to <dir>/<service>-<pid>.prof at a clean stop (benches)")
 
     @classmethod

@@ -43,6 +43,9 @@ def add_report_arguments(p: argparse.ArgumentParser) -> None:
 def add_web_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     p.add_argument("--port", type=int, default=8765, help="0 = any free port (printed)")
+    p.add_argument("--base-path", default=None, metavar="PATH",
+                   help="serve every page, link and asset under PATH (e.g. /gpuorch) for a reverse proxy that passes "
+                        "the path through; default: GPUORCH_WEB_BASE_PATH, else none")  # fmt: skip
 
 
 async def activity_facts(s: Settings, views: list[Any], snapshots: dict[str, Any]) -> list[Any]:
@@ -132,7 +135,18 @@ def timeline_of(view: Any, events: list[tuple[int, Any]]) -> Any:
 
 
 def run_web(ns: argparse.Namespace, s: Settings) -> int:
-    from .web import serve
+    from gpuorch.config import SettingError, Tuning
 
-    serve(s, host=ns.host, port=ns.port, time_scale=time_scale(s), out=sys.stdout)
+    from .web import base_path, serve
+
+    try:
+        base = base_path(ns.base_path if ns.base_path is not None else Tuning.from_env().web_base_path)
+    except SettingError as err:
+        print(f"gpuorch web: {err}", file=sys.stderr)
+        return 2
+    except ValueError as err:
+        what = "--base-path" if ns.base_path is not None else "GPUORCH_WEB_BASE_PATH"
+        print(f"gpuorch web: {what}: {err}", file=sys.stderr)
+        return 2
+    serve(s, host=ns.host, port=ns.port, time_scale=time_scale(s), out=sys.stdout, base=base)
     return 0

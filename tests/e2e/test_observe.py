@@ -34,6 +34,7 @@ from gpuorch.system import System
 from gpuorch_proto import Event, type_tag
 from gpuorch_proto import events as ev
 from tests.e2e.workloads import train
+from tests.support.browser import launch
 from tests.support.system import running
 from tests.support.wait import assert_eventually
 
@@ -47,7 +48,6 @@ METRICS = (
     "gpuorch_promotions", "gpuorch_promotion_rejections", "gpuorch_orphan_deletions", "gpuorch_attempts_lost",
     "gpuorch_consumer_lag_messages", "gpuorch_messages_handled", "gpuorch_events_published",
 )  # fmt: skip
-CHROMIUM = "/usr/bin/chromium"
 
 
 class OtlpReceiver:
@@ -359,25 +359,14 @@ def web(system: System) -> Iterator[str]:
             proc.wait()
 
 
-def _browser_or_skip() -> str:
-    if os.path.exists(CHROMIUM):
-        return CHROMIUM
-    if os.environ.get("CI"):
-        pytest.fail(f"{CHROMIUM} is missing: .ci/run installs Debian's chromium")
-    pytest.skip(f"{CHROMIUM} not installed (apt-get install chromium)")
-
-
 async def test_web_view_in_a_headless_browser(system: System, ran: dict[str, str], web: str) -> None:
     from playwright.async_api import async_playwright
 
-    exe = _browser_or_skip()
     shots = Path(os.environ.get("GPUORCH_SCREENSHOTS") or (system.state_dir / "screenshots"))
     shots.mkdir(parents=True, exist_ok=True)
     s = system.settings
     async with async_playwright() as p, Client(s.nats_url, s.names, creds=s.nats_creds) as c:
-        browser = await p.chromium.launch(executable_path=exe, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run"])  # fmt: skip
+        browser = await launch(p)
         try:
             page = await browser.new_page(viewport={"width": 1400, "height": 900})
             # the workloads page lists the submitted workloads
@@ -415,7 +404,7 @@ async def test_web_view_in_a_headless_browser(system: System, ran: dict[str, str
             await page.wait_for_selector('#status:text-is("completed")', timeout=10000)
 
             await page.goto(f"{web}clusters")
-            await page.wait_for_selector("#clusters tbody tr td:text-is('alpha')", timeout=15000)
+            await page.wait_for_selector('#clusters tbody tr[data-cluster="alpha"] a[href$="/clusters/alpha"]', timeout=15000)
             await page.screenshot(path=str(shots / "web-clusters.png"), full_page=True)
             await page.goto(f"{web}report")
             await page.wait_for_selector("#report tbody tr", timeout=15000)
