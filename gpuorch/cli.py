@@ -13,6 +13,8 @@
   gpuorch fault CLUSTER partition|heal|...     inject a fault into a local cluster
   gpuorch simulate --trace FILE [--clusters FILE] [--policy NAME] [--seed S] [--plot DIR]
                                                replay a job trace over simulated clusters (docs/simulation.md)
+  gpuorch simulate --trace FILE --what-if "east-h100:+16 nodes" [--days N]
+                                               the same jobs on a changed fleet too: the difference per policy
 
 Every read command takes `-o json`.
 """

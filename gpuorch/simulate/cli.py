@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
-from .engine import QUEUE_MODELS, Simulation
-from .generator import GeneratorConfig, generate
-from .plots import write_plots
+from . import whatif
+from .engine import QUEUE_MODELS, BackgroundJob, RunResult, Simulation, background_jobs
+from .generator import GeneratorConfig, SimJob, generate
+from .plots import write_plots, write_whatif_plot
 from .policies import POLICIES
-from .report import document, markdown, summarize
+from .progress import Progress
+from .report import Row, document, markdown, summarize
 from .trace import PRESETS, read_trace
-from .world import load_world
+from .world import World, load_world
 
 DEFAULT_CLUSTERS = Path(__file__).resolve().parents[2] / "deploy" / "sim" / "clusters.yaml"
 
@@ -29,6 +33,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how snapshots estimate queue waits (docs/simulation.md)")
     p.add_argument("-o", "--output", choices=["table", "json"], default="table")
     p.add_argument("--plot", type=Path, default=None, help="write PNG plots into this folder")
+    p.add_argument("--days", type=float, default=None, help="replay only the jobs submitted in the first N days of the trace")
+    p.add_argument("--what-if", action="append", default=[], metavar="CHANGE",
+                   help='a changed fleet, e.g. "east-h100:+16 nodes", "central-lab/dev:-4 nodes" (repeatable): '
+                        "replay both fleets, print the difference per policy")
+    p.add_argument("--what-if-clusters", type=Path, default=None, metavar="FILE",
+                   help="the what-if fleet as a second clusters file (--what-if changes apply on top of it)")
+
+
+def _load(path: Path) -> World:
+    try:
+        return load_world(path)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"gpuorch simulate: {exc}") from exc
+
+
+def _replay(world: World, jobs: Sequence[SimJob], names: Sequence[str], ns: argparse.Namespace,
+            background: Sequence[BackgroundJob], progress: Progress | None, labels: Sequence[str]) -> tuple[list[Row], list[RunResult]]:
+    rows, results = [], []
+    span = max((j.submit for j in jobs), default=0.0)
+    for name, label in zip(names, labels, strict=True):
+        cpu0 = time.process_time()
+        callback = progress.start(label, span) if progress is not None else None
+        try:
+            result = Simulation(world, jobs, name, seed=ns.seed, queue_model=ns.queue_model, background=background,
+                                progress=callback).run()
+        finally:
+            if progress is not None:
+                progress.finish()
+        rows.append(summarize(result, cpu_seconds=time.process_time() - cpu0))
+        results.append(result)
+    return rows, results
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -36,21 +71,39 @@ def run(ns: argparse.Namespace) -> int:
     bad = [p for p in names if p not in POLICIES]
     if bad:
         raise SystemExit(f"unknown policy {', '.join(bad)}; one of {', '.join(POLICIES)}")
-    world = load_world(ns.clusters)
+    if ns.days is not None and not ns.days > 0:
+        raise SystemExit(f"gpuorch simulate: --days {ns.days}: give a positive number of days")
+    world = _load(ns.clusters)
+    what_world: World | None = None
+    if ns.what_if or ns.what_if_clusters:
+        try:
+            changes = [whatif.parse_change(text) for text in ns.what_if]
+            start = _load(ns.what_if_clusters) if ns.what_if_clusters else world
+            what_world = whatif.apply(start, changes, str(ns.what_if_clusters or ns.clusters))
+        except whatif.WhatIfError as exc:
+            raise SystemExit(f"gpuorch simulate: {exc}") from exc
     wall0 = time.perf_counter()
-    trace, stats = read_trace(ns.trace, ns.trace_format, limit=ns.limit)
+    try:
+        trace, stats = read_trace(ns.trace, ns.trace_format, limit=ns.limit)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"gpuorch simulate: {exc}") from exc
+    if ns.days is not None:
+        trace = [t for t in trace if t.submit < ns.days * 86400]  # sorted: the indices (and so attributes) stay
     cfg = GeneratorConfig.from_mapping(world.generator)
     jobs = [generate(t, i, ns.seed, world.datasets, cfg) for i, t in enumerate(trace)]
-    rows, results = [], []
-    for name in names:
-        cpu0 = time.process_time()
-        result = Simulation(world, jobs, name, seed=ns.seed, queue_model=ns.queue_model).run()
-        rows.append(summarize(result, cpu_seconds=time.process_time() - cpu0))
-        results.append(result)
+    horizon = max((j.submit for j in jobs), default=0.0)
+    progress = Progress(_write_stderr, time.monotonic) if ns.output != "json" and sys.stderr.isatty() else None
+    if what_world is not None:
+        return _run_what_if(ns, names, world, what_world, jobs, stats.skipped, horizon, progress, wall0)
+    n = len(names)
+    rows, results = _replay(world, jobs, names, ns, background_jobs(world, ns.seed, horizon), progress,
+                            [f"{name} ({k}/{n})" for k, name in enumerate(names, 1)])
     meta = {"trace": str(ns.trace), "trace_format": ns.trace_format, "files": len(stats.files), "rows": stats.rows,
             "skipped": stats.skipped, "jobs": len(jobs), "clusters": [c.name for c in world.clusters],
             "gpus": sum(c.gpus for c in world.clusters), "seed": ns.seed, "queue_model": ns.queue_model,
             "snapshot_interval_s": world.snapshot_interval, "wall_seconds": round(time.perf_counter() - wall0, 1)}
+    if ns.days is not None:
+        meta["days"] = ns.days
     plots = [str(p) for p in write_plots(results, ns.plot)] if ns.plot else []
     if ns.output == "json":
         doc = document(rows, meta)
@@ -65,6 +118,53 @@ def run(ns: argparse.Namespace) -> int:
     print(markdown(rows))
     print()
     print(f"wall {meta['wall_seconds']} s; CPU per policy: " + ", ".join(f"{r.policy} {r.cpu_seconds:.0f} s" for r in rows))
+    for p in plots:
+        print(f"plot: {p}")
+    return 0
+
+
+def _write_stderr(text: str) -> None:
+    sys.stderr.write(text)
+    sys.stderr.flush()
+
+
+def _run_what_if(ns: argparse.Namespace, names: Sequence[str], world: World, what_world: World, jobs: Sequence[SimJob],
+                 skipped: int, horizon: float, progress: Progress | None, wall0: float) -> int:
+    """Both fleets over the same jobs and seed, every policy; the difference per policy."""
+    n = 2 * len(names)
+    base_rows, base_results = _replay(world, jobs, names, ns, background_jobs(world, ns.seed, horizon), progress,
+                                      [f"baseline {name} ({k}/{n})" for k, name in enumerate(names, 1)])
+    what_rows, what_results = _replay(what_world, jobs, names, ns, whatif.background_for(world, what_world, ns.seed, horizon),
+                                      progress, [f"what-if {name} ({k}/{n})" for k, name in enumerate(names, len(names) + 1)])
+    deltas = whatif.diff({r.policy: whatif.measures(r, res, horizon) for r, res in zip(base_rows, base_results, strict=True)},
+                         {r.policy: whatif.measures(r, res, horizon) for r, res in zip(what_rows, what_results, strict=True)})
+    changes = list(ns.what_if)
+    title = "; ".join([*([f"clusters {ns.what_if_clusters}"] if ns.what_if_clusters else []), *changes])
+    plots = [str(write_whatif_plot(base_results, what_results, deltas, ns.plot, title=title))] if ns.plot else []
+    wall = round(time.perf_counter() - wall0, 1)
+    if ns.output == "json":
+        def fleet(w: World, rows: Sequence[Row]) -> dict[str, object]:
+            return {"clusters": [c.name for c in w.clusters], "nodes": sum(len(c.nodes) for c in w.clusters),
+                    "gpus": sum(c.gpus for c in w.clusters), "policies": [r.as_dict() for r in rows]}
+
+        print(json.dumps({
+            "trace": str(ns.trace), "trace_format": ns.trace_format, "jobs": len(jobs), "skipped": skipped, "seed": ns.seed,
+            "days": ns.days, "queue_model": ns.queue_model, "utilization_window_s": horizon,
+            "baseline": {"clusters_file": str(ns.clusters), **fleet(world, base_rows)},
+            "what_if": {"clusters_file": str(ns.what_if_clusters or ns.clusters), "changes": changes, **fleet(what_world, what_rows)},
+            "diff": [d.as_dict() for d in deltas], "plots": plots, "wall_seconds": wall,
+        }, indent=2, sort_keys=True))
+        return 0
+    print(f"trace {ns.trace} ({ns.trace_format}): {len(jobs):,} jobs over {horizon / 86400:.1f} days"
+          f"{f' (first {ns.days:g} days)' if ns.days else ''}; seed {ns.seed}; the same jobs on both fleets")
+    print(f"baseline {ns.clusters}: {whatif.describe_fleet(world)}")
+    print(f"what-if  {title}: {whatif.describe_fleet(what_world)}")
+    print()
+    print(whatif.markdown(deltas))
+    print()
+    print(f"utilization: busy GPUs (trace and background) / the fleet's GPUs, over the {horizon / 86400:.1f} days of arrivals")
+    print(f"wall {wall} s; CPU per policy (baseline, what-if): "
+          + ", ".join(f"{b.policy} {b.cpu_seconds:.0f}+{w.cpu_seconds:.0f} s" for b, w in zip(base_rows, what_rows, strict=True)))
     for p in plots:
         print(f"plot: {p}")
     return 0

@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -36,6 +36,10 @@ RETRY_SECONDS_MIN = 60.0
 #: or `inventory` (`gpuorch_inventory.core.earliest_start` itself, per node: exact, much slower);
 #: `oracle` publishes the true wait of a one-GPU request (an experiment: no inventory can know it)
 QUEUE_MODELS = ("pooled", "inventory", "oracle")
+
+#: called after each trace arrival with (trace jobs arrived so far, trace jobs, simulated time):
+#: `progress.Progress` shows it on a terminal; the engine itself does no I/O
+ProgressCallback = Callable[[int, int, float], None]
 
 
 @dataclass
@@ -131,7 +135,8 @@ class Simulation:
 
     def __init__(self, world: World, jobs: Sequence[SimJob], policy: str | Policy, *, seed: int = 0,
                  bucket: float = 3600.0, background: Sequence[BackgroundJob] | None = None,
-                 queue_model: str = "pooled", admission: Admission | None = None) -> None:
+                 queue_model: str = "pooled", admission: Admission | None = None,
+                 progress: ProgressCallback | None = None) -> None:
         if queue_model not in QUEUE_MODELS:
             raise ValueError(f"unknown queue model {queue_model!r}; one of {', '.join(QUEUE_MODELS)}")
         self.queue_model = queue_model
@@ -170,6 +175,7 @@ class Simulation:
         self.released: dict[int, fairshare.Use] = {}  # released, unfinished: its use (start = booked start)
         self.finished_uses: list[fairshare.Use] = []
         self.capacity = fairshare.Vec(gpus=float(sum(m.spec.gpus for m in self.models)))
+        self.progress = progress
 
     # ---- Context ---------------------------------------------------------------------------
     def eligible(self, job: SimJob) -> tuple[tuple[int, ...], str]:
@@ -329,6 +335,7 @@ class Simulation:
         for b in self.background:
             self._push(b.submit, _ARRIVE, b)
         bg_key = len(self.jobs) + 10**9
+        arrived, total, progress = 0, len(self.jobs), self.progress
         while self.heap:
             t, kind, _, item = heapq.heappop(self.heap)
             if kind == _START or kind == _END:
@@ -354,6 +361,9 @@ class Simulation:
                     self._add_load(m, w)
             else:
                 k = cast(int, item)
+                if kind == _ARRIVE and progress is not None:
+                    arrived += 1
+                    progress(arrived, total, t)
                 if self.admission is not None and kind == _ARRIVE:
                     self.held.append(k)  # held until the router's admission releases it
                     for r in self._admit(t, results):
@@ -378,5 +388,7 @@ def never_reason(decision: object) -> str:
 
 
 def simulate(world: World, jobs: Sequence[SimJob], policy: str | Policy, *, seed: int = 0, bucket: float = 3600.0,
-             queue_model: str = "pooled", admission: Admission | None = None) -> RunResult:
-    return Simulation(world, jobs, policy, seed=seed, bucket=bucket, queue_model=queue_model, admission=admission).run()
+             queue_model: str = "pooled", admission: Admission | None = None,
+             background: Sequence[BackgroundJob] | None = None, progress: ProgressCallback | None = None) -> RunResult:
+    return Simulation(world, jobs, policy, seed=seed, bucket=bucket, queue_model=queue_model, admission=admission,
+                      background=background, progress=progress).run()

@@ -1,4 +1,4 @@
-"""PNG plots of a comparison: JCT distributions per policy, load per cluster over time (matplotlib)."""
+"""PNG plots of a comparison: JCT distributions per policy, load per cluster over time, a what-if (matplotlib)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .engine import RunResult
+from .whatif import METRICS, Delta
 
 
 def _agg(series: Sequence[float], per: int) -> list[float]:
@@ -60,3 +61,54 @@ def write_plots(results: Sequence[RunResult], out: Path, *, hours_per_point: int
     fig.savefig(files[-1], dpi=100)
     plt.close(fig)
     return files
+
+
+def write_whatif_plot(baseline: Sequence[RunResult], what_if: Sequence[RunResult], deltas: Sequence[Delta], out: Path, *,
+                      title: str = "") -> Path:
+    """`whatif.png`: the JCT distribution per policy on both fleets (baseline dashed, what-if solid),
+    and each policy's change in per cent of its baseline (`whatif.diff`)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5.5), gridspec_kw={"width_ratios": [1.1, 1]})
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for k, (b, w) in enumerate(zip(baseline, what_if, strict=True)):
+        for r, style, tag in ((b, "--", "baseline"), (w, "-", "what-if")):
+            jct = sorted(j.jct / 3600 for j in r.jobs if not j.never)
+            if jct:
+                n = len(jct)
+                left.step(jct, [(i + 1) / n for i in range(n)], where="post", linestyle=style, linewidth=1.0,
+                          color=colors[k % len(colors)], label=f"{r.policy} ({tag})")
+    left.set_xscale("log")
+    left.set_xlabel("job completion time (hours, log)")
+    left.set_ylabel("fraction of jobs")
+    left.set_title("JCT per policy: baseline dashed, what-if solid", fontsize=10)
+    left.grid(True, which="both", alpha=0.3)
+    left.legend(fontsize=7, ncol=2)
+
+    shown = ("jct_mean_h", "jct_p95_h", "jct_p99_h", "wait_mean_h", "utilization_pct")
+    label = dict(METRICS)
+    policies = list(dict.fromkeys(d.policy for d in deltas))
+    by = {(d.policy, d.metric): d for d in deltas}
+    height = 0.8 / len(shown)
+    for m, metric in enumerate(shown):
+        ys = [p + (m - (len(shown) - 1) / 2) * height for p in range(len(policies))]
+        xs = [by[(p, metric)].delta_pct or 0.0 for p in policies]
+        right.barh(ys, xs, height=height, label=label[metric], color=colors[m % len(colors)])
+    right.set_yticks(range(len(policies)), policies)
+    right.invert_yaxis()
+    right.axvline(0, color="black", linewidth=0.8)
+    right.set_xlabel("what-if vs baseline (%)")
+    right.set_title("change per policy", fontsize=10)
+    right.grid(True, axis="x", alpha=0.3)
+    right.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.11), ncol=len(shown))
+    if title:
+        fig.suptitle(f"what-if: {title}", fontsize=11)
+    fig.tight_layout()
+    path = out / "whatif.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
