@@ -3,6 +3,7 @@ charts, Prometheus metrics, and the read-only web view.
 
 `timeline` and `report` are pure functions over the event log (no I/O, no clock: `now` is an
 argument), like `gpuorch.projection`; `plots` draws them with matplotlib; `metrics` is what each
-service exports through the shared shell; `web` serves all of it from the event stream.
+service exports through the shared shell (`targets`: the scrape config of a running system);
+`web` serves all of it from the event stream.
 Importing this package imports nothing heavy: each module is imported where it is used.
 """
