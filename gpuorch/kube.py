@@ -110,6 +110,9 @@ def make_client(kubeconfig: Path, context: str) -> ClusterClient:
     api = client.ApiClient(cfg)
     cc = ClusterClient(name=context, api=api, core=client.CoreV1Api(api), batch=client.BatchV1Api(api))
     count_calls(cc)
+    from gpuorch.observe import metrics  # not at import time: metrics imports config
+
+    metrics.cluster_seen(context)
     return cc
 
 

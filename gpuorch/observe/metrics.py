@@ -18,8 +18,8 @@ import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpuorch.config import Settings
@@ -49,6 +49,11 @@ QUEUE_DEPTH = Gauge("gpuorch_queue_depth", "Pending jobs in each destination que
 REACHABLE = Gauge("gpuorch_cluster_reachable", "1 when the cluster answered inventory's latest list, else 0", ["cluster"])
 KUBE_REQUESTS = Counter("gpuorch_kube_requests", "Kubernetes API calls made, by cluster, verb (list, watch, get, create, ...) and resource", ["cluster", "verb", "resource"])
 CLUSTERS_LOST = Gauge("gpuorch_clusters_lost", "Clusters that do not answer (from inventory snapshots)")
+
+#: What `handled` counts a message as: one series per handler and result, each at 0 from the start.
+RESULTS = ("ok", "retry", "rejected", "dead_lettered")
+#: The per-cluster counters: each at 0 from the first client of its cluster on (`cluster_seen`).
+PER_CLUSTER = (FENCES, PROMOTIONS, PROMOTION_REJECTIONS, ORPHANS, LOST)
 
 _projection: Any = None  # weakref.ref to the live Projection
 _snapshots: dict[str, ClusterSnapshot] = {}
@@ -96,6 +101,44 @@ def handled(handler: str, result: str, seconds: float | None = None, outputs: Se
     _handling(handler).observe(seconds)
     if any(isinstance(o, (ev.Routed, ev.Unroutable)) or (isinstance(o, ev.Rejected) and o.decision is not None) for o in outputs):
         ROUTING_LATENCY.observe(seconds)
+
+
+def consumer_started(handler: str) -> None:
+    """Export `handler`'s message counters at 0 before its first message: an alert on
+    `increase(...)` needs a sample before the first count (deploy/prometheus/rules.yml)."""
+    for result in RESULTS:
+        _messages(handler, result)
+
+
+def cluster_seen(cluster: str) -> None:
+    """Export the per-cluster counters of `cluster` at 0 (the service has a client for it), so
+    the first fence, rejection or orphan of a cluster is an increase Prometheus can see."""
+    for counter in PER_CLUSTER:
+        counter.labels(cluster)
+
+
+def exported_names(registry: CollectorRegistry = REGISTRY) -> frozenset[str]:
+    """Every sample name a service built on `registry` serves on `/metrics` (a counter `x` as
+    `x_total` and `x_created`, a histogram as `x_bucket`, `x_count`, `x_sum`, `x_created`), also
+    for a labelled family without samples yet. What alert rules and dashboards may name."""
+    return frozenset(n for family in registry.collect() for n in sample_names(family))
+
+
+def sample_names(family: Metric) -> frozenset[str]:
+    """The sample names of one metric family (a labelled one before its first child: the names
+    its first child will have)."""
+    if family.samples:
+        return frozenset(s.name for s in family.samples)
+    return frozenset(family.name + suffix for suffix in _SUFFIXES.get(family.type, ("",)))
+
+
+_SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_count", "_sum", "_created"),
+    "summary": ("", "_count", "_sum", "_created"),
+    "gaugehistogram": ("_bucket", "_gcount", "_gsum"),
+    "info": ("_info",),
+}
 
 
 def consumer_lag(stream: str, durable: str, pending: int) -> None:

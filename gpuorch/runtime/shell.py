@@ -337,6 +337,7 @@ async def consume(
         backoff=backoff,
     )
     await js.add_consumer(stream, durable_config(durable, filter_subject, ack_wait=ack_wait, max_deliver=max_deliver))
+    metrics.consumer_started(worker.handler_name)
     log.info("consumer.started", stream=stream, durable=durable, filter=filter_subject if isinstance(filter_subject, str) else f"{len(filter_subject)} subjects")
     pipeline = _Pipeline(worker, concurrency, key or workload_key) if concurrency > 1 else None
     # Messages are asked for ahead of the handler (`_Pulls`): a window of `batch` (at least twice
