@@ -400,7 +400,9 @@ def test_the_invariant_catches_preemption_of_work_that_is_not_interruptible() ->
 # ---- the router's round: level-triggered over the projection -------------------------------
 
 
-def test_the_round_preempts_for_work_queued_at_its_destination_once() -> None:
+def _queued_world() -> tuple[Projection, Any, int]:
+    """`hi` (priority 10, 2 GPUs) queued on `primary`, whose 4 GPUs `trial` (interruptible,
+    priority 1) and `steady` (not interruptible) hold: the projection, the snapshot, the last seq."""
     from gpuorch_proto import ClusterSnapshot
     from gpuorch_proto.inventory import NodeInfo
 
@@ -453,6 +455,11 @@ def test_the_round_preempts_for_work_queued_at_its_destination_once() -> None:
         published_at=3.0,
         nodes=[NodeInfo(name="n", gpus_allocatable=4, gpus_free=0)],
     )
+    return p, snap, seq
+
+
+def test_the_round_preempts_for_work_queued_at_its_destination_once() -> None:
+    p, snap, seq = _queued_world()
     s = rcore.RouterState()
     out = rcore.preemptions(s, p.workloads.values(), [snap], 4.0)
     assert [type(e) for e in out] == [ev.PreemptionPlanned, ev.PreemptionRequested]
@@ -461,17 +468,47 @@ def test_the_round_preempts_for_work_queued_at_its_destination_once() -> None:
         and out[0].workload_id == "hi"
         and out[0].event_id == "hi.preemption-planned.1"
     )
-    assert (
-        rcore.preemptions(s, p.workloads.values(), [snap], 5.0) == []
-    )  # the same plan is not published again
     for i, e in enumerate(out, start=seq + 1):
         s.apply(e, i)
+    seq += len(out)
+    # `trial` is being preempted for it now: `hi` waits for it to stop, no new victim
+    then = rcore.preemptions(s, p.workloads.values(), [snap], 5.0)
+    assert [e.event_id for e in then] == ["hi.preemption-planned.2"]
+    assert then[0].victims == [] and "waiting for trial to stop" in then[0].reason  # type: ignore[attr-defined]
+    s.apply(then[0], seq + 1)
+    assert (
+        rcore.preemptions(s, p.workloads.values(), [snap], 6.0) == []
+    )  # the same plan, once in the log, is not published again
     assert (
         rcore.preemptions(rcore.RouterState(), [p.workloads["steady"], p.workloads["hi"]], [snap], 5.0)[
             0
         ].victims
         == []
     )  # type: ignore[attr-defined]
+
+
+def test_a_plan_is_a_pure_decision_decided_again_until_the_log_has_it() -> None:
+    """`preemptions` only reads the state: a publish that failed is decided again (the same ids,
+    so a publish that did go through is de-duplicated), and folding the plan back counts it once,
+    so the next plan is the 2nd `preemption-planned`."""
+    from gpuorch_router.core import dump_state
+
+    p, snap, seq = _queued_world()
+    s = rcore.RouterState()
+    before = dump_state(s)
+    first = rcore.preemptions(s, p.workloads.values(), [snap], 4.0)
+    assert dump_state(s) == before  # deciding changed nothing
+    again = rcore.preemptions(s, p.workloads.values(), [snap], 5.0)  # the publish failed: decided again
+    assert [e.event_id for e in again] == [e.event_id for e in first] == [
+        "hi.preemption-planned.1",
+        "trial-a1.preemption-requested",
+    ]
+    for i, e in enumerate(first, start=seq + 1):  # the log echoes the plan back
+        s.apply(e, i)
+    assert s.planned == {"hi": 1}  # counted once, by the fold
+    assert s.plans["hi"] == preempt.planned_signature(first[0])  # type: ignore[arg-type]
+    nxt = rcore.preemptions(s, p.workloads.values(), [snap], 6.0)  # waits for `trial` to stop
+    assert [e.event_id for e in nxt] == ["hi.preemption-planned.2"]
 
 
 def test_the_examples_load_and_say_what_they_claim() -> None:

@@ -82,11 +82,7 @@ class Plan:
     @property
     def signature(self) -> tuple[object, ...]:
         """What `explain` shows, without times: re-publish `preemption-planned` only on a change."""
-        return (
-            self.cluster,
-            tuple(h.attempt_id for h in self.victims),
-            tuple((w.attempt_id, w.preempt) for w in self.waits),
-        )
+        return signature(self.cluster, [h.attempt_id for h in self.victims], self.waits)
 
     def events(self, now: float, k: int = 1) -> list[ev.Base]:
         """`preemption-planned` (the k-th for this workload) and one `preemption-requested` per victim."""
@@ -118,6 +114,19 @@ class Plan:
                 )
             )
         return out
+
+
+def signature(cluster: str | None, victims: Iterable[str], waits: Iterable[ev.PreemptionWait]) -> tuple[object, ...]:
+    """A plan's signature: where, whom, and whose GPUs it waits for (each preempted or not), without
+    times or messages. The same for a `Plan` (`Plan.signature`) and for the `preemption-planned` it
+    published (`planned_signature`), so the router compares what it would publish now with what the
+    log holds."""
+    return (cluster, tuple(victims), tuple((w.attempt_id, w.preempt) for w in waits))
+
+
+def planned_signature(e: ev.PreemptionPlanned) -> tuple[object, ...]:
+    """The signature of a published plan (`signature`), as the router folds it from the log."""
+    return signature(e.cluster, e.victims, e.waits)
 
 
 def capacity_clusters(decision: RoutingDecision) -> list[str]:
