@@ -9,7 +9,17 @@ from typing import TYPE_CHECKING
 from .credentials import credential_errors, literal_secret_errors
 from .events import MESSAGE_REF_PREFIX, FieldError
 from .units import UnitError, parse_duration, parse_quantity
-from .workload import DatasetInput, Limits, ParamValue, Resources, Stage, Sweep, Workload, WorkloadSpecBody
+from .workload import (
+    DatasetInput,
+    Limits,
+    ParamValue,
+    Resources,
+    Stage,
+    Sweep,
+    Workload,
+    WorkloadSpecBody,
+    interruptible,
+)
 
 if TYPE_CHECKING:
     from .policy import AdmissionPolicy, FairShare
@@ -258,7 +268,7 @@ def validate_workload(wl: Workload) -> list[FieldError]:
         _duration(value, path, errors)
     if spec.retry.budget < 0:
         errors.append(FieldError(path="spec.retry.budget", message=f"{spec.retry.budget} is negative"))
-    if spec.preemptible and not spec.checkpoint.path:
+    if spec.preemptible and not interruptible(wl):
         errors.append(
             FieldError(
                 path="spec.checkpoint.path",

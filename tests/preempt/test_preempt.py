@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,6 +17,7 @@ from gpuorch_proto import ClusterRegistryEntry, RoutingDecision, Workload, workl
 from gpuorch_proto import events as ev
 from gpuorch_proto.routing import Check, ClusterVerdict
 from gpuorch_proto.storage import StoreConfig
+from gpuorch_proto.workload import interruptible
 from gpuorch_router import core as rcore
 from gpuorch_router import preempt
 from gpuorch_router.explain import render_waits
@@ -511,6 +514,35 @@ def test_a_plan_is_a_pure_decision_decided_again_until_the_log_has_it() -> None:
     assert [e.event_id for e in nxt] == ["hi.preemption-planned.2"]
 
 
+@pytest.mark.parametrize(
+    ("preemptible", "ckpt", "expected"),
+    [(True, True, True), (True, False, False), (False, True, False), (False, False, False)],
+    ids=["declared-with-checkpoint", "declared-without-checkpoint", "checkpoint-only", "neither"],
+)
+def test_interruptible_means_declared_preemptible_and_checkpointing(preemptible: bool, ckpt: bool, expected: bool) -> None:
+    base = make(ckpt=ckpt)  # (validation refuses preemptible work without a checkpoint: built past it)
+    wl = msgspec.structs.replace(base, spec=msgspec.structs.replace(base.spec, preemptible=preemptible))
+    assert interruptible(wl) is expected
+
+
+def test_interruptible_is_written_once() -> None:
+    """Every reader of `spec.preemptible` asks `gpuorch_proto.workload.interruptible` (issue 29):
+    only it (and validation, which refuses what it would not call interruptible) reads the field."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    allowed = {root / "proto/gpuorch_proto/workload.py", root / "proto/gpuorch_proto/validate.py"}
+    readers = [
+        str(f.relative_to(root))
+        for top in ("proto", "services", "gpuorch")
+        for f in (root / top).rglob("*.py")
+        if f not in allowed
+        and any(isinstance(n, ast.Attribute) and n.attr == "preemptible" for n in ast.walk(ast.parse(f.read_text())))
+    ]
+    assert readers == []
+
+
 def test_the_examples_load_and_say_what_they_claim() -> None:
     from pathlib import Path
 
@@ -520,7 +552,7 @@ def test_the_examples_load_and_say_what_they_claim() -> None:
 
     root = Path(__file__).resolve().parents[2] / "examples" / "pipelines"
     wl = workload_from_obj(yaml.safe_load((root / "preemption.yaml").read_text()))
-    assert preempt.interruptible(wl) and wl.spec.priority == 1
+    assert interruptible(wl) and wl.spec.priority == 1
     policy = load_policy_yaml((root / "fair-share.yaml").read_text())
     fs = policy.queue("research").fair_share  # type: ignore[union-attr]
     assert fs is not None and fs.weights == {"vision-team": 1.0, "nlp-team": 1.0}

@@ -46,6 +46,7 @@ from gpuorch_proto.storage import (
 )
 from gpuorch_proto.subjects import valid_token
 from gpuorch_proto.units import format_duration, parse_duration, parse_quantity
+from gpuorch_proto.workload import interruptible
 
 #: Every container of an attempt: what the `restricted` Pod Security Standard asks of it.
 CONTAINER_SECURITY: Final = {
@@ -1129,7 +1130,7 @@ def on_event(view: WorkloadView, e: Event, now: float, env: Environment) -> list
                 or view.cancel_requested
             ):
                 return []
-            if not (wl.spec.preemptible and wl.spec.checkpoint.path):
+            if not interruptible(wl):
                 return []
             return [_fence(view, a, now, e.reason, env.time_scale)]
         case ev.AttemptCreated():

@@ -5,9 +5,9 @@ with reasons out. No I/O, no clock (checked by tests/test_layering.py). See docs
 "Preemption".
 
 A higher-priority workload that waits for capacity may take the GPUs of lower-priority attempts
-only if each of them is **interruptible**: its workload declares `spec.preemptible: true`, which
-validation accepts only with a checkpoint (`spec.checkpoint.path`, DESIGN §7: interruptible work
-must declare checkpointing). Anything else is never preempted, whatever its priority. `plan` is
+only if each of them is **interruptible** (`gpuorch_proto.workload.interruptible`): its workload
+declares `spec.preemptible: true`, which validation accepts only with a checkpoint
+(`spec.checkpoint.path`, DESIGN §7: interruptible work must declare checkpointing). Anything else is never preempted, whatever its priority. `plan` is
 the one place that decides; it never names a victim that is not interruptible (a property test).
 
 What happens to a victim is the existing machinery, nothing new: the router publishes
@@ -35,17 +35,13 @@ from dataclasses import dataclass
 from gpuorch_proto import RoutingDecision, Workload, event_id
 from gpuorch_proto import events as ev
 from gpuorch_proto.inventory import ClusterSnapshot
+from gpuorch_proto.workload import interruptible
 
 #: How long a preempted workload's replacement waits for its preemptor to be routed before it is
 #: routed anyway (the preemptor may have been placed elsewhere or cancelled in the meantime).
 YIELD_FOR = 120.0
 
 PREEMPTED_BY = "preempted by "  # the fence reason's prefix: the dispatcher's record of why
-
-
-def interruptible(wl: Workload) -> bool:
-    """Declared interruptible and checkpointing: the only work that may ever be preempted."""
-    return wl.spec.preemptible and bool(wl.spec.checkpoint.path)
 
 
 def gpus_of(wl: Workload) -> float:
