@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING
 
 from .credentials import credential_errors, literal_secret_errors
 from .events import MESSAGE_REF_PREFIX, FieldError
+from .policy import AdmissionPolicy, FairShare
 from .units import UnitError, parse_duration, parse_quantity
 from .workload import (
     DatasetInput,
@@ -20,9 +20,6 @@ from .workload import (
     WorkloadSpecBody,
     interruptible,
 )
-
-if TYPE_CHECKING:
-    from .policy import AdmissionPolicy, FairShare
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
 _DIGEST = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")

@@ -548,7 +548,7 @@ def test_the_examples_load_and_say_what_they_claim() -> None:
 
     import yaml
 
-    from gpuorch_proto.policy import load_policy_yaml
+    from gpuorch_proto.codec import load_policy_yaml
 
     root = Path(__file__).resolve().parents[2] / "examples" / "pipelines"
     wl = workload_from_obj(yaml.safe_load((root / "preemption.yaml").read_text()))

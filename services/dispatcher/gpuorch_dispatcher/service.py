@@ -849,7 +849,7 @@ class Dispatcher:
         await every(stop, self.interval, tick, name="watch", wake=wake)
 
     async def run(self, stop: asyncio.Event) -> None:
-        nc = await self.settings.connect("gpuorch-dispatcher")  # its own identity (GPUORCH_NATS_CREDS)
+        nc = await bus.connect_as(self.settings, "gpuorch-dispatcher")  # its own identity (GPUORCH_NATS_CREDS)
         for inf in self.informers.values():
             inf.start()
         try:

@@ -481,7 +481,7 @@ class Fencer:
             self.pursuits.setdefault(p.attempt_id, p)
 
     async def run(self, stop: asyncio.Event) -> None:
-        nc = await self.settings.connect("gpuorch-fencer")  # its own identity (GPUORCH_NATS_CREDS)
+        nc = await bus.connect_as(self.settings, "gpuorch-fencer")  # its own identity (GPUORCH_NATS_CREDS)
         try:
             js = self.js = nc.jetstream()
             await bus.await_topology(js, self.names)  # created by the admin identity
