@@ -563,6 +563,11 @@ def _eid(a: AttemptView, kind: str) -> str:
     return f"{a.attempt_id}.{kind}"
 
 
+def _about(view: WorkloadView, a: AttemptView, now: float) -> dict[str, Any]:
+    """The fields every event about attempt `a` carries (`events.AttemptEvent`)."""
+    return {"workload_id": view.workload_id, "at": now, "attempt_id": a.attempt_id, "epoch": a.epoch, "cluster": a.cluster}
+
+
 def estimated_queue_wait(view: WorkloadView, a: AttemptView) -> float | None:
     """The router's queue-wait estimate (simulated seconds) for `a`'s cluster when it chose it.
 
@@ -612,20 +617,7 @@ def _requeue(
         f"requeued: {obs.scheduled}/{obs.workers} pods placed on {a.cluster} after {waited:.0f}s ({what}); "
         f"{told}, limit {limit:.0f}s ({requeue.factor:g} x estimate within {requeue.floor:g}s..{requeue.most:g}s)"
     )
-    return Emit(
-        ev.Failed(
-            event_id=_eid(a, "failed"),
-            workload_id=view.workload_id,
-            at=now,
-            attempt_id=a.attempt_id,
-            epoch=a.epoch,
-            cluster=a.cluster,
-            exit_code=None,
-            reason=why,
-            retryable=True,
-            placement=True,
-        )
-    )
+    return Emit(ev.Failed(event_id=_eid(a, "failed"), exit_code=None, reason=why, retryable=True, placement=True, **_about(view, a, now)))
 
 
 def on_observation(
@@ -651,13 +643,7 @@ def on_observation(
     """
     if a.status in ("succeeded", "failed") or a.gone or view.workload is None:
         return []
-    base: dict[str, Any] = {
-        "workload_id": view.workload_id,
-        "at": now,
-        "attempt_id": a.attempt_id,
-        "epoch": a.epoch,
-        "cluster": a.cluster,
-    }
+    base = _about(view, a, now)
     out: list[Action] = []
     if not obs.exists:
         if a.fenced or view.cancel_requested:
@@ -1071,15 +1057,7 @@ def promote_request(
         succeeded = a.status == "succeeded"
     if not succeeded or view.workload is None or a.promoted or "promote-requested" in a.times:
         return None
-    return ev.PromoteRequested(
-        event_id=_eid(a, "promote-requested"),
-        workload_id=view.workload_id,
-        at=now,
-        attempt_id=a.attempt_id,
-        epoch=a.epoch,
-        cluster=a.cluster,
-        output_path=a.output_path,
-    )
+    return ev.PromoteRequested(event_id=_eid(a, "promote-requested"), output_path=a.output_path, **_about(view, a, now))
 
 
 def completed(view: WorkloadView, now: float) -> ev.Completed | None:
