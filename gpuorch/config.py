@@ -147,19 +147,6 @@ class Settings:
     # this process's own store credentials: GPUORCH_STORE_<NAME>_* (gpuorch_proto.storage.credential_env)
     store_env: dict[str, str] = field(default_factory=dict)
 
-    async def connect(self, name: str, **options: Any) -> Any:
-        """A NATS connection as this process's identity (creds, TLS from the settings)."""
-        from gpuorch.runtime import bus  # local: config stays importable without nats
-
-        tls = None
-        if self.nats_tls_ca or self.nats_tls_cert:
-            tls = bus.tls_context(
-                str(self.nats_tls_ca) if self.nats_tls_ca else None,
-                str(self.nats_tls_cert) if self.nats_tls_cert else None,
-                str(self.nats_tls_key) if self.nats_tls_key else None,
-            )
-        return await bus.connect(self.nats_url, name, creds=self.nats_creds, tls=tls, **options)
-
     @property
     def names(self) -> Names:
         return Names(self.prefix)

@@ -55,6 +55,7 @@ from gpuorch.projection import Projection
 from gpuorch_proto import ClusterSnapshot, Event, RoutingDecision
 from gpuorch_proto import events as ev
 from gpuorch_proto.storage import Manifest
+from gpuorch_proto.workload import interruptible
 
 WAIT_TOLERANCE = 10.0  # seconds the router has to re-publish after a reason became false
 MAX_SNAPSHOT_AGE = 120.0  # seconds; the router's default
@@ -166,7 +167,7 @@ def _preemptions(events: Sequence[tuple[int, Event]]) -> list[Violation]:
             requested.add(e.attempt_id)
             victim, by = p.get(e.workload_id), p.get(e.preemptor)
             wl = victim.workload if victim is not None else None
-            if wl is None or not (wl.spec.preemptible and wl.spec.checkpoint.path):
+            if wl is None or not interruptible(wl):
                 out.append(Violation("preempted-only-interruptible", e.workload_id, f"{e.attempt_id} preempted for {e.preemptor}, but its workload is not interruptible"))
             elif by is None or by.workload is None or by.workload.spec.priority <= wl.spec.priority:
                 theirs = by.workload.spec.priority if by is not None and by.workload is not None else "unknown"

@@ -300,6 +300,7 @@ class AttemptView:
     unschedulable: str = ""  # the scheduler's message while its pods cannot be placed ("" once placed)
     placement_failed: bool = False  # failed because the cluster could not place its pods
     times: MutableMapping[str, float] = field(default_factory=dict)  # a dict; compact: `Times`
+    retryable: bool = True  # its `failed` said the workload may try again (`gpuorch_dispatcher.core.workload_failure`)
 
     @property
     def live(self) -> bool:
@@ -1049,7 +1050,7 @@ def _fold(view: WorkloadView, e: Event) -> None:
         case ev.Failed():
             a = _attempt(view, e)
             a.status, a.exit_code, a.reason = "failed", e.exit_code, e.reason
-            a.placement_failed = e.placement
+            a.placement_failed, a.retryable = e.placement, e.retryable
             if _current(view, a):
                 view.status = "retrying"
                 view.reason = f"attempt {a.attempt_id} failed on {a.cluster}: {e.reason}"

@@ -159,7 +159,7 @@ class System:
         from gpuorch.runtime import bus
 
         async def run() -> None:
-            nc = await self.settings_as("admin").connect("gpuorch-admin", initial_timeout=30.0)
+            nc = await bus.connect_as(self.settings_as("admin"), "gpuorch-admin", initial_timeout=30.0)
             try:
                 await bus.ensure_topology(nc.jetstream(), Names(self.prefix))
             finally:

@@ -31,7 +31,9 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, KeyValueConfig, RetentionPolicy, StorageType, StreamConfig
 
-from gpuorch.config import Tuning
+from gpuorch.config import Settings, Tuning
+from gpuorch.security.bundle import public_key_of, read_seed
+from gpuorch.security.model import inbox_prefix
 from gpuorch_proto import Names, kv_buckets, streams
 from gpuorch_proto.subjects import StreamSpec
 
@@ -75,14 +77,24 @@ def auth_options(creds: str | os.PathLike[str] | None) -> dict[str, Any]:
     path = Path(creds)
     if path.suffix == ".creds":
         return {"user_credentials": str(path)}
-    from gpuorch.security.bundle import public_key_of, read_seed  # local: nkeys only when used
-    from gpuorch.security.model import inbox_prefix
-
     try:
         public = public_key_of(read_seed(path))
     except Exception as exc:  # never echo the file's content
         raise ValueError(f"credentials file {path} is not an nkey seed ({type(exc).__name__})") from None
     return {"nkeys_seed": str(path), "inbox_prefix": inbox_prefix(public)}
+
+
+async def connect_as(settings: Settings, name: str, **options: Any) -> Client:
+    """A NATS connection as this process's identity: its creds and TLS from `settings`
+    (GPUORCH_NATS_CREDS, GPUORCH_NATS_TLS_*), the URL its `nats_url`; `connect` for the rest."""
+    tls = None
+    if settings.nats_tls_ca or settings.nats_tls_cert:
+        tls = tls_context(
+            str(settings.nats_tls_ca) if settings.nats_tls_ca else None,
+            str(settings.nats_tls_cert) if settings.nats_tls_cert else None,
+            str(settings.nats_tls_key) if settings.nats_tls_key else None,
+        )
+    return await connect(settings.nats_url, name, creds=settings.nats_creds, tls=tls, **options)
 
 
 async def connect(

@@ -26,6 +26,7 @@ from typing import Any
 
 import nkeys
 
+from gpuorch.config import load_registry
 from gpuorch_proto import Names
 
 from .model import DEFAULT_DISPATCHER_IDS, ROLES, SERVICES, Role, permissions
@@ -207,8 +208,6 @@ def main(argv: list[str] | None = None) -> int:
     ns = ap.parse_args(argv)
     clusters = list(ns.cluster)
     if ns.registry:
-        from gpuorch.config import load_registry
-
         clusters += list(load_registry(ns.registry).clusters)
     clients: dict[str, list[str]] = {}
     for spec in ns.client:

@@ -15,7 +15,7 @@ from gpuorch.runtime.logs import configure_logging
 
 
 async def run(settings: Settings) -> None:
-    nc = await settings.connect("gpuorch-admin-topology")
+    nc = await bus.connect_as(settings, "gpuorch-admin-topology")
     try:
         await bus.ensure_topology(nc.jetstream(), settings.names)
     finally:

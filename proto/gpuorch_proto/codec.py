@@ -8,14 +8,16 @@ import re
 from typing import Any, Literal, TypeVar
 
 import msgspec
+import msgspec.inspect
 import yaml
 
 from .events import MESSAGE_REF_PREFIX, Base, Cancel, Event, FieldError, Submit
 from .inventory import ClusterSnapshot
 from .nesting import depth_error, yaml_depth_error
+from .policy import AdmissionPolicy, PolicyError
 from .state import FenceRecord, InstanceLease, OwnerRecord
 from .subjects import valid_token
-from .validate import validate_workload
+from .validate import validate_policy, validate_workload
 from .workload import SCHEMA_VERSION, Workload
 
 T = TypeVar("T")
@@ -301,6 +303,37 @@ def load_workload_yaml(text: str) -> Workload:
     except yaml.YAMLError as exc:
         raise ContractError("invalid YAML", [FieldError(path="$", message=str(exc))]) from exc
     return workload_from_obj(obj)
+
+
+_POLICY_INFO = msgspec.inspect.type_info(AdmissionPolicy)
+
+
+def policy_from_obj(obj: Any) -> AdmissionPolicy:
+    """Decode and validate an admission policy document (a mapping; `gpuorch_proto.policy`);
+    `PolicyError` names every field path.
+
+    Strict, as for anything people write: an unknown field is an error, not a no-op.
+    """
+    if not isinstance(obj, dict):
+        raise PolicyError([FieldError(path="$", message="expected a mapping")])
+    extra = unknown_fields(obj, _POLICY_INFO)
+    if extra:
+        raise PolicyError(extra)
+    try:
+        policy = msgspec.convert(obj, AdmissionPolicy)
+    except msgspec.ValidationError as exc:
+        raise PolicyError([_field_error(exc)]) from exc
+    errors = validate_policy(policy)
+    if errors:
+        raise PolicyError(errors)
+    return policy
+
+
+def load_policy_yaml(text: str) -> AdmissionPolicy:
+    """An admission policy from its YAML (`policy_from_obj`)."""
+    if (deep := yaml_depth_error(text)) is not None:  # PyYAML's composer recurses (gpuorch_proto.nesting)
+        raise PolicyError([deep])
+    return policy_from_obj(yaml.safe_load(text) or {})
 
 
 def workload_to_builtins(wl: Workload) -> Any:

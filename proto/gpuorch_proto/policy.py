@@ -6,19 +6,15 @@ limits and its queues. A queue here is a *policy* queue, named by a workload's
 a GPU-hour budget over a sliding window. It is not `spec.queue` (`<agent>/<queue>`), which pins a
 cluster and that cluster's admission queue.
 
-`gpuorch_router.pipeline.admission` reads it; `gpuorch_proto.validate.validate_policy` checks it.
+`gpuorch_router.pipeline.admission` reads it; `gpuorch_proto.validate.validate_policy` checks it;
+`gpuorch_proto.codec.load_policy_yaml` / `policy_from_obj` read a document (strict, every field path).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
-import msgspec.inspect
-import yaml
 
 from .events import FieldError
-from .nesting import yaml_depth_error
 from .workload import Limits, Requirements, Workload
 
 DEFAULT_QUEUE = "default"
@@ -80,38 +76,6 @@ class PolicyError(ValueError):
     def __init__(self, errors: list[FieldError]) -> None:
         self.errors = errors
         super().__init__("invalid admission policy: " + "; ".join(f"{e.path}: {e.message}" for e in errors))
-
-
-_POLICY_INFO = msgspec.inspect.type_info(AdmissionPolicy)
-
-
-def policy_from_obj(obj: Any) -> AdmissionPolicy:
-    """Decode and validate a policy document (a mapping); `PolicyError` names every field path.
-
-    Strict, as for anything people write: an unknown field is an error, not a no-op.
-    """
-    from .codec import _field_error, unknown_fields
-    from .validate import validate_policy
-
-    if not isinstance(obj, dict):
-        raise PolicyError([FieldError(path="$", message="expected a mapping")])
-    extra = unknown_fields(obj, _POLICY_INFO)
-    if extra:
-        raise PolicyError(extra)
-    try:
-        policy = msgspec.convert(obj, AdmissionPolicy)
-    except msgspec.ValidationError as exc:
-        raise PolicyError([_field_error(exc)]) from exc
-    errors = validate_policy(policy)
-    if errors:
-        raise PolicyError(errors)
-    return policy
-
-
-def load_policy_yaml(text: str) -> AdmissionPolicy:
-    if (deep := yaml_depth_error(text)) is not None:  # PyYAML's composer recurses (gpuorch_proto.nesting)
-        raise PolicyError([deep])
-    return policy_from_obj(yaml.safe_load(text) or {})
 
 
 def node_constraint_errors(policy: AdmissionPolicy, wl: Workload) -> list[FieldError]:

@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING
 
 from .credentials import credential_errors, literal_secret_errors
 from .events import MESSAGE_REF_PREFIX, FieldError
+from .policy import AdmissionPolicy, FairShare
 from .units import UnitError, parse_duration, parse_quantity
-from .workload import DatasetInput, Limits, ParamValue, Resources, Stage, Sweep, Workload, WorkloadSpecBody
-
-if TYPE_CHECKING:
-    from .policy import AdmissionPolicy, FairShare
+from .workload import (
+    DatasetInput,
+    Limits,
+    ParamValue,
+    Resources,
+    Stage,
+    Sweep,
+    Workload,
+    WorkloadSpecBody,
+    interruptible,
+)
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
 _DIGEST = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
@@ -258,7 +265,7 @@ def validate_workload(wl: Workload) -> list[FieldError]:
         _duration(value, path, errors)
     if spec.retry.budget < 0:
         errors.append(FieldError(path="spec.retry.budget", message=f"{spec.retry.budget} is negative"))
-    if spec.preemptible and not spec.checkpoint.path:
+    if spec.preemptible and not interruptible(wl):
         errors.append(
             FieldError(
                 path="spec.checkpoint.path",

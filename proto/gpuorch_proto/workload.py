@@ -190,3 +190,13 @@ class Workload(msgspec.Struct, frozen=True, kw_only=True):
     kind: Literal["Workload"] = "Workload"
     metadata: Metadata
     spec: WorkloadSpecBody
+
+
+def interruptible(wl: Workload) -> bool:
+    """May this workload be interrupted (preempted)? Only if it declares `spec.preemptible` and
+    checkpoints (`spec.checkpoint.path`): interruptible work must declare checkpointing (DESIGN §7),
+    so that it resumes instead of starting over. The one definition: validation refuses a
+    preemptible workload that is not interruptible, the router's preemption plan
+    (`gpuorch_router.preempt`) names only interruptible victims, the dispatcher fences only
+    interruptible work on a preemption request, and the invariant checker holds them to it."""
+    return wl.spec.preemptible and bool(wl.spec.checkpoint.path)

@@ -32,7 +32,8 @@ from gpuorch.client import Client
 from gpuorch.projection import Projection, WorkloadView
 from gpuorch.system import System
 from gpuorch_proto import Workload, workload_from_obj
-from gpuorch_proto.policy import AdmissionPolicy, load_policy_yaml
+from gpuorch_proto.codec import load_policy_yaml
+from gpuorch_proto.policy import AdmissionPolicy
 from gpuorch_router import fairshare
 from tests.support.system import one_node, registry, running
 from tests.support.wait import assert_eventually

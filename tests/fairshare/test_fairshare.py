@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuorch_proto.policy import AdmissionPolicy, FairShare, PolicyError, QueuePolicy, load_policy_yaml
+from gpuorch_proto.codec import load_policy_yaml
+from gpuorch_proto.policy import AdmissionPolicy, FairShare, PolicyError, QueuePolicy
 from gpuorch_router import fairshare as fs
 from gpuorch_router import pipeline as pl
 

@@ -6,7 +6,8 @@ from typing import Any
 
 from gpuorch_proto import Workload, event_id, workload_from_obj
 from gpuorch_proto import events as ev
-from gpuorch_proto.policy import AdmissionPolicy, policy_from_obj
+from gpuorch_proto.codec import policy_from_obj
+from gpuorch_proto.policy import AdmissionPolicy
 from gpuorch_router import pipeline as pl
 
 DIGEST = "registry.example.com/train@sha256:" + "ab" * 32

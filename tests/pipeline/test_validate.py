@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from gpuorch_proto import ContractError, workload_from_obj
-from gpuorch_proto.policy import PolicyError, policy_from_obj
+from gpuorch_proto.codec import policy_from_obj
+from gpuorch_proto.policy import PolicyError
 
 from .builders import DIGEST
 
@@ -160,7 +161,7 @@ def test_a_bad_policy_is_refused_with_its_field_path(doc: dict[str, Any], path: 
 def test_the_example_policy_is_valid() -> None:
     from pathlib import Path
 
-    from gpuorch_proto.policy import load_policy_yaml
+    from gpuorch_proto.codec import load_policy_yaml
 
     root = Path(__file__).resolve().parents[2]
     p = load_policy_yaml((root / "examples/pipelines/queues.yaml").read_text())

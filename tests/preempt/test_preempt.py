@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,6 +17,7 @@ from gpuorch_proto import ClusterRegistryEntry, RoutingDecision, Workload, workl
 from gpuorch_proto import events as ev
 from gpuorch_proto.routing import Check, ClusterVerdict
 from gpuorch_proto.storage import StoreConfig
+from gpuorch_proto.workload import interruptible
 from gpuorch_router import core as rcore
 from gpuorch_router import preempt
 from gpuorch_router.explain import render_waits
@@ -400,7 +403,9 @@ def test_the_invariant_catches_preemption_of_work_that_is_not_interruptible() ->
 # ---- the router's round: level-triggered over the projection -------------------------------
 
 
-def test_the_round_preempts_for_work_queued_at_its_destination_once() -> None:
+def _queued_world() -> tuple[Projection, Any, int]:
+    """`hi` (priority 10, 2 GPUs) queued on `primary`, whose 4 GPUs `trial` (interruptible,
+    priority 1) and `steady` (not interruptible) hold: the projection, the snapshot, the last seq."""
     from gpuorch_proto import ClusterSnapshot
     from gpuorch_proto.inventory import NodeInfo
 
@@ -453,6 +458,11 @@ def test_the_round_preempts_for_work_queued_at_its_destination_once() -> None:
         published_at=3.0,
         nodes=[NodeInfo(name="n", gpus_allocatable=4, gpus_free=0)],
     )
+    return p, snap, seq
+
+
+def test_the_round_preempts_for_work_queued_at_its_destination_once() -> None:
+    p, snap, seq = _queued_world()
     s = rcore.RouterState()
     out = rcore.preemptions(s, p.workloads.values(), [snap], 4.0)
     assert [type(e) for e in out] == [ev.PreemptionPlanned, ev.PreemptionRequested]
@@ -461,11 +471,17 @@ def test_the_round_preempts_for_work_queued_at_its_destination_once() -> None:
         and out[0].workload_id == "hi"
         and out[0].event_id == "hi.preemption-planned.1"
     )
-    assert (
-        rcore.preemptions(s, p.workloads.values(), [snap], 5.0) == []
-    )  # the same plan is not published again
     for i, e in enumerate(out, start=seq + 1):
         s.apply(e, i)
+    seq += len(out)
+    # `trial` is being preempted for it now: `hi` waits for it to stop, no new victim
+    then = rcore.preemptions(s, p.workloads.values(), [snap], 5.0)
+    assert [e.event_id for e in then] == ["hi.preemption-planned.2"]
+    assert then[0].victims == [] and "waiting for trial to stop" in then[0].reason  # type: ignore[attr-defined]
+    s.apply(then[0], seq + 1)
+    assert (
+        rcore.preemptions(s, p.workloads.values(), [snap], 6.0) == []
+    )  # the same plan, once in the log, is not published again
     assert (
         rcore.preemptions(rcore.RouterState(), [p.workloads["steady"], p.workloads["hi"]], [snap], 5.0)[
             0
@@ -474,16 +490,69 @@ def test_the_round_preempts_for_work_queued_at_its_destination_once() -> None:
     )  # type: ignore[attr-defined]
 
 
+def test_a_plan_is_a_pure_decision_decided_again_until_the_log_has_it() -> None:
+    """`preemptions` only reads the state: a publish that failed is decided again (the same ids,
+    so a publish that did go through is de-duplicated), and folding the plan back counts it once,
+    so the next plan is the 2nd `preemption-planned`."""
+    from gpuorch_router.core import dump_state
+
+    p, snap, seq = _queued_world()
+    s = rcore.RouterState()
+    before = dump_state(s)
+    first = rcore.preemptions(s, p.workloads.values(), [snap], 4.0)
+    assert dump_state(s) == before  # deciding changed nothing
+    again = rcore.preemptions(s, p.workloads.values(), [snap], 5.0)  # the publish failed: decided again
+    assert [e.event_id for e in again] == [e.event_id for e in first] == [
+        "hi.preemption-planned.1",
+        "trial-a1.preemption-requested",
+    ]
+    for i, e in enumerate(first, start=seq + 1):  # the log echoes the plan back
+        s.apply(e, i)
+    assert s.planned == {"hi": 1}  # counted once, by the fold
+    assert s.plans["hi"] == preempt.planned_signature(first[0])  # type: ignore[arg-type]
+    nxt = rcore.preemptions(s, p.workloads.values(), [snap], 6.0)  # waits for `trial` to stop
+    assert [e.event_id for e in nxt] == ["hi.preemption-planned.2"]
+
+
+@pytest.mark.parametrize(
+    ("preemptible", "ckpt", "expected"),
+    [(True, True, True), (True, False, False), (False, True, False), (False, False, False)],
+    ids=["declared-with-checkpoint", "declared-without-checkpoint", "checkpoint-only", "neither"],
+)
+def test_interruptible_means_declared_preemptible_and_checkpointing(preemptible: bool, ckpt: bool, expected: bool) -> None:
+    base = make(ckpt=ckpt)  # (validation refuses preemptible work without a checkpoint: built past it)
+    wl = msgspec.structs.replace(base, spec=msgspec.structs.replace(base.spec, preemptible=preemptible))
+    assert interruptible(wl) is expected
+
+
+def test_interruptible_is_written_once() -> None:
+    """Every reader of `spec.preemptible` asks `gpuorch_proto.workload.interruptible` (issue 29):
+    only it (and validation, which refuses what it would not call interruptible) reads the field."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    allowed = {root / "proto/gpuorch_proto/workload.py", root / "proto/gpuorch_proto/validate.py"}
+    readers = [
+        str(f.relative_to(root))
+        for top in ("proto", "services", "gpuorch")
+        for f in (root / top).rglob("*.py")
+        if f not in allowed
+        and any(isinstance(n, ast.Attribute) and n.attr == "preemptible" for n in ast.walk(ast.parse(f.read_text())))
+    ]
+    assert readers == []
+
+
 def test_the_examples_load_and_say_what_they_claim() -> None:
     from pathlib import Path
 
     import yaml
 
-    from gpuorch_proto.policy import load_policy_yaml
+    from gpuorch_proto.codec import load_policy_yaml
 
     root = Path(__file__).resolve().parents[2] / "examples" / "pipelines"
     wl = workload_from_obj(yaml.safe_load((root / "preemption.yaml").read_text()))
-    assert preempt.interruptible(wl) and wl.spec.priority == 1
+    assert interruptible(wl) and wl.spec.priority == 1
     policy = load_policy_yaml((root / "fair-share.yaml").read_text())
     fs = policy.queue("research").fair_share  # type: ignore[union-attr]
     assert fs is not None and fs.weights == {"vision-team": 1.0, "nlp-team": 1.0}

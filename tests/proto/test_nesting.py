@@ -15,6 +15,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gpuorch_proto import ContractError, decode_event, load_workload_yaml
+from gpuorch_proto.codec import load_policy_yaml
 from gpuorch_proto.nesting import (
     MAX_DEPTH,
     MAX_PATH,
@@ -23,7 +24,7 @@ from gpuorch_proto.nesting import (
     render_path,
     yaml_crossing,
 )
-from gpuorch_proto.policy import PolicyError, load_policy_yaml
+from gpuorch_proto.policy import PolicyError
 from tests.runtime.helpers import workload_obj
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "proto" / "schemas"

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from gpuorch_proto import workload_from_obj
-from gpuorch_proto.policy import PolicyError, load_policy_yaml, node_constraint_errors
+from gpuorch_proto.codec import load_policy_yaml
+from gpuorch_proto.policy import PolicyError, node_constraint_errors
 
 DIGEST = "example.org/train@sha256:" + "ab" * 32
 

@@ -5,7 +5,7 @@ What runs is the production code's own rules, not copies: the informers' retry s
 (:func:`gpuorch.informer.next_backoff`, capped at the probe interval), the liveness probe's
 schedule (:func:`gpuorch.informer.probe_wait`), the group that coalesces the facts
 (:class:`gpuorch.informer.ClusterInformers`, with a virtual clock and a probe that answers or not
-as the simulated network says), and the dispatcher's rule (``core.contact`` / ``core.silence``),
+as the simulated network says), and the dispatcher's rule (``core.contact``, ``core.answering``, ``core.silent_for``),
 looked at on every tick and whenever a call fails (the dispatcher's `wake`). What is modelled is
 only the network and the threads' timing: two informers (Jobs and pods), each with one watch open
 that the server ends every `WATCH_SECONDS`, and the probe thread.
@@ -173,9 +173,9 @@ def blip(
             if not answered:
                 failures.append(at)
         c = state["contact"]
-        if out.lost_at is None and group.failing and c is not None:
-            why = core.silence(c, w.now, lost_after)
-            if why is not None:
+        if out.lost_at is None and not core.answering(failing=group.failing, synced=group.synced):
+            why = core.silent_for(c, w.now, lost_after)
+            if why is not None and c is not None:  # (never heard from: not silent yet)
                 out.lost_at, out.evidence_at, out.reason = w.now, c.last_failed, why
 
     group.on_failure = lambda: w.at(w.now, look)  # the dispatcher's wake

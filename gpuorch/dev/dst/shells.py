@@ -311,6 +311,7 @@ class DispatcherSim(Service):
         self.leases: dict[str, InstanceLease | None] = {}  # other instance -> its lease, as last read
         self.busy: dict[str, int] = {}
         self.created: dict[str, set[str]] = {}
+        self.created_rv: dict[str, int] = {}  # attempt -> the cluster's version after our create (the service's resourceVersion)
         self.kv: SimKV = w.owners
 
     def environment(self, attempts: Sequence[AttemptView] = ()) -> dcore.Environment:
@@ -354,6 +355,7 @@ class DispatcherSim(Service):
                 yield from self.api(cl)
                 seconds, code = self.w.outcome(act.created.attempt_id, act.manifest)
                 made = cl.create_job(act.manifest, self.w.now, seconds, code)
+                self.created_rv[act.created.attempt_id] = cl.version
                 self.w.log(self.name, f"job {'created' if made else 'exists'} {act.cluster}/{act.manifest['metadata']['name']}")
                 self.created.setdefault(workload_id, set()).add(act.created.attempt_id)
                 out.append(act.created)
@@ -578,27 +580,35 @@ class DispatcherSim(Service):
 
     # --- watching the clusters ----------------------------------------------------------------
     def watch(self) -> Gen:
+        """`Dispatcher.watch` with a list per tick for the informers' caches (a list is complete
+        when it answers: the cache's resourceVersion is the cluster's version, its completeness
+        time now); the same rules judge the answers (`answering`, `silent_for`, `absent_for_sure`)."""
         for cluster, items in dcore.watched(self.projection.workloads.values(), self.owned).items():
             cl = self.w.clusters.get(cluster)
             if cl is None:
                 continue
+            failed: Unreachable | None = None
             try:
                 yield from self.api(cl)
-                jobs = cl.list_jobs()
-                now = self.w.now
-                self.contacts[cluster] = dcore.contact(self.contacts.get(cluster), True, now)
+                jobs, listed_rv = cl.list_jobs(), cl.version
             except Unreachable as exc:
-                now = self.w.now
-                c = self.contacts[cluster] = dcore.contact(self.contacts.get(cluster), False, now)
-                why = dcore.silence(c, now, self.lost_after)
+                failed = exc
+            now = self.w.now
+            c = self.contacts[cluster] = dcore.contact(self.contacts.get(cluster), failed is None, now)
+            if not dcore.answering(failing=failed is not None, synced=True):
+                why = dcore.silent_for(c, now, self.lost_after)
                 if why is not None:
                     for view, a in items:
-                        acts = dcore.lost(view, a, now, f"{cluster} {why} ({type(exc).__name__})")
+                        acts = dcore.lost(view, a, now, f"{cluster} {why} ({type(failed).__name__})")
                         out = yield from self.execute(acts, view.workload_id)
                         yield from self.publish(out)
                 continue
             for view, a in items:
                 job = jobs.get(a.job_name)
+                if job is None and not dcore.absent_for_sure(
+                    a, created_rv=self.created_rv.get(a.attempt_id), cache_rv=listed_rv, complete_at=now
+                ):
+                    continue  # created a moment ago by a dispatcher we took over from: looked at next tick
                 obs = cl.observe(job) if job else dcore.JobObservation(exists=False)
                 acts = dcore.on_observation(
                     view, a, obs, now, unschedulable_grace=self.unschedulable_grace, requeue=self.requeue, time_scale=1.0
@@ -606,6 +616,8 @@ class DispatcherSim(Service):
                 if acts:
                     out = yield from self.execute(acts, view.workload_id)
                     yield from self.publish(out)
+                if a.status in ("succeeded", "failed") or a.gone:
+                    self.created_rv.pop(a.attempt_id, None)
 
 
 # =============================================================================== fencer
@@ -663,13 +675,10 @@ class FencerSim(Service):
             except KVConflict:
                 continue
 
-    def pursue(self, e: ev.AttemptEvent, lease_expires_at: float, orphan_reason: str | None = None, *, replacement_pending: bool = False) -> None:
-        view = self.projection.get(e.workload_id)
-        a = view.attempts.get(e.attempt_id) if view else None
-        job = a.job_name if a and a.job_name else e.attempt_id
-        ns = a.namespace if a else NAMESPACE
-        if e.attempt_id not in self.pursuits:
-            self.pursuits[e.attempt_id] = Pursuit(e.workload_id, e.attempt_id, e.epoch, e.cluster, ns, job, lease_expires_at, orphan_reason, replacement_pending=replacement_pending)
+    def pursue(self, p: Pursuit | None) -> None:
+        """`Fencer.pursue`: what `fcore.pursuit_after` / `pursuit_of` give, once per attempt."""
+        if p is not None:
+            self.pursuits.setdefault(p.attempt_id, p)
 
     def on_event(self, msg: Incoming) -> Gen:
         e = msg.event
@@ -677,16 +686,13 @@ class FencerSim(Service):
         now = self.w.now
         if isinstance(e, ev.AttemptCreated):
             d = yield from self.cas(e.workload_id, lambda r: fcore.on_attempt_created(r, e, now))
-            if d.delete_job:
-                self.pursue(e, now)
+            self.pursue(fcore.pursuit_after(self.projection.get(e.workload_id), e, d, now))
             waiting = self.deferred_promotion(e)
             later = (yield from self.promote(waiting, now)) if waiting is not None else []
             return [*d.events, *later]
         if isinstance(e, ev.FenceRequested):
             d = yield from self.cas(e.workload_id, lambda r: fcore.on_fence_requested(r, e, now))
-            if d.delete_job:
-                allowed = any(isinstance(x, ev.ReplacementAllowed) for x in d.events)
-                self.pursue(e, e.lease_expires_at, replacement_pending=not allowed)
+            self.pursue(fcore.pursuit_after(self.projection.get(e.workload_id), e, d, now))
             return d.events
         if isinstance(e, ev.PromoteRequested):
             return (yield from self.promote(e, now))
@@ -698,20 +704,17 @@ class FencerSim(Service):
         request, deferred while its `attempt-created` is not on record yet; after the
         compare-and-set, the manifest written create-only (the world's `manifests`)."""
         view = self.projection.get(e.workload_id)
-        a = view.attempts.get(e.attempt_id) if view is not None else None
-        facts = fcore.AttemptFacts(created_epoch=a.epoch if a is not None and "created" in a.times else None, succeeded=a is not None and a.status == "succeeded")
-        store = view.workload.spec.output.store if view is not None and view.workload is not None else None
-        expected = fcore.attempt_url(sim_store_url(store), e.workload_id, e.attempt_id) if store is not None else None
-        problem = fcore.promotion_problem(e, facts, expected)
-        if problem is not None:
-            if a is None or "created" not in a.times:
-                return []  # deferred: promoted once its attempt-created is folded
+        store, problem = fcore.promotion_source(view, e, sim_store_url, None)  # (no registry to check stores against)
+        gate = fcore.promotion_gate(view, e, store, problem)
+        if gate == "defer":
+            return []  # promoted once its attempt-created is folded (`deferred_promotion`)
+        if gate == "refuse" or store is None:
             raise Reject(f"promotion refused: {problem}", claimed_workload_id=e.workload_id)
-        assert store is not None
+        created_epoch = fcore.attempt_facts(view, e.attempt_id).created_epoch
         result = fcore.result_url(sim_store_url(store), e.workload_id) or ""
         outputs = sim_outputs(e, store, now)
         yield None  # the listing and the upload record
-        d = yield from self.cas(e.workload_id, lambda r: fcore.on_promote_requested(r, e, now, result, outputs))
+        d = yield from self.cas(e.workload_id, lambda r: fcore.decide_promotion(r, e, now, result, outputs, created_epoch=created_epoch))
         events = list(d.events)
         if d.promote is not None:
             yield None  # the create-only write
@@ -721,8 +724,8 @@ class FencerSim(Service):
                 rec = self.kv.get(e.workload_id)
                 epoch = rec[0].epoch if rec else e.epoch
                 events = [fcore.manifest_conflict(e, epoch, f"{d.promote.result_path} holds {there[0]} at epoch {there[1]}", now)]
-        if d.delete_job:
-            self.pursue(e, now, orphan_reason="promotion rejected: " + "; ".join(getattr(x, "reason", "") for x in d.events if isinstance(x, ev.PromotionRejected)))
+                self.pursue(fcore.pursuit_of(view, e, now, fcore.REJECTED_ORPHAN + "result manifest conflict"))
+        self.pursue(fcore.pursuit_after(self.projection.get(e.workload_id), e, d, now))
         return events
 
     def deferred_promotion(self, e: ev.AttemptCreated) -> ev.PromoteRequested | None:
@@ -736,22 +739,26 @@ class FencerSim(Service):
                 self.w.loop_errors.append(f"{self.name}.pursue {type(exc).__name__}: {exc}")
 
     def _delete_and_check(self, cl: SimCluster, p: Pursuit) -> Gen:
+        """`Fencer._delete_and_check`: the calls here, their meaning `fcore.confirm_how`."""
         yield from self.api(cl)
         if cl.delete_job(p.job_name, self.w.now):
             p.deleted = True
         yield from self.api(cl)
-        if [x for x in cl.pods_of(p.job_name) if x.deleting_at is None or x.deleting_at > self.w.now]:
-            return None
-        yield from self.api(cl)
-        if cl.read_job(p.job_name) is not None:
-            return None
-        return "deleted" if p.deleted else "already-gone"
+        left = [x for x in cl.pods_of(p.job_name) if x.deleting_at is None or x.deleting_at > self.w.now]
+        exists: bool | None = None
+        if not left:
+            yield from self.api(cl)
+            exists = cl.read_job(p.job_name) is not None
+        return fcore.confirm_how(deleted=p.deleted, pods_left=len(left), job_exists=exists)
 
     def pursue_one(self, key: str, p: Pursuit) -> Gen:
         cl = self.w.clusters.get(p.cluster)
         how: Any = None
         try:
-            how = "already-gone" if cl is None else (yield from self._delete_and_check(cl, p))
+            if cl is None:
+                how = fcore.confirm_how(deleted=False, pods_left=0, job_exists=None, cluster_known=False)
+            else:
+                how = yield from self._delete_and_check(cl, p)
         except Unreachable:
             now = self.w.now
             view = self.projection.get(p.workload_id)

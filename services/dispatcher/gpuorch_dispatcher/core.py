@@ -46,6 +46,7 @@ from gpuorch_proto.storage import (
 )
 from gpuorch_proto.subjects import valid_token
 from gpuorch_proto.units import format_duration, parse_duration, parse_quantity
+from gpuorch_proto.workload import interruptible
 
 #: Every container of an attempt: what the `restricted` Pod Security Standard asks of it.
 CONTAINER_SECURITY: Final = {
@@ -562,6 +563,11 @@ def _eid(a: AttemptView, kind: str) -> str:
     return f"{a.attempt_id}.{kind}"
 
 
+def _about(view: WorkloadView, a: AttemptView, now: float) -> dict[str, Any]:
+    """The fields every event about attempt `a` carries (`events.AttemptEvent`)."""
+    return {"workload_id": view.workload_id, "at": now, "attempt_id": a.attempt_id, "epoch": a.epoch, "cluster": a.cluster}
+
+
 def estimated_queue_wait(view: WorkloadView, a: AttemptView) -> float | None:
     """The router's queue-wait estimate (simulated seconds) for `a`'s cluster when it chose it.
 
@@ -611,20 +617,7 @@ def _requeue(
         f"requeued: {obs.scheduled}/{obs.workers} pods placed on {a.cluster} after {waited:.0f}s ({what}); "
         f"{told}, limit {limit:.0f}s ({requeue.factor:g} x estimate within {requeue.floor:g}s..{requeue.most:g}s)"
     )
-    return Emit(
-        ev.Failed(
-            event_id=_eid(a, "failed"),
-            workload_id=view.workload_id,
-            at=now,
-            attempt_id=a.attempt_id,
-            epoch=a.epoch,
-            cluster=a.cluster,
-            exit_code=None,
-            reason=why,
-            retryable=True,
-            placement=True,
-        )
-    )
+    return Emit(ev.Failed(event_id=_eid(a, "failed"), exit_code=None, reason=why, retryable=True, placement=True, **_about(view, a, now)))
 
 
 def on_observation(
@@ -650,13 +643,7 @@ def on_observation(
     """
     if a.status in ("succeeded", "failed") or a.gone or view.workload is None:
         return []
-    base: dict[str, Any] = {
-        "workload_id": view.workload_id,
-        "at": now,
-        "attempt_id": a.attempt_id,
-        "epoch": a.epoch,
-        "cluster": a.cluster,
-    }
+    base = _about(view, a, now)
     out: list[Action] = []
     if not obs.exists:
         if a.fenced or view.cancel_requested:
@@ -720,11 +707,8 @@ def on_observation(
         out.append(Emit(ev.Running(event_id=_eid(a, "running"), workers_running=obs.workers, **base)))
     if obs.complete:
         out.append(Emit(ev.Succeeded(event_id=_eid(a, "succeeded"), output_path=a.output_path, **base)))
-        out.append(
-            Emit(
-                ev.PromoteRequested(event_id=_eid(a, "promote-requested"), output_path=a.output_path, **base)
-            )
-        )
+        if (promote := promote_request(view, a, now, succeeded=True)) is not None:
+            out.append(Emit(promote))
     elif obs.failed:
         code = obs.exit_code
         out.append(
@@ -820,6 +804,43 @@ def silence(c: Contact, now: float, lost_after: float) -> str | None:
         return None
     last = f"; last answer {now - c.last_ok:.1f}s ago" if c.last_ok is not None else ""
     return f"has not answered for {c.last_failed - c.failing_since:.1f}s{last}"
+
+
+def answering(*, failing: bool, synced: bool) -> bool:
+    """Is the cluster answering, so that its attempts are judged from the informers' caches? Not
+    while a call to it is failing, nor before every cache has listed once (a Job missing from a
+    cache that never listed says nothing). A cluster not answering is judged by `silent_for`."""
+    return synced and not failing
+
+
+def silent_for(c: Contact | None, now: float, lost_after: float) -> str | None:
+    """Why the attempts of a cluster that is not `answering` are lost (None: not yet), by
+    `silence`; a cluster no call has reported on yet counts as failing from `now`."""
+    return silence(c or contact(None, False, now), now, lost_after)
+
+
+#: Seconds between two processes' clocks that `absent_for_sure` allows for (attempt-created's `at`
+#: is the creating dispatcher's clock; the cache's completeness time is ours).
+CLOCK_MARGIN: Final = 1.0
+
+
+def absent_for_sure(
+    a: AttemptView,
+    *,
+    created_rv: int | None,
+    cache_rv: int | None,
+    complete_at: float | None,
+    margin: float = CLOCK_MARGIN,
+) -> bool:
+    """May a Job missing from the informer's cache be called missing (`on_observation` of a Job
+    that does not exist: disappeared)? One this process created (`created_rv`: the
+    resourceVersion its create returned): once the cache's resourceVersion (`cache_rv`) covers
+    the create. Another dispatcher's (a take-over): once the cache was complete (`complete_at`)
+    at a time past the attempt's `attempt-created` plus `margin` (two processes' clocks)."""
+    if created_rv is not None:
+        return cache_rv is not None and cache_rv >= created_rv
+    made = a.times.get("created")
+    return complete_at is not None and (made is None or complete_at > made + margin)
 
 
 #: Deliveries of a `routed` whose Job create the cluster never answered before the attempt is `lost`.
@@ -955,7 +976,7 @@ def _replacement_due(view: WorkloadView, a: AttemptView) -> bool:
     )
 
 
-def _request_route(view: WorkloadView, a: AttemptView, now: float, why: str, env: Environment) -> Emit:
+def _request_route(view: WorkloadView, a: AttemptView, now: float, why: str, env: Environment) -> ev.RouteRequested:
     """Ask the router for a replacement's destination, telling it the latest valid checkpoint."""
     n = view.next_attempt_number
     # lost: that cluster is not answering; placement failed: its scheduler refuses what the router
@@ -966,16 +987,91 @@ def _request_route(view: WorkloadView, a: AttemptView, now: float, why: str, env
         wait = retry_backoff(view.workload, n_failed)
         if wait > 0:
             why += f"; after a backoff of {format_duration(wait)} (failed attempt {n_failed})"
-    return Emit(
-        ev.RouteRequested(
-            event_id=event_id(view.workload_id, "route-requested", n),
-            workload_id=view.workload_id,
-            at=now,
-            attempt_number=n,
-            exclude=exclude,
-            reason=why,
-            checkpoint=latest_checkpoint(view, env),
-        )
+    return ev.RouteRequested(
+        event_id=event_id(view.workload_id, "route-requested", n),
+        workload_id=view.workload_id,
+        at=now,
+        attempt_number=n,
+        exclude=exclude,
+        reason=why,
+        checkpoint=latest_checkpoint(view, env),
+    )
+
+
+# --- the workload's next step: each rule once, for the event path and `reconcile` alike ---------
+
+
+def workload_failure(view: WorkloadView, now: float) -> ev.WorkloadFailed | None:
+    """Does the workload fail for good? Its latest attempt failed, and that failure is permanent
+    (its `failed` said not retryable: `retryable` of the exit code, as `on_observation` decided
+    it) or the failed attempts that count (`failed_attempts`) exceed the retry budget. Never for
+    a workload that ended or whose cancel is under way (the cancel ends it). The event path asks
+    on a `failed`, `reconcile` whenever it looks: the same view, the same answer, one event id."""
+    wl, a = view.workload, view.latest_attempt
+    if wl is None or view.terminal or view.cancel_requested or a is None or a.status != "failed":
+        return None
+    if not a.retryable:
+        why = f"permanent failure (exit code {a.exit_code})"
+    elif failed_attempts(view) > wl.spec.retry.budget:
+        why = f"retry budget of {wl.spec.retry.budget} spent"
+    else:
+        return None
+    return ev.WorkloadFailed(
+        event_id=event_id(view.workload_id, "workload-failed"),
+        workload_id=view.workload_id,
+        at=now,
+        reason=f"{why} in {a.attempt_id}: {a.reason}",
+        attempts=len(view.attempts),
+    )
+
+
+def replacement_request(
+    view: WorkloadView, now: float, env: Environment, *, allowed: ev.ReplacementAllowed | None = None
+) -> ev.RouteRequested | None:
+    """Ask the router for the destination of a replacement of the latest attempt: once the
+    fencer allowed it (`replacement-allowed` on record: strict / fast, DESIGN §7.4), after the
+    retry backoff of a failed one (`replacement_not_before`), never for a workload that fails
+    (`workload_failure`) and only once (`_replacement_due`). `allowed`: the verdict the event
+    path is handling (it counts for its attempt even where the view has not folded it yet), whose
+    reason goes on the record; `reconcile` reads the verdict from the view ("re-driven")."""
+    latest = view.latest_attempt
+    if latest is None or not _replacement_due(view, latest):
+        return None
+    told = allowed is not None and allowed.attempt_id == latest.attempt_id
+    if not told and "replacement-allowed" not in latest.times:
+        return None
+    if workload_failure(view, now) is not None or now < replacement_not_before(view, latest, env.time_scale):
+        return None  # in its retry backoff: `reconcile` requests it once due (`reconcile_due`)
+    why = allowed.reason if allowed is not None and told else "re-driven"
+    return _request_route(view, latest, now, f"replacing {latest.attempt_id} ({latest.status}): {why}", env)
+
+
+def promote_request(
+    view: WorkloadView, a: AttemptView, now: float, *, succeeded: bool | None = None
+) -> ev.PromoteRequested | None:
+    """Ask the fencer to promote `a`'s outputs: once (none on record yet), for an attempt that
+    succeeded. `succeeded`: the observation path, whose `succeeded` is published with the request
+    (default: the view says so). A stale attempt is asked too: the fencer refuses it and puts
+    `promotion-rejected` on record (DESIGN §7.5), so who may publish stays the fencer's decision."""
+    if succeeded is None:
+        succeeded = a.status == "succeeded"
+    if not succeeded or view.workload is None or a.promoted or "promote-requested" in a.times:
+        return None
+    return ev.PromoteRequested(event_id=_eid(a, "promote-requested"), output_path=a.output_path, **_about(view, a, now))
+
+
+def completed(view: WorkloadView, now: float) -> ev.Completed | None:
+    """The workload completes once an attempt is promoted, with the result the fencer recorded;
+    never after another terminal event (a cancel or failure that ended it first keeps it)."""
+    a = view.attempts.get(view.promoted_attempt) if view.promoted_attempt is not None else None
+    if a is None or view.terminal or not view.result_path:
+        return None
+    return ev.Completed(
+        event_id=event_id(view.workload_id, "completed"),
+        workload_id=view.workload_id,
+        at=now,
+        attempt_id=a.attempt_id,
+        result_path=view.result_path,
     )
 
 
@@ -990,32 +1086,8 @@ def on_event(view: WorkloadView, e: Event, now: float, env: Environment) -> list
             if a is None:
                 return []
             out: list[Action] = [_fence(view, a, now, f"attempt failed: {e.reason}", env.time_scale)]
-            if view.terminal or view.cancel_requested:
-                return out
-            if not e.retryable:
-                out.append(
-                    Emit(
-                        ev.WorkloadFailed(
-                            event_id=event_id(view.workload_id, "workload-failed"),
-                            workload_id=view.workload_id,
-                            at=now,
-                            reason=f"permanent failure (exit code {e.exit_code}) in {a.attempt_id}: {e.reason}",
-                            attempts=len(view.attempts),
-                        )
-                    )
-                )
-            elif failed_attempts(view) > wl.spec.retry.budget:
-                out.append(
-                    Emit(
-                        ev.WorkloadFailed(
-                            event_id=event_id(view.workload_id, "workload-failed"),
-                            workload_id=view.workload_id,
-                            at=now,
-                            reason=f"retry budget of {wl.spec.retry.budget} spent; last: {e.reason}",
-                            attempts=len(view.attempts),
-                        )
-                    )
-                )
+            if (failure := workload_failure(view, now)) is not None:
+                out.append(Emit(failure))
             return out
         case ev.Lost():
             a = view.attempts.get(e.attempt_id)
@@ -1036,7 +1108,7 @@ def on_event(view: WorkloadView, e: Event, now: float, env: Environment) -> list
                 or view.cancel_requested
             ):
                 return []
-            if not (wl.spec.preemptible and wl.spec.checkpoint.path):
+            if not interruptible(wl):
                 return []
             return [_fence(view, a, now, e.reason, env.time_scale)]
         case ev.AttemptCreated():
@@ -1053,12 +1125,8 @@ def on_event(view: WorkloadView, e: Event, now: float, env: Environment) -> list
             return [_fence(view, a, now, f"cancel: attempt created after {when}", env.time_scale)]
         case ev.ReplacementAllowed():
             # the fencer's verdict (strict / fast, DESIGN §7.4); the retry backoff is ours
-            a = view.attempts.get(e.attempt_id)
-            if a is None or not _replacement_due(view, a):
-                return []
-            if now < replacement_not_before(view, a, env.time_scale):
-                return []  # retry backoff: the dispatcher's periodic reconcile requests it once due
-            return [_request_route(view, a, now, f"replacing {a.attempt_id} ({a.status}): {e.reason}", env)]
+            request = replacement_request(view, now, env, allowed=e)
+            return [Emit(request)] if request is not None else []
         case ev.CancelConfirmed():
             a = view.attempts.get(e.attempt_id)
             if a is None:
@@ -1077,33 +1145,10 @@ def on_event(view: WorkloadView, e: Event, now: float, env: Environment) -> list
             if view.status == "completed":
                 return []
             a = view.attempts.get(e.attempt_id)
-            if view.terminal:  # never a second terminal event; only the Job goes
-                return (
-                    [
-                        DeleteJob(
-                            a.cluster,
-                            a.namespace,
-                            a.job_name,
-                            f"promoted after the workload was {view.status}",
-                        )
-                    ]
-                    if a
-                    else []
-                )
-            out = [
-                Emit(
-                    ev.Completed(
-                        event_id=event_id(view.workload_id, "completed"),
-                        workload_id=view.workload_id,
-                        at=now,
-                        attempt_id=e.attempt_id,
-                        result_path=e.result_path,
-                    )
-                )
-            ]
-            if a is not None:
-                out.append(DeleteJob(a.cluster, a.namespace, a.job_name, "completed and promoted"))
-            return out
+            done = completed(view, now)
+            if done is None:  # never a second terminal event; only the Job goes
+                return [DeleteJob(a.cluster, a.namespace, a.job_name, f"promoted after the workload was {view.status}")] if a and view.terminal else []
+            return [Emit(done), *([DeleteJob(a.cluster, a.namespace, a.job_name, "completed and promoted")] if a is not None else [])]
         case _:
             return []
 
@@ -1204,39 +1249,9 @@ def reconcile(
     wl = view.workload
     if wl is None or view.terminal:
         return []
-    out: list[Action] = []
-    for a in view.attempts.values():
-        if (
-            a.status == "succeeded"
-            and not a.fenced
-            and "promote-requested" not in a.times
-            and not view.cancel_requested
-        ):
-            out.append(
-                Emit(
-                    ev.PromoteRequested(
-                        event_id=_eid(a, "promote-requested"),
-                        workload_id=view.workload_id,
-                        at=now,
-                        attempt_id=a.attempt_id,
-                        epoch=a.epoch,
-                        cluster=a.cluster,
-                        output_path=a.output_path,
-                    )
-                )
-            )
-        if a.promoted and view.status != "completed" and view.result_path:
-            out.append(
-                Emit(
-                    ev.Completed(
-                        event_id=event_id(view.workload_id, "completed"),
-                        workload_id=view.workload_id,
-                        at=now,
-                        attempt_id=a.attempt_id,
-                        result_path=view.result_path,
-                    )
-                )
-            )
+    out: list[Action] = [Emit(p) for a in view.attempts.values() if (p := promote_request(view, a, now)) is not None]
+    if (done := completed(view, now)) is not None:
+        out.append(Emit(done))
     if view.cancel_requested:
         return out + on_cancel(view, view.workload_id, "cancel (re-driven)", now, env)
     latest = view.latest_attempt
@@ -1261,32 +1276,9 @@ def reconcile(
                 f"attempt failed: {latest.reason}" if latest.status == "failed" else f"lost: {latest.reason}"
             )
             out.append(_fence(view, latest, now, reason, env.time_scale))
-        if latest.status == "failed" and (
-            _budget_spent(view, wl) or (latest.exit_code is not None and not retryable(wl, latest.exit_code))
-        ):
-            why = (
-                f"retry budget of {wl.spec.retry.budget} spent"
-                if _budget_spent(view, wl)
-                else f"permanent failure (exit code {latest.exit_code})"
-            )
-            out.append(
-                Emit(
-                    ev.WorkloadFailed(
-                        event_id=event_id(view.workload_id, "workload-failed"),
-                        workload_id=view.workload_id,
-                        at=now,
-                        reason=f"{why} in {latest.attempt_id}: {latest.reason}",
-                        attempts=len(view.attempts),
-                    )
-                )
-            )
-        elif "replacement-allowed" in latest.times and _replacement_due(view, latest):
-            if now >= replacement_not_before(view, latest, env.time_scale):
-                out.append(
-                    _request_route(
-                        view, latest, now, f"replacing {latest.attempt_id} ({latest.status}), re-driven", env
-                    )
-                )
+        step = workload_failure(view, now) or replacement_request(view, now, env)
+        if step is not None:
+            out.append(Emit(step))
     return out
 
 
@@ -1306,10 +1298,6 @@ def reconcile_due(view: WorkloadView, env: Environment) -> float:
     ):
         return math.inf
     return replacement_not_before(view, latest, env.time_scale)
-
-
-def _budget_spent(view: WorkloadView, wl: Workload) -> bool:
-    return failed_attempts(view) > wl.spec.retry.budget
 
 
 # --- one dispatch owner per workload: an owner record per workload, a lease per instance

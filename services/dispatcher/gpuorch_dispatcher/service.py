@@ -116,11 +116,6 @@ def observe(job: dict[str, Any], pods: list[dict[str, Any]]) -> core.JobObservat
     )
 
 
-#: Seconds between two processes' clocks that `absent_for_sure` allows for (attempt-created's `at`
-#: is the creating dispatcher's clock; the cache's completeness time is ours).
-CLOCK_MARGIN = 1.0
-
-
 def informers_for(cc: ClusterClient, probe_interval: float = PROBE_INTERVAL) -> ClusterInformers:
     """gpuorch's Jobs and pods of one cluster (its label, its namespace), list-then-watch."""
     group = ClusterInformers(cc.name, probe=cc.probe, probe_interval=probe_interval)
@@ -765,14 +760,11 @@ class Dispatcher:
         heapq.heappush(self.due, (at, workload_id))
 
     def absent_for_sure(self, jobs: Informer, a: AttemptView) -> bool:
-        """May a Job missing from the cache be called missing? Ours: once the cache's
-        resourceVersion covers our create. Another dispatcher's (a take-over): once the cache
-        was complete at a time past the attempt's `attempt-created` (plus CLOCK_MARGIN)."""
-        rv = self.created_rv.get(a.attempt_id)
-        if rv is not None:
-            return jobs.covers(rv)
-        done, made = jobs.complete_at, a.times.get("created")
-        return done is not None and (made is None or done > made + CLOCK_MARGIN)
+        """May a Job missing from the cache be called missing (`core.absent_for_sure`, with what
+        this process created and what the cache has seen)?"""
+        return core.absent_for_sure(
+            a, created_rv=self.created_rv.get(a.attempt_id), cache_rv=jobs.resource_version, complete_at=jobs.complete_at
+        )
 
     def fold_contacts(self) -> None:
         """The informers' facts (each call answered or not, with its time) through `core.contact`."""
@@ -790,7 +782,7 @@ class Dispatcher:
             self.fold_contacts()
             now = time.time()
             # a cluster that went silent: every attempt there is looked at (lost, when it is)
-            everything = any(inf.failing or not inf.synced for inf in self.informers.values())
+            everything = any(not core.answering(failing=inf.failing, synced=inf.synced) for inf in self.informers.values())
             began, looked = time.perf_counter(), self.to_look_at(now)
             views = self.follower.projection.workloads.values() if looked is None or everything else looked
             for cluster, items in core.watched(views, self.owned).items():
@@ -798,10 +790,8 @@ class Dispatcher:
                 if inf is None:
                     continue
                 now = time.time()
-                if inf.failing or not inf.synced:
-                    why = core.silence(
-                        self.contacts.get(cluster) or core.contact(None, False, now), now, self.lost_after
-                    )
+                if not core.answering(failing=inf.failing, synced=inf.synced):
+                    why = core.silent_for(self.contacts.get(cluster), now, self.lost_after)
                     if why is not None:
                         for view, a in items:
                             acts = core.lost(view, a, now, f"{cluster} {why} ({inf.error or 'not synced'})")
@@ -859,7 +849,7 @@ class Dispatcher:
         await every(stop, self.interval, tick, name="watch", wake=wake)
 
     async def run(self, stop: asyncio.Event) -> None:
-        nc = await self.settings.connect("gpuorch-dispatcher")  # its own identity (GPUORCH_NATS_CREDS)
+        nc = await bus.connect_as(self.settings, "gpuorch-dispatcher")  # its own identity (GPUORCH_NATS_CREDS)
         for inf in self.informers.values():
             inf.start()
         try:

@@ -12,7 +12,7 @@ promoted; an attempt whose epoch is not the current one never is.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from dataclasses import replace as _dc_replace
 from typing import Any, Literal
@@ -22,7 +22,7 @@ from msgspec.structs import replace
 from gpuorch.projection import WorkloadView
 from gpuorch_proto import FenceRecord, event_id
 from gpuorch_proto import events as ev
-from gpuorch_proto.k8s import LABEL_ATTEMPT, LABEL_EPOCH, LABEL_WORKLOAD
+from gpuorch_proto.k8s import LABEL_ATTEMPT, LABEL_EPOCH, LABEL_WORKLOAD, NAMESPACE
 from gpuorch_proto.storage import Manifest, StoreError, attempt_prefix, manifest_key, parse_url
 from gpuorch_proto.subjects import valid_token
 from gpuorch_proto.units import parse_duration
@@ -160,6 +160,15 @@ class AttemptFacts:
     succeeded: bool  # its `succeeded` is on record
 
 
+def attempt_facts(view: WorkloadView | None, attempt_id: str) -> AttemptFacts:
+    """What the fencer's projection of the log says about an attempt (`AttemptFacts`)."""
+    a = view.attempts.get(attempt_id) if view is not None else None
+    return AttemptFacts(
+        created_epoch=a.epoch if a is not None and "created" in a.times else None,
+        succeeded=a is not None and a.status == "succeeded",
+    )
+
+
 def attempt_url(store_url: str, workload_id: str, attempt_id: str) -> str | None:
     """`<store URL>/<workload>/attempts/<attempt>`: the only prefix an attempt may publish from
     (`gpuorch_proto.storage.attempt_prefix` in the store's root URL). None when an id is not a
@@ -197,6 +206,65 @@ def promotion_problem(e: ev.PromoteRequested, facts: AttemptFacts, expected_url:
     if e.output_path.rstrip("/") != expected_url:
         return f"output path {e.output_path[:200]!r} is not the attempt's prefix {expected_url!r}"
     return None
+
+
+def promotion_source(
+    view: WorkloadView | None,
+    e: ev.PromoteRequested,
+    store_url: Callable[[str], str],
+    known_stores: Container[str] | None,
+) -> tuple[str | None, str | None]:
+    """(store, problem) of a promotion, from the fencer's own records only: the attempt as its
+    projection has it (`attempt_facts`), the workload's output store, which must be one of
+    `known_stores` (the registry's; None: no registry to check against), and the attempt's prefix
+    in it (`attempt_url` of the store's root URL, `store_url`: never a path the event carries;
+    the event's `output_path` must be exactly that prefix, `promotion_problem`)."""
+    facts = attempt_facts(view, e.attempt_id)
+    store = view.workload.spec.output.store if view is not None and view.workload is not None else None
+    if store is None or (known_stores is not None and store not in known_stores):
+        return None, promotion_problem(e, facts, None)
+    return store, promotion_problem(e, facts, attempt_url(store_url(store), e.workload_id, e.attempt_id))
+
+
+PromotionGate = Literal["promote", "defer", "refuse"]
+
+
+def promotion_gate(view: WorkloadView | None, e: ev.PromoteRequested, store: str | None, problem: str | None) -> PromotionGate:
+    """What becomes of a promotion request before the compare-and-set, given its `promotion_source`:
+    `promote` when nothing on the fencer's records is against it; `defer` while its attempt's
+    `attempt-created` is not on record yet (the dispatcher may publish it after the attempt's first
+    events: `deferred_promotion` brings the request back once it is); else `refuse` it as a
+    message, with the problem (the attempt is left untouched)."""
+    if problem is None and store is not None:
+        return "promote"
+    if problem is not None and attempt_facts(view, e.attempt_id).created_epoch is None:
+        return "defer"
+    return "refuse"
+
+
+def registered(rec: FenceRecord | None, e: ev.PromoteRequested, created_epoch: int | None) -> FenceRecord | None:
+    """The fence record a promotion is decided on. The bucket's; or, when it has none but the
+    attempt's `attempt-created` is on the fencer's record (`created_epoch`: its registration by
+    `on_attempt_created` is still on its way, redelivered after a crash), the record that
+    registration writes (`on_attempt_created` on no record: its epoch, it current). Without
+    either, none (`on_promote_requested` refuses, with the reason)."""
+    if rec is None and created_epoch is not None:
+        return FenceRecord(epoch=created_epoch, current_attempt=e.attempt_id)
+    return rec
+
+
+def decide_promotion(
+    rec: FenceRecord | None,
+    e: ev.PromoteRequested,
+    now: float,
+    result_path: str,
+    outputs: Manifest | str,
+    *,
+    created_epoch: int | None,
+) -> Decision:
+    """The compare-and-set's decision on a promotion: `on_promote_requested` on the record as
+    `registered` makes it (the shell and the simulation call this, once per read of the record)."""
+    return on_promote_requested(registered(rec, e, created_epoch), e, now, result_path, outputs)
 
 
 def _promoted(e: ev.PromoteRequested, now: float, result_path: str, manifest: Manifest | None) -> ev.Promoted:
@@ -255,6 +323,20 @@ def manifest_conflict(e: ev.PromoteRequested, current_epoch: int, reason: str, n
     overwritten, and the conflict is recorded with its reason for the operators. The record keeps
     the promotion (no other attempt may ever publish); the workload gets no `promoted`."""
     return promotion_rejected(e, current_epoch, f"result manifest conflict: {reason}", now)
+
+
+def confirm_how(*, deleted: bool, pods_left: int, job_exists: bool | None, cluster_known: bool = True) -> ConfirmHow | None:
+    """What a pursuit's calls mean: is the Job confirmed gone, and how? Only once no pod of it is
+    left (terminating pods may still write) and the Job itself is not found: `deleted` when a
+    delete of ours was accepted, `already-gone` when it was never there for us. None: not yet
+    (pods left, the Job still there, or not read: `job_exists` None). A Job on a cluster the
+    fencer has no client for (not in its kubeconfig) is `already-gone`: nothing of gpuorch's
+    can run there."""
+    if not cluster_known:
+        return "already-gone"
+    if pods_left or job_exists is None or job_exists:
+        return None
+    return "deleted" if deleted else "already-gone"
 
 
 def cancel_confirmed(e: ev.AttemptEvent, now: float, how: ConfirmHow) -> ev.CancelConfirmed:
@@ -353,6 +435,41 @@ class Pursuit:
     def attempt_event(self) -> ev.AttemptEvent:
         """The attempt's identity as the event builders take it."""
         return ev.Admitted(workload_id=self.workload_id, at=0.0, attempt_id=self.attempt_id, epoch=self.epoch, cluster=self.cluster)
+
+
+def pursuit_of(
+    view: WorkloadView | None,
+    e: ev.AttemptEvent,
+    lease_expires_at: float,
+    orphan_reason: str | None = None,
+    *,
+    replacement_pending: bool = False,
+) -> Pursuit:
+    """The pursuit of an attempt's Job: its name and namespace as the fencer's projection has
+    them (an attempt it has not seen created: the attempt id, in gpuorch's namespace)."""
+    a = view.attempts.get(e.attempt_id) if view is not None else None
+    job = a.job_name if a is not None and a.job_name else e.attempt_id
+    ns = a.namespace if a is not None else NAMESPACE
+    return Pursuit(e.workload_id, e.attempt_id, e.epoch, e.cluster, ns, job, lease_expires_at, orphan_reason, replacement_pending=replacement_pending)
+
+
+REJECTED_ORPHAN = "promotion rejected: "  # an orphan's reason, after a refused promotion
+
+
+def pursuit_after(view: WorkloadView | None, e: ev.AttemptEvent, d: Decision, now: float) -> Pursuit | None:
+    """What a decision that deletes the attempt's Job (`Decision.delete_job`) pursues (None:
+    nothing). A fence: the attempt, presumed dead at the lease `fence-requested` names, its strict
+    verdict pending unless the bump gave it (`replacement_now`). A refused promotion: the Job as an
+    orphan, with the refusal's reasons. An attempt born stale: its Job, at once."""
+    if not d.delete_job:
+        return None
+    if isinstance(e, ev.FenceRequested):
+        allowed = any(isinstance(x, ev.ReplacementAllowed) for x in d.events)
+        return pursuit_of(view, e, e.lease_expires_at, replacement_pending=not allowed)
+    if isinstance(e, ev.PromoteRequested):
+        why = "; ".join(x.reason for x in d.events if isinstance(x, ev.PromotionRejected))
+        return pursuit_of(view, e, now, REJECTED_ORPHAN + why)
+    return pursuit_of(view, e, now)
 
 
 LEASE_EXPIRED_ORPHAN = "lease expired while unreachable"

@@ -228,13 +228,15 @@ class Fencer:
         is tried again later (`Retry`), before or after the compare-and-set (a redelivered
         promotion of the promoted attempt publishes the same manifest)."""
         store, problem = self.promotion_source(e)
-        if problem is not None and self.not_created_yet(e):
+        view = self.follower.projection.get(e.workload_id)
+        gate = core.promotion_gate(view, e, store, problem)
+        if gate == "defer":
             log.info("promotion.deferred", workload=e.workload_id, attempt=e.attempt_id, reason=problem)
             return []
-        if problem is not None or store is None:
+        if gate == "refuse" or store is None:
             log.warning("promotion.refused", workload=e.workload_id, attempt=e.attempt_id, reason=problem)
             raise Reject(f"promotion refused: {problem}", claimed_workload_id=e.workload_id)
-        created_epoch = self.created_epoch(e)
+        created_epoch = core.attempt_facts(view, e.attempt_id).created_epoch
         result = core.result_url(self.stores.url(store), e.workload_id) or ""
         try:
             outputs = await publish.prepare(self.stores[store], e.workload_id, e.attempt_id, e.epoch, now)
@@ -242,21 +244,15 @@ class Fencer:
             log.warning("promotion.store_unavailable", workload=e.workload_id, attempt=e.attempt_id, error=str(exc))
             raise Retry(self.store_retry, f"promotion of {e.attempt_id} waits for its store: {exc}") from exc
 
-        def decide(rec: FenceRecord | None) -> core.Decision:
-            if rec is None and created_epoch is not None:
-                # its attempt-created is on the fencer's record (the log) but its registration is
-                # still on its way (redelivered after a crash): register it as that would have
-                rec = FenceRecord(epoch=created_epoch, current_attempt=e.attempt_id)
-            return core.on_promote_requested(rec, e, now, result, outputs)
-
-        d = await self.cas(e.workload_id, decide)
+        d = await self.cas(
+            e.workload_id, lambda rec: core.decide_promotion(rec, e, now, result, outputs, created_epoch=created_epoch)
+        )
         events = list(d.events)
         if d.promote is not None:
             events = await self.publish_result(e, store, d, now)
         elif isinstance(outputs, str):
             log.warning("promotion.rejected", workload=e.workload_id, attempt=e.attempt_id, reason=outputs)
-        if d.delete_job:
-            self.pursue(e, now, orphan_reason="promotion rejected: " + "; ".join(getattr(x, "reason", "") for x in d.events if isinstance(x, ev.PromotionRejected)))
+        self.pursue(core.pursuit_after(self.follower.projection.get(e.workload_id), e, d, now))
         return events
 
     async def publish_result(self, e: ev.PromoteRequested, store: str, d: core.Decision, now: float) -> list[ev.Base]:
@@ -273,51 +269,28 @@ class Fencer:
         if done.outcome == "conflict":
             log.error("promotion.manifest_conflict", workload=e.workload_id, attempt=e.attempt_id, manifest=done.url, reason=done.reason)
             rec = await self.record(e.workload_id)
-            self.pursue(e, now, orphan_reason="promotion rejected: result manifest conflict")  # its Job has no use left
+            # its Job has no use left
+            self.pursue(core.pursuit_of(self.follower.projection.get(e.workload_id), e, now, core.REJECTED_ORPHAN + "result manifest conflict"))
             return [core.manifest_conflict(e, rec.epoch if rec is not None else e.epoch, done.reason, now)]
         assert done.manifest is not None
         size = done.manifest.total_bytes  # what a dependent stage reads
         log.info("promotion.done", workload=e.workload_id, attempt=e.attempt_id, result=d.promote.result_path, bytes=size, manifest=done.outcome)
         return [msgspec.structs.replace(x, result_bytes=size) if isinstance(x, ev.Promoted) else x for x in d.events]
 
-    def created_epoch(self, e: ev.AttemptEvent) -> int | None:
-        """The epoch of the attempt's `attempt-created` as the fencer's projection has it."""
-        view = self.follower.projection.get(e.workload_id)
-        a = view.attempts.get(e.attempt_id) if view is not None else None
-        return a.epoch if a is not None and "created" in a.times else None
-
-    def not_created_yet(self, e: ev.AttemptEvent) -> bool:
-        return self.created_epoch(e) is None
-
     def deferred_promotion(self, e: ev.AttemptCreated) -> ev.PromoteRequested | None:
         """The promotion request of this attempt that arrived before its `attempt-created` (`core.deferred_promotion`)."""
         return core.deferred_promotion(self.follower.projection.get(e.workload_id), e)
 
     def promotion_source(self, e: ev.PromoteRequested) -> tuple[str | None, str | None]:
-        """(store, problem) of a promotion, from the fencer's own records only: the attempt as
-        its projection has it, the workload's output store, which must be the registry's, and
-        the attempt's prefix in it (`core.attempt_url`: never a path the event carries; the
-        event's `output_path` must be exactly that prefix)."""
-        view = self.follower.projection.get(e.workload_id)
-        a = view.attempts.get(e.attempt_id) if view is not None else None
-        facts = core.AttemptFacts(
-            created_epoch=a.epoch if a is not None and "created" in a.times else None,
-            succeeded=a is not None and a.status == "succeeded",
-        )
-        store = view.workload.spec.output.store if view is not None and view.workload is not None else None
+        """(store, problem) of a promotion (`core.promotion_source`), with this fencer's
+        projection, its stores' URLs and the registry's store names."""
         known = set(self.store_names) if self.store_names is not None else None
-        if store is None or (known is not None and store not in known):
-            return None, core.promotion_problem(e, facts, None)
-        expected = core.attempt_url(self.stores.url(store), e.workload_id, e.attempt_id)
-        return store, core.promotion_problem(e, facts, expected)
+        return core.promotion_source(self.follower.projection.get(e.workload_id), e, self.stores.url, known)
 
-    def pursue(self, e: ev.AttemptEvent, lease_expires_at: float, orphan_reason: str | None = None, *, replacement_pending: bool = False) -> None:
-        view = self.follower.projection.get(e.workload_id)
-        a = view.attempts.get(e.attempt_id) if view else None
-        job = a.job_name if a and a.job_name else e.attempt_id
-        ns = a.namespace if a else NAMESPACE
-        if e.attempt_id not in self.pursuits:
-            self.pursuits[e.attempt_id] = core.Pursuit(e.workload_id, e.attempt_id, e.epoch, e.cluster, ns, job, lease_expires_at, orphan_reason, replacement_pending=replacement_pending)
+    def pursue(self, p: core.Pursuit | None) -> None:
+        """Pursue `p` (`core.pursuit_after`, `core.pursuit_of`), unless its attempt is pursued already."""
+        if p is not None:
+            self.pursuits.setdefault(p.attempt_id, p)
 
     # --- handler --------------------------------------------------------------------------------
     async def on_event(self, msg: Incoming) -> Sequence[ev.Base]:
@@ -328,15 +301,12 @@ class Fencer:
         now = time.time()
         if isinstance(e, ev.AttemptCreated):
             d = await self.cas(e.workload_id, lambda r: core.on_attempt_created(r, e, now))
-            if d.delete_job:
-                self.pursue(e, now)
+            self.pursue(core.pursuit_after(self.follower.projection.get(e.workload_id), e, d, now))
             waiting = self.deferred_promotion(e)
             return [*d.events, *(await self.promote(waiting, now) if waiting is not None else [])]
         if isinstance(e, ev.FenceRequested):
             d = await self.cas(e.workload_id, lambda r: core.on_fence_requested(r, e, now))
-            if d.delete_job:
-                allowed = any(isinstance(x, ev.ReplacementAllowed) for x in d.events)
-                self.pursue(e, e.lease_expires_at, replacement_pending=not allowed)
+            self.pursue(core.pursuit_after(self.follower.projection.get(e.workload_id), e, d, now))
             log.info("fence.bumped", workload=e.workload_id, attempt=e.attempt_id, events=len(d.events))
             return d.events
         if isinstance(e, ev.PromoteRequested):
@@ -345,7 +315,8 @@ class Fencer:
 
     # --- cancellation pursuit and orphan collection --------------------------------------------
     def _delete_and_check(self, cc: ClusterClient, p: core.Pursuit) -> core.ConfirmHow | None:
-        """Delete the Job; return how it is confirmed gone, or None while pods remain."""
+        """Delete the Job, and any pod of it left behind; what the answers mean is `core.confirm_how`
+        (the Job is read only once no pod is left: until then it is not confirmed anyway)."""
         try:
             cc.batch.delete_namespaced_job(p.job_name, p.namespace, propagation_policy="Foreground", grace_period_seconds=5, _request_timeout=TIMEOUT)
             p.deleted = True
@@ -353,21 +324,23 @@ class Fencer:
             if exc.status != 404:
                 raise
         pods = cc.sanitize(cc.core.list_namespaced_pod(p.namespace, label_selector=f"{LABEL_JOB_NAME}={p.job_name}", _request_timeout=TIMEOUT))
-        if pods.get("items"):
-            for pod in pods["items"]:  # a pod left behind by an orphan-propagation delete
-                try:
-                    cc.core.delete_namespaced_pod(pod["metadata"]["name"], p.namespace, grace_period_seconds=5, _request_timeout=TIMEOUT)
-                except ApiException as exc:
-                    if exc.status != 404:
-                        raise
-            return None
-        try:
-            cc.batch.read_namespaced_job(p.job_name, p.namespace, _request_timeout=TIMEOUT)
-            return None
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-        return "deleted" if p.deleted else "already-gone"
+        left = pods.get("items") or []
+        for pod in left:  # a pod left behind by an orphan-propagation delete
+            try:
+                cc.core.delete_namespaced_pod(pod["metadata"]["name"], p.namespace, grace_period_seconds=5, _request_timeout=TIMEOUT)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        exists: bool | None = None
+        if not left:
+            try:
+                cc.batch.read_namespaced_job(p.job_name, p.namespace, _request_timeout=TIMEOUT)
+                exists = True
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                exists = False
+        return core.confirm_how(deleted=p.deleted, pods_left=len(left), job_exists=exists)
 
     async def pursue_loop(self, stop: asyncio.Event) -> None:
         async def tick() -> None:
@@ -385,7 +358,7 @@ class Fencer:
         how: core.ConfirmHow | None = None
         try:
             if cc is None:
-                how = "already-gone"
+                how = core.confirm_how(deleted=False, pods_left=0, job_exists=None, cluster_known=False)
             else:
                 how = await asyncio.to_thread(self._delete_and_check, cc, p)
         except Exception as exc:
@@ -508,7 +481,7 @@ class Fencer:
             self.pursuits.setdefault(p.attempt_id, p)
 
     async def run(self, stop: asyncio.Event) -> None:
-        nc = await self.settings.connect("gpuorch-fencer")  # its own identity (GPUORCH_NATS_CREDS)
+        nc = await bus.connect_as(self.settings, "gpuorch-fencer")  # its own identity (GPUORCH_NATS_CREDS)
         try:
             js = self.js = nc.jetstream()
             await bus.await_topology(js, self.names)  # created by the admin identity

@@ -300,7 +300,7 @@ class Inventory:
         loop = asyncio.get_running_loop()
         # one worker per cluster, so a hung cluster never delays another's listing
         loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=len(self.clients) + 2))
-        nc = await self.settings.connect("gpuorch-inventory")  # its own identity (GPUORCH_NATS_CREDS)
+        nc = await bus.connect_as(self.settings, "gpuorch-inventory")  # its own identity (GPUORCH_NATS_CREDS)
         tasks: list[asyncio.Task[None]] = []
         try:
             js = nc.jetstream()

@@ -83,13 +83,13 @@ class RouterState:
     last_seq: int = 0  # the highest sequence folded in
     seqs: dict[str, int] = field(default_factory=dict)  # the last sequence folded in, per workload
     # preemption (gpuorch_router.preempt): victim workload -> (preemptor, when); attempt -> preemptor;
-    # `preemption-planned` per workload (their ids count); workloads that finished
+    # `preemption-planned` in the log per workload (their ids count); workloads that finished
     preempted: dict[str, tuple[str, float]] = field(default_factory=dict)
     preempting: dict[str, str] = field(default_factory=dict)
     planned: dict[str, int] = field(default_factory=dict)
     done: set[str] = field(default_factory=set)
     placed: dict[str, float] = field(default_factory=dict)  # workload -> its latest admitted / running
-    plans: dict[str, tuple[object, ...]] = field(default_factory=dict)  # the last plan published, per workload
+    plans: dict[str, tuple[object, ...]] = field(default_factory=dict)  # the latest plan's signature in the log
     stage_inputs: dict[str, list[ev.StageInput]] = field(default_factory=dict)  # a stage's `stage-ready` inputs
     # equal signatures as one tuple (one is kept per workload; most routed decisions have one of a
     # few): a cache, not folded state (not in a snapshot, not compared)
@@ -135,6 +135,7 @@ class RouterState:
             self.preempting[e.attempt_id] = e.preemptor
         elif isinstance(e, ev.PreemptionPlanned):
             self.planned[wid] = self.planned.get(wid, 0) + 1
+            self.plans[wid] = preempt.planned_signature(e)
         elif isinstance(e, ev.Completed | ev.Cancelled | ev.WorkloadFailed) or (isinstance(e, ev.Rejected) and e.decision is not None):
             self.done.add(wid)
             self._forget(wid)
@@ -431,9 +432,15 @@ def preemptions(
     """Level-triggered, every round: `preempt.plan` for each workload with a priority that waits
     for capacity (in the router: its waiting decision's capacity-only clusters; or queued at its
     destination: that cluster). `preemption-planned` (whose GPUs it waits for, who is preempted)
-    and a `preemption-requested` per victim, each only when its plan changed. `candidates`: the
+    and a `preemption-requested` per victim, each only when its plan differs from the latest one
+    in the log (`RouterState.plans`, folded by `apply`). `candidates`: the
     views among `views` that may be such a workload (every one with a priority above 0; default:
-    all of `views`), so that a round need not look at every workload when few have a priority."""
+    all of `views`), so that a round need not look at every workload when few have a priority.
+
+    Pure: `state` is only read. A plan is on record once its `preemption-planned` is folded back
+    (the k-th of a workload has id `<wid>.preemption-planned.<k>`), so a publish that failed is
+    decided again by the next round, and one published but not folded back yet is decided again
+    with the same ids (JetStream's de-duplication drops the second)."""
     views = list(views) if candidates is None else views
     waiting: list[tuple[WorkloadView, Workload, list[str]]] = []
     for v in views if candidates is None else candidates:
@@ -455,7 +462,5 @@ def preemptions(
         p = preempt.plan(wid, wl, where, holders, free, in_flight)
         if not p.waits or state.plans.get(wid) == p.signature:
             continue
-        state.plans[wid] = p.signature
-        k = state.planned[wid] = state.planned.get(wid, 0) + 1
-        out += p.events(now, k)
+        out += p.events(now, state.planned.get(wid, 0) + 1)
     return out

@@ -5,9 +5,9 @@ with reasons out. No I/O, no clock (checked by tests/test_layering.py). See docs
 "Preemption".
 
 A higher-priority workload that waits for capacity may take the GPUs of lower-priority attempts
-only if each of them is **interruptible**: its workload declares `spec.preemptible: true`, which
-validation accepts only with a checkpoint (`spec.checkpoint.path`, DESIGN §7: interruptible work
-must declare checkpointing). Anything else is never preempted, whatever its priority. `plan` is
+only if each of them is **interruptible** (`gpuorch_proto.workload.interruptible`): its workload
+declares `spec.preemptible: true`, which validation accepts only with a checkpoint
+(`spec.checkpoint.path`, DESIGN §7: interruptible work must declare checkpointing). Anything else is never preempted, whatever its priority. `plan` is
 the one place that decides; it never names a victim that is not interruptible (a property test).
 
 What happens to a victim is the existing machinery, nothing new: the router publishes
@@ -35,17 +35,13 @@ from dataclasses import dataclass
 from gpuorch_proto import RoutingDecision, Workload, event_id
 from gpuorch_proto import events as ev
 from gpuorch_proto.inventory import ClusterSnapshot
+from gpuorch_proto.workload import interruptible
 
 #: How long a preempted workload's replacement waits for its preemptor to be routed before it is
 #: routed anyway (the preemptor may have been placed elsewhere or cancelled in the meantime).
 YIELD_FOR = 120.0
 
 PREEMPTED_BY = "preempted by "  # the fence reason's prefix: the dispatcher's record of why
-
-
-def interruptible(wl: Workload) -> bool:
-    """Declared interruptible and checkpointing: the only work that may ever be preempted."""
-    return wl.spec.preemptible and bool(wl.spec.checkpoint.path)
 
 
 def gpus_of(wl: Workload) -> float:
@@ -82,11 +78,7 @@ class Plan:
     @property
     def signature(self) -> tuple[object, ...]:
         """What `explain` shows, without times: re-publish `preemption-planned` only on a change."""
-        return (
-            self.cluster,
-            tuple(h.attempt_id for h in self.victims),
-            tuple((w.attempt_id, w.preempt) for w in self.waits),
-        )
+        return signature(self.cluster, [h.attempt_id for h in self.victims], self.waits)
 
     def events(self, now: float, k: int = 1) -> list[ev.Base]:
         """`preemption-planned` (the k-th for this workload) and one `preemption-requested` per victim."""
@@ -118,6 +110,19 @@ class Plan:
                 )
             )
         return out
+
+
+def signature(cluster: str | None, victims: Iterable[str], waits: Iterable[ev.PreemptionWait]) -> tuple[object, ...]:
+    """A plan's signature: where, whom, and whose GPUs it waits for (each preempted or not), without
+    times or messages. The same for a `Plan` (`Plan.signature`) and for the `preemption-planned` it
+    published (`planned_signature`), so the router compares what it would publish now with what the
+    log holds."""
+    return (cluster, tuple(victims), tuple((w.attempt_id, w.preempt) for w in waits))
+
+
+def planned_signature(e: ev.PreemptionPlanned) -> tuple[object, ...]:
+    """The signature of a published plan (`signature`), as the router folds it from the log."""
+    return signature(e.cluster, e.victims, e.waits)
 
 
 def capacity_clusters(decision: RoutingDecision) -> list[str]:

@@ -43,7 +43,8 @@ from gpuorch_proto import (
     workload_id_for,
 )
 from gpuorch_proto import events as ev
-from gpuorch_proto.policy import AdmissionPolicy, PolicyError, load_policy_yaml, node_constraint_errors
+from gpuorch_proto.codec import load_policy_yaml
+from gpuorch_proto.policy import AdmissionPolicy, PolicyError, node_constraint_errors
 from gpuorch_proto.validate import body_size_error
 
 from . import core, fairshare
@@ -416,7 +417,7 @@ class Router:
         return n
 
     async def run(self, stop: asyncio.Event) -> None:
-        nc = await self.settings.connect("gpuorch-router")  # its own identity (GPUORCH_NATS_CREDS)
+        nc = await bus.connect_as(self.settings, "gpuorch-router")  # its own identity (GPUORCH_NATS_CREDS)
         try:
             js = nc.jetstream()
             await bus.await_topology(js, self.names)  # created by the admin identity
