@@ -6,6 +6,7 @@
   gpuorch restart SERVICE                      restart one service (router|dispatcher|fencer|inventory)
   gpuorch submit FILE [--wait] [--key K]       submit a workload (YAML or JSON)
   gpuorch get ID | list | events [ID] [--follow] | clusters | explain ID | cancel ID
+  gpuorch queues [--policy FILE]               per queue and owner: limits, budgets, running, held (why), fair share, oldest waiting
   gpuorch result ID [--get KEY]                a workload's result: its manifest, or one object's bytes
   gpuorch report [--since 2h] [--cluster C] [--plot DIR]   per destination: delays, GPU-hours per result, cleanup
   gpuorch web [--host 127.0.0.1] [--port 8765] [--base-path /gpuorch]   read-only web view, live from the event stream
@@ -409,6 +410,12 @@ async def cmd_report(ns: argparse.Namespace, s: Settings) -> int:
     return await run_report(ns, s)
 
 
+async def cmd_queues(ns: argparse.Namespace, s: Settings) -> int:
+    from gpuorch.observe.queues import run_queues
+
+    return await run_queues(ns, s)
+
+
 async def cmd_cancel(ns: argparse.Namespace, s: Settings) -> int:
     async with Client(s.nats_url, s.names, creds=s.nats_creds) as c:
         await c.cancel(ns.id, ns.reason)
@@ -565,6 +572,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--follow", "-f", action="store_true")
     out(sub.add_parser("clusters", help="capacity snapshots"))
     out(sub.add_parser("explain", help="why here, why not there, why still waiting")).add_argument("id")
+    from gpuorch.observe.queues import add_queues_arguments
+
+    add_queues_arguments(out(sub.add_parser("queues", help="per queue and owner: limits, budgets, running, held and why, fair share, oldest waiting; cluster queues")))
     p = out(sub.add_parser("cancel", help="cancel a workload in any state"))
     p.add_argument("id")
     p.add_argument("--reason", default="requested by user")
@@ -608,7 +618,7 @@ def cmd_settings(ns: argparse.Namespace) -> int:
 
 
 ASYNC = {"submit": cmd_submit, "get": cmd_get, "result": cmd_result, "logs": cmd_logs, "list": cmd_list, "events": cmd_events,
-         "clusters": cmd_clusters, "explain": cmd_explain, "cancel": cmd_cancel, "report": cmd_report}
+         "clusters": cmd_clusters, "explain": cmd_explain, "queues": cmd_queues, "cancel": cmd_cancel, "report": cmd_report}
 
 
 

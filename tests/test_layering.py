@@ -24,6 +24,7 @@ PURE = [
     "gpuorch_router.core",
     "gpuorch_router.fairshare",
     "gpuorch_router.preempt",
+    "gpuorch_router.queues",
     "gpuorch_dispatcher.core",
     "gpuorch_fencer.core",
     "gpuorch_inventory.core",

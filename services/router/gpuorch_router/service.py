@@ -58,15 +58,21 @@ log = structlog.get_logger("gpuorch.router")
 GATE_RESEND_AFTER = 10.0  # seconds: a gate decision not seen in the log by then is published again
 
 
-def load_admission_policy(registry: Path) -> AdmissionPolicy:
-    """The admission policy (docs/pipelines.md) named next to the cluster registry: the clusters
-    file's `admission_policy: <file>` (relative to it). None named: one `default` queue open to
-    everyone, no limits. A bad policy stops the router with what is wrong and where."""
+def admission_policy_path(registry: Path) -> Path | None:
+    """The admission policy file the clusters file names (`admission_policy: <file>`, relative to
+    it); None: it names none. `gpuorch queues` reads the same file."""
     doc = yaml.safe_load(registry.read_text()) or {}
     name = doc.get("admission_policy") if isinstance(doc, dict) else None
-    if not name:
+    return (registry.parent / str(name)).resolve() if name else None
+
+
+def load_admission_policy(registry: Path) -> AdmissionPolicy:
+    """The admission policy (docs/pipelines.md) named next to the cluster registry
+    (`admission_policy_path`). None named: one `default` queue open to everyone, no limits. A bad
+    policy stops the router with what is wrong and where."""
+    path = admission_policy_path(registry)
+    if path is None:
         return AdmissionPolicy()
-    path = (registry.parent / str(name)).resolve()
     try:
         return load_policy_yaml(path.read_text())
     except (OSError, PolicyError, yaml.YAMLError) as exc:
