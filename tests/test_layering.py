@@ -31,6 +31,7 @@ PURE = [
     "gpuorch.projection",
     "gpuorch.invariants",
     "gpuorch.backoff",
+    "gpuorch.liveness",
     "gpuorch.observe.browse",
     "gpuorch.observe.dag",
     "gpuorch.observe.capacity",

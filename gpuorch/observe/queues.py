@@ -17,7 +17,8 @@ import msgspec
 import yaml
 
 from gpuorch.config import Settings
-from gpuorch_proto.policy import AdmissionPolicy, PolicyError, load_policy_yaml
+from gpuorch_proto.codec import load_policy_yaml
+from gpuorch_proto.policy import AdmissionPolicy, PolicyError
 
 
 class PolicyUnreadable(Exception):

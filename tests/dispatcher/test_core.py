@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuorch import liveness
 from gpuorch.projection import Projection
 from gpuorch_dispatcher import core
 from gpuorch_proto import ClusterRegistryEntry, RoutingDecision, Workload, workload_from_obj
@@ -885,41 +886,41 @@ def test_strict_attempt_that_succeeds_after_its_fence_is_replaced() -> None:
 def test_one_failed_call_after_a_quiet_period_is_not_a_loss() -> None:
     """The bug: the last answer was refreshed only while a cluster had live attempts, so after an
     hour without any, the first failed call made its new attempts lost at once."""
-    c = core.contact(None, True, 0.0)  # answered, then nothing to ask for an hour
-    c = core.contact(c, False, 3600.0)
-    assert core.silence(c, 3600.0, lost_after=3.0) is None
-    c = core.contact(c, False, 3602.0)
-    assert core.silence(c, 3602.0, lost_after=3.0) is None
-    c = core.contact(c, False, 3603.5)
-    why = core.silence(c, 3603.5, lost_after=3.0)
+    c = liveness.contact(None, True, 0.0)  # answered, then nothing to ask for an hour
+    c = liveness.contact(c, False, 3600.0)
+    assert liveness.silence(c, 3600.0, lost_after=3.0) is None
+    c = liveness.contact(c, False, 3602.0)
+    assert liveness.silence(c, 3602.0, lost_after=3.0) is None
+    c = liveness.contact(c, False, 3603.5)
+    why = liveness.silence(c, 3603.5, lost_after=3.0)
     assert why is not None and "3.5s" in why and "last answer 3603.5s ago" in why
-    c = core.contact(c, True, 3604.0)  # it answers again: the count starts over
-    assert core.silence(core.contact(c, False, 3610.0), 3610.0, lost_after=3.0) is None
+    c = liveness.contact(c, True, 3604.0)  # it answers again: the count starts over
+    assert liveness.silence(liveness.contact(c, False, 3610.0), 3610.0, lost_after=3.0) is None
 
 
 def test_silence_needs_a_failed_call_now_not_only_time_since_the_first() -> None:
     """Issue 27: time alone proves nothing. A cluster that failed at 0.0 and whose next call is
     not due until 3.4 (a retry backing off) may have healed at 1.5: no loss until a call made at
     least LOST_AFTER after the first failure fails too."""
-    c = core.contact(core.contact(None, True, -1.0), False, 0.0)
-    assert core.silence(c, 3.4, lost_after=3.0) is None, "no call failed since 0.0: no evidence"
-    c = core.contact(c, False, 1.0)
-    assert core.silence(c, 5.0, lost_after=3.0) is None
-    c = core.contact(c, False, 3.0)
-    why = core.silence(c, 3.1, lost_after=3.0)
+    c = liveness.contact(liveness.contact(None, True, -1.0), False, 0.0)
+    assert liveness.silence(c, 3.4, lost_after=3.0) is None, "no call failed since 0.0: no evidence"
+    c = liveness.contact(c, False, 1.0)
+    assert liveness.silence(c, 5.0, lost_after=3.0) is None
+    c = liveness.contact(c, False, 3.0)
+    why = liveness.silence(c, 3.1, lost_after=3.0)
     assert why == "has not answered for 3.0s; last answer 4.1s ago", why
 
 
 def test_facts_out_of_order_never_make_a_run_of_failures_longer() -> None:
     """The informers' threads and the probe report on their own: a failure dated before the last
     answer says nothing of now; an answer ends only the failures made before it."""
-    c = core.contact(None, True, 10.0)
-    assert core.contact(c, False, 9.0) == c, "made before the answer at 10.0"
-    run = core.contact(core.contact(c, False, 11.0), False, 14.5)
-    assert core.silence(run, 14.5, lost_after=3.0) is not None
-    late = core.contact(run, True, 12.0)  # an answer at 12.0, reported after the failure at 14.5
+    c = liveness.contact(None, True, 10.0)
+    assert liveness.contact(c, False, 9.0) == c, "made before the answer at 10.0"
+    run = liveness.contact(liveness.contact(c, False, 11.0), False, 14.5)
+    assert liveness.silence(run, 14.5, lost_after=3.0) is not None
+    late = liveness.contact(run, True, 12.0)  # an answer at 12.0, reported after the failure at 14.5
     assert (late.failing_since, late.last_failed) == (14.5, 14.5)
-    assert core.silence(late, 14.5, lost_after=3.0) is None
+    assert liveness.silence(late, 14.5, lost_after=3.0) is None
 
 
 @settings(max_examples=300, deadline=None)
@@ -927,10 +928,10 @@ def test_facts_out_of_order_never_make_a_run_of_failures_longer() -> None:
 def test_silence_always_rests_on_failures_spanning_lost_after_with_no_answer_between(
     facts: list[tuple[bool, float]], lost_after: float
 ) -> None:
-    c: core.Contact | None = None
+    c: liveness.Contact | None = None
     for answered, at in facts:
-        c = core.contact(c, answered, at)
-    if c is None or core.silence(c, 20.0, lost_after) is None:
+        c = liveness.contact(c, answered, at)
+    if c is None or liveness.silence(c, 20.0, lost_after) is None:
         return
     assert c.failing_since is not None and c.last_failed is not None
     failed = [at for ok, at in facts if not ok]

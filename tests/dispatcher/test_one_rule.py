@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpuorch import liveness
 from gpuorch.projection import AttemptView, Projection, WorkloadView
 from gpuorch_dispatcher import core
 from gpuorch_proto import events as ev
@@ -222,11 +223,11 @@ def test_a_job_missing_from_the_cache_is_gone_only_when_the_cache_proves_it(
 
 
 def test_a_cluster_is_judged_from_its_caches_only_while_it_answers() -> None:
-    assert core.answering(failing=False, synced=True)
-    assert not core.answering(failing=True, synced=True)
-    assert not core.answering(failing=False, synced=False)
+    assert liveness.answering(failing=False, synced=True)
+    assert not liveness.answering(failing=True, synced=True)
+    assert not liveness.answering(failing=False, synced=False)
     # never heard from: failing from now, so not lost at once
-    assert core.silent_for(None, 100.0, 3.0) is None
-    c = core.contact(core.contact(None, False, 100.0), False, 104.0)
-    why = core.silent_for(c, 104.0, 3.0)
-    assert why is not None and why == core.silence(c, 104.0, 3.0) and "4.0s" in why
+    assert liveness.silent_for(None, 100.0, 3.0) is None
+    c = liveness.contact(liveness.contact(None, False, 100.0), False, 104.0)
+    why = liveness.silent_for(c, 104.0, 3.0)
+    assert why is not None and why == liveness.silence(c, 104.0, 3.0) and "4.0s" in why

@@ -5,7 +5,7 @@ What runs is the production code's own rules, not copies: the informers' retry s
 (:func:`gpuorch.informer.next_backoff`, capped at the probe interval), the liveness probe's
 schedule (:func:`gpuorch.informer.probe_wait`), the group that coalesces the facts
 (:class:`gpuorch.informer.ClusterInformers`, with a virtual clock and a probe that answers or not
-as the simulated network says), and the dispatcher's rule (``core.contact``, ``core.answering``, ``core.silent_for``),
+as the simulated network says), and the dispatcher's rule (``liveness.contact``, ``liveness.answering``, ``liveness.silent_for``),
 looked at on every tick and whenever a call fails (the dispatcher's `wake`). What is modelled is
 only the network and the threads' timing: two informers (Jobs and pods), each with one watch open
 that the server ends every `WATCH_SECONDS`, and the probe thread.
@@ -28,6 +28,7 @@ import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from gpuorch import liveness
 from gpuorch.informer import (
     BACKOFF_MIN,
     PROBE_INTERVAL,
@@ -37,7 +38,6 @@ from gpuorch.informer import (
     next_backoff,
 )
 from gpuorch.informer import probe_wait as _probe_wait
-from gpuorch_dispatcher import core
 
 TICK = 0.5  # GPUORCH_DISPATCH_INTERVAL
 
@@ -156,7 +156,7 @@ def blip(
     ticks started (each under its own period), so sweeps can try every alignment."""
     w = _World(cut, cut + length, kind)
     out = Outcome(cut=cut, heal=cut + length)
-    state: dict[str, core.Contact | None] = {"contact": None}
+    state: dict[str, liveness.Contact | None] = {"contact": None}
     failures: list[float] = []  # when each failed call the group reported was made
 
     def probe(timeout: float) -> None:
@@ -169,12 +169,12 @@ def blip(
 
     def look() -> None:  # the dispatcher's tick (`Dispatcher.watch`): fold, then the rule
         for answered, at, _ in group.contacts():
-            state["contact"] = core.contact(state["contact"], answered, at)
+            state["contact"] = liveness.contact(state["contact"], answered, at)
             if not answered:
                 failures.append(at)
         c = state["contact"]
-        if out.lost_at is None and not core.answering(failing=group.failing, synced=group.synced):
-            why = core.silent_for(c, w.now, lost_after)
+        if out.lost_at is None and not liveness.answering(failing=group.failing, synced=group.synced):
+            why = liveness.silent_for(c, w.now, lost_after)
             if why is not None and c is not None:  # (never heard from: not silent yet)
                 out.lost_at, out.evidence_at, out.reason = w.now, c.last_failed, why
 

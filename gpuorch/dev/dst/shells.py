@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from gpuorch import liveness
 from gpuorch.projection import AttemptView, Projection, WorkloadView, same_document
 from gpuorch_dispatcher import core as dcore
 from gpuorch_fencer import core as fcore
@@ -303,7 +304,7 @@ class DispatcherSim(Service):
         self.me = me
         self.c = consumers
         self.projection = Projection(retire=True, compact=True)  # as the services' (gpuorch.follow.Follower)
-        self.contacts: dict[str, dcore.Contact] = {}
+        self.contacts: dict[str, liveness.Contact] = {}
         self.lease: InstanceLease | None = None  # ours, as last written
         self.lease_rev = 0
         self._owned: dict[str, int] = {}
@@ -594,9 +595,9 @@ class DispatcherSim(Service):
             except Unreachable as exc:
                 failed = exc
             now = self.w.now
-            c = self.contacts[cluster] = dcore.contact(self.contacts.get(cluster), failed is None, now)
-            if not dcore.answering(failing=failed is not None, synced=True):
-                why = dcore.silent_for(c, now, self.lost_after)
+            c = self.contacts[cluster] = liveness.contact(self.contacts.get(cluster), failed is None, now)
+            if not liveness.answering(failing=failed is not None, synced=True):
+                why = liveness.silent_for(c, now, self.lost_after)
                 if why is not None:
                     for view, a in items:
                         acts = dcore.lost(view, a, now, f"{cluster} {why} ({type(failed).__name__})")

@@ -24,6 +24,7 @@ import structlog
 from kubernetes.client.exceptions import ApiException
 from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
 
+from gpuorch import liveness
 from gpuorch.config import Settings, load_registry
 from gpuorch.follow import Follower, every, run_until_stopped
 from gpuorch.informer import PROBE_INTERVAL, ClusterInformers, Informer
@@ -180,7 +181,7 @@ class Dispatcher:
         self.clients: dict[str, ClusterClient] = (
             make_clients(settings.kubeconfig) if settings.kubeconfig else {}
         )
-        self.contacts: dict[str, core.Contact] = {}  # cluster -> its answers to our list calls
+        self.contacts: dict[str, liveness.Contact] = {}  # cluster -> its answers to our list calls
         self.interval = settings.tuning.dispatch_interval
         self.lost_after = settings.tuning.lost_after
         # real seconds a pod may stay unplaceable (no node could ever take it) before its attempt fails
@@ -767,10 +768,10 @@ class Dispatcher:
         )
 
     def fold_contacts(self) -> None:
-        """The informers' facts (each call answered or not, with its time) through `core.contact`."""
+        """The informers' facts (each call answered or not, with its time) through `liveness.contact`."""
         for cluster, inf in self.informers.items():
             for answered, at, _ in inf.contacts():
-                self.contacts[cluster] = core.contact(self.contacts.get(cluster), answered, at)
+                self.contacts[cluster] = liveness.contact(self.contacts.get(cluster), answered, at)
 
     async def watch(self, stop: asyncio.Event) -> None:
         """Each tick, what the informers' caches say about our live attempts (no list calls:
@@ -782,7 +783,7 @@ class Dispatcher:
             self.fold_contacts()
             now = time.time()
             # a cluster that went silent: every attempt there is looked at (lost, when it is)
-            everything = any(not core.answering(failing=inf.failing, synced=inf.synced) for inf in self.informers.values())
+            everything = any(not liveness.answering(failing=inf.failing, synced=inf.synced) for inf in self.informers.values())
             began, looked = time.perf_counter(), self.to_look_at(now)
             views = self.follower.projection.workloads.values() if looked is None or everything else looked
             for cluster, items in core.watched(views, self.owned).items():
@@ -790,8 +791,8 @@ class Dispatcher:
                 if inf is None:
                     continue
                 now = time.time()
-                if not core.answering(failing=inf.failing, synced=inf.synced):
-                    why = core.silent_for(self.contacts.get(cluster), now, self.lost_after)
+                if not liveness.answering(failing=inf.failing, synced=inf.synced):
+                    why = liveness.silent_for(self.contacts.get(cluster), now, self.lost_after)
                     if why is not None:
                         for view, a in items:
                             acts = core.lost(view, a, now, f"{cluster} {why} ({inf.error or 'not synced'})")

@@ -31,6 +31,7 @@ from gpuorch.config import Registry, Settings, load_registry
 from gpuorch.follow import Follower, every, run_until_stopped
 from gpuorch.informer import PROBE_INTERVAL, ClusterInformers
 from gpuorch.kube import TIMEOUT, ClusterClient, make_clients, unreachable
+from gpuorch.liveness import answering
 from gpuorch.objectstore import Stores, StoreUnavailable
 from gpuorch.resync import Resync
 from gpuorch.runtime import bus, kv
@@ -399,7 +400,7 @@ class Fencer:
         if full:
             self.judge_due.clear()
         for cluster, inf in self.informers.items():
-            if inf.failing or not inf.synced:
+            if not answering(failing=inf.failing, synced=inf.synced):
                 continue
             jobs = inf["jobs"]
             self.forget_gone(cluster, jobs.complete_at)

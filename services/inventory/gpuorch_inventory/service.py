@@ -40,6 +40,7 @@ from gpuorch.config import Registry, Settings, load_registry
 from gpuorch.informer import PROBE_INTERVAL, ClusterInformers, Informer, describe
 from gpuorch.informer import object_key as informer_key
 from gpuorch.kube import TIMEOUT, ClusterClient, make_clients
+from gpuorch.liveness import answering
 from gpuorch.observe import metrics
 from gpuorch.runtime import bus, logs, telemetry
 from gpuorch.runtime.shell import run_service
@@ -198,7 +199,7 @@ class Inventory:
     async def poll_once(self, state: ClusterState, cc: ClusterClient) -> ClusterSnapshot | None:
         """One round from the informers' caches (`cc` is not called: the informers are)."""
         inf = self.informers[state.name]
-        if inf.failing or not inf.synced:
+        if not answering(failing=inf.failing, synced=inf.synced):
             if not inf.failing:
                 return None  # the first list has not answered yet, nor failed
             error = inf.error
