@@ -37,6 +37,7 @@ REGISTRY_KEYS = (
     "queues",
     "startup_seconds",
     "data_locations",
+    "metrics",
 )
 JOB_CLOCKS = ("simulated", "real")
 

@@ -29,7 +29,7 @@ import pytest
 from gpuorch.client import Client
 from gpuorch.system import System
 from gpuorch_proto import Workload, workload_from_obj
-from tests.support.promserver import Prometheus, free_port
+from tests.support.prometheus import Prometheus, free_port
 from tests.support.system import A100, registry, result_object, running
 from tests.support.wait import assert_eventually
 
@@ -104,7 +104,8 @@ def prometheus(system: System, tmp_path_factory: pytest.TempPathFactory) -> Iter
     ]  # fmt: skip
     services = [json.loads(f.read_text())["url"] for f in sorted((system.state_dir / "metrics").glob("*.json"))]
     jobs.append({"job_name": "gpuorch", "static_configs": [{"targets": [u.removeprefix("http://").removesuffix("/metrics") for u in services]}]})
-    p = Prometheus(tmp_path_factory.mktemp("prometheus"), PROM_PORT).start(jobs)
+    config = {"global": {"scrape_interval": "200ms", "scrape_timeout": "200ms"}, "scrape_configs": jobs}
+    p = Prometheus(tmp_path_factory.mktemp("prometheus"), config, PROM_PORT).start()
     yield p
     p.stop()
 

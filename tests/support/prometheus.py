@@ -16,7 +16,6 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -115,10 +114,50 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@dataclass
 class Prometheus:
-    url: str
-    log: Path
+    """A real `prometheus` with `config` (written as `workdir/prometheus.yml`), its TSDB in
+    `workdir`, on loopback at `port` (a free one unless given: a test that must name the URL
+    before the server starts passes one from `free_port`)."""
+
+    def __init__(self, workdir: Path, config: dict[str, Any], port: int | None = None) -> None:
+        self.dir, self.config = workdir, config
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = workdir / "prometheus.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60) -> Prometheus:
+        """Start it; return once /-/ready answers 200 (fails with its log if it exits or times out)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        conf = self.dir / "prometheus.yml"
+        conf.write_text(yaml.safe_dump(self.config, sort_keys=False))
+        with open(self.log, "ab") as fh:
+            self.proc = subprocess.Popen([
+                tool("prometheus"), f"--config.file={conf}", f"--storage.tsdb.path={self.dir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1h",
+            ], stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"prometheus exited with {self.proc.returncode}: {self.log.read_text()[-3000:]}")
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            if time.monotonic() > deadline:
+                raise AssertionError(f"prometheus not ready within {timeout:g}s: {self.log.read_text()[-3000:]}")
+            time.sleep(0.1)  # polling a condition (the server's readiness), with a deadline
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 15 s; idempotent."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
 
     def api(self, path: str, **params: str) -> Any:
         """GET /api/v1/<path>: its `data` (an error status raises with Prometheus's error)."""
@@ -131,39 +170,22 @@ class Prometheus:
         assert body.get("status") == "success", f"{path} {params}: {body}"
         return body["data"]
 
+    def query(self, q: str, at: float | None = None) -> list[dict[str, Any]]:
+        """An instant query's result vector."""
+        params = {"query": q, **({"time": f"{at:.3f}"} if at is not None else {})}
+        return list(self.api("query", **params)["result"])
+
+    def targets(self) -> list[dict[str, Any]]:
+        return list(self.api("targets")["activeTargets"])
+
 
 @contextlib.contextmanager
-def running_prometheus(workdir: Path, config: dict[str, Any], timeout: float = 60) -> Iterator[Prometheus]:
-    """`prometheus` with `config` (written as `workdir/prometheus.yml`), its data in `workdir`,
-    on a free loopback port; ready when /-/ready answers; stopped (SIGTERM, then SIGKILL)."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    conf = workdir / "prometheus.yml"
-    conf.write_text(yaml.safe_dump(config, sort_keys=False))
-    port = free_port()
-    log = workdir / "prometheus.log"
-    with open(log, "ab") as fh:
-        proc = subprocess.Popen([
-            tool("prometheus"), f"--config.file={conf}", f"--storage.tsdb.path={workdir / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1h",
-        ], stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
+def running_prometheus(
+    workdir: Path, config: dict[str, Any], timeout: float = 60, port: int | None = None
+) -> Iterator[Prometheus]:
+    """A started `Prometheus` (see there), stopped on exit."""
+    p = Prometheus(workdir, config, port)
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"prometheus exited with {proc.returncode}: {log.read_text()[-3000:]}")
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            if time.monotonic() > deadline:
-                raise AssertionError(f"prometheus not ready within {timeout:g}s: {log.read_text()[-3000:]}")
-            time.sleep(0.1)  # polling a condition (the server's readiness), with a deadline
-        yield Prometheus(url, log)
+        yield p.start(timeout)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        p.stop()
