@@ -83,3 +83,10 @@ def test_learn_false_keeps_the_replay_without_history(monkeypatch: pytest.Monkey
     sim, decisions = _replay(monkeypatch, learn=False)
     assert sim.history is None
     assert all(d.verdicts[0].estimate is not None and d.verdicts[0].estimate.run_source.startswith("declared") for d in decisions)
+
+
+def test_a_learn_setting_that_is_not_a_boolean_is_refused_with_where() -> None:
+    from gpuorch.simulate.world import parse_world
+
+    with pytest.raises(ValueError, match=r"my\.yaml: learn: expected true or false, got 'yes'"):
+        parse_world({"clusters": [cluster("east")], "learn": "yes"}, "my.yaml")
