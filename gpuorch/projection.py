@@ -624,8 +624,8 @@ def compact_decision(d: RoutingDecision, workload_id: str, at: float | None = No
     """What the services read of a decision: its outcome, target, queue and placement; per
     cluster its verdict with the checks that failed (`preempt.capacity_clusters`, the
     invariants' blockers) and of its estimate the terms read: queue wait (the dispatcher's
-    requeue limit, for the chosen cluster) and staging (what the router learns from a promoted
-    attempt). Passing checks, the other estimate terms, snapshot ages and the summary (the
+    requeue limit, for the chosen cluster), staging and, for the chosen cluster, the GPU model
+    of its run term (what the router learns from a promoted attempt: `core.measured_timeline`). Passing checks, the other estimate terms, snapshot ages and the summary (the
     view's `reason` has it while it is the reason) are dropped. The list of verdicts is shared
     with equal decisions' when none is this decision's own (a queue wait); `decided_at` is the
     float `at` (its event's, which the router's tables hold too) when equal."""
@@ -636,7 +636,9 @@ def compact_decision(d: RoutingDecision, workload_id: str, at: float | None = No
         est = v.estimate
         unique = est is not None and v.cluster == d.cluster and est.queue_wait != 0.0
         if est is not None:
-            est = Estimate(queue_wait=est.queue_wait if unique else 0.0, image_staging=_zero(est.image_staging), data_staging=_zero(est.data_staging))
+            model = sys.intern(est.gpu_model) if v.cluster == d.cluster else ""  # the run the router learns is on it
+            est = Estimate(queue_wait=est.queue_wait if unique else 0.0, image_staging=_zero(est.image_staging), data_staging=_zero(est.data_staging),
+                           gpu_model=model)  # fmt: skip
             est = est if unique else _shared(est)
         kept = ClusterVerdict(cluster=sys.intern(v.cluster), eligible=v.eligible, checks=failed or _EMPTY_LIST, estimate=est)
         verdicts.append(kept if unique else _shared(kept))

@@ -6,6 +6,11 @@ least `World.snapshot_interval` old (inventory's staleness), asks the policy, an
 the chosen cluster (`ClusterModel.plan` / `commit`). Background jobs go straight to their cluster's
 queue. Same inputs and seed, same result: nothing reads a clock or a global random source.
 
+The router learns as the router service does (`World.learn`, on by default): when a job it routed
+has its outputs promoted, the replay folds the job's timeline, read by the router's own
+`core.measured_timeline` from the view the log would give, into its `RoutingHistory`
+(`history.update_history`); later decisions see it.
+
 Pure: no I/O.
 """
 
@@ -18,11 +23,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
+from gpuorch.projection import AttemptView, WorkloadView
 from gpuorch_proto.inventory import ClusterSnapshot, NodeInfo, QueueInfo
 from gpuorch_proto.policy import AdmissionPolicy
+from gpuorch_proto.routing import RoutingDecision
 from gpuorch_router import core as router_core
 from gpuorch_router import fairshare
 from gpuorch_router import pipeline as admission_core
+from gpuorch_router.history import MeasuredTimeline, RoutingHistory, update_history
 from gpuorch_router.policy import RoutingMemo, SnapshotIndex, build_index, relative_speed
 
 from .generator import SimJob, family
@@ -30,7 +38,7 @@ from .model import ClusterModel, Work
 from .policies import Choice, Policy, make_policy
 from .world import World
 
-_END, _START, _ARRIVE, _RETRY = 0, 1, 2, 3
+_LEARN, _END, _START, _ARRIVE, _RETRY = -1, 0, 1, 2, 3
 RETRY_SECONDS_MIN = 60.0
 #: how snapshots estimate queue waits: `pooled` (default: inventory's model over one pool of GPUs)
 #: or `inventory` (`gpuorch_inventory.core.earliest_start` itself, per node: exact, much slower);
@@ -163,6 +171,8 @@ class Simulation:
         # the baselines read free GPUs only; the router (and any custom policy) gets full snapshots
         self.need_snapshots = not (isinstance(policy, str) and policy != "gpuorch")
         self.router_state = router_core.RouterState()
+        self.history: RoutingHistory | None = None  # what the router learnt (World.learn)
+        self.routed: dict[int, tuple[float, RoutingDecision]] = {}  # routed, not yet learnt from
         self.snapshots_built = 0
         self.decisions = 0
         self.heap: list[tuple[float, int, int, object]] = []
@@ -195,10 +205,13 @@ class Simulation:
         return self.view_free[i]
 
     def decide(self, job: SimJob, now: float) -> Choice:
-        d = router_core.decide(self.router_state, job.workload, f"trace-{job.index}", 1, self.indexes, now, memo=self.memo)
+        d = router_core.decide(self.router_state, job.workload, f"trace-{job.index}", 1, self.indexes, now,
+                               history=self.history, memo=self.memo)
         self.decisions += 1
         if d.outcome == "routed":
             assert d.cluster is not None
+            if self.world.learn:
+                self.routed[job.index] = (now, d)
             return Choice(self.by_name[d.cluster])
         return Choice(None, d.outcome, d.summary if d.outcome == "waiting" else never_reason(d))
 
@@ -256,6 +269,7 @@ class Simulation:
         plan = m.plan(w, now)
         if plan is None:  # eligibility promised a fit; a world that breaks that is reported, not hidden
             res.never = "no node fits (simulator)"
+            self.routed.pop(job.index, None)
             return
         image_s, data_s, gb = m.staging(job.dataset, job.workload.spec.image, plan.start)
         w.image_s, w.data_s, w.data_gb = image_s, data_s, gb
@@ -273,6 +287,20 @@ class Simulation:
         res.staging_s, res.data_gb = image_s + data_s, gb
         res.gpu_hours = w.gpus * w.hold / 3600.0
         res.cost = res.gpu_hours * price
+        if job.index in self.routed:  # learnt from when its outputs are promoted
+            self._push(res.completion, _LEARN, self._timeline(job, w, res.completion))
+
+    def _timeline(self, job: SimJob, w: Work, completion: float) -> MeasuredTimeline | None:
+        """What the router service would learn when this routed job completes: its timeline as
+        the log records it, read by the router's own `core.measured_timeline`."""
+        routed_at, decision = self.routed.pop(job.index)
+        wid = f"trace-{job.index}"
+        running = w.start + w.image_s + w.data_s + w.startup_s
+        attempt = AttemptView(attempt_id=f"{wid}-a1", number=1, epoch=1, cluster=decision.cluster or "", status="succeeded",
+                              promoted=True, times={"admitted": w.start, "running": running, "finished": w.end, "promoted": completion})
+        view = WorkloadView(wid, workload=job.workload, status="completed", decision=decision, promoted_attempt=attempt.attempt_id,
+                            attempts={attempt.attempt_id: attempt}, times={"routed": routed_at})
+        return router_core.measured_timeline(view)
 
     def _queue_of(self, job: SimJob) -> str:
         assert self.admission is not None
@@ -338,7 +366,10 @@ class Simulation:
         arrived, total, progress = 0, len(self.jobs), self.progress
         while self.heap:
             t, kind, _, item = heapq.heappop(self.heap)
-            if kind == _START or kind == _END:
+            if kind == _LEARN:
+                if item is not None:
+                    self.history = update_history(self.history, cast(MeasuredTimeline, item))
+            elif kind == _START or kind == _END:
                 ci, booked = cast(tuple[int, Work], item)
                 if kind == _START:
                     self.models[ci].apply_start(booked)

@@ -15,10 +15,12 @@ clock or a file.
 | image | one of `images` (5), uniformly |
 | declared run time | recorded duration x exp(N(0, `declared_sigma`=0.4)): what the user writes, on the reference GPU |
 | true run time | recorded duration x speed(reference) / speed(model) x exp(N(0, `model_sigma`=0.1)) per GPU family: the router's speed table is right on average only |
+| workload class | none (the router learns under owner + image + command); with `repeat_classes`, jobs of one file with the same GPU count and duration share one |
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 from collections.abc import Mapping
@@ -52,6 +54,9 @@ class GeneratorConfig:
     model_sigma: float = 0.1
     reference_accelerator: str = "NVIDIA-A100-SXM4-80GB"  # trace durations are run times on this GPU
     node_gpus: int = 8  # GPUs per worker of a multi-node gang
+    # jobs of one trace file with the same GPU count and recorded duration (to the second) share a
+    # workload class (an opaque digest): the trace's repeats read as recurring runs of one program
+    repeat_classes: bool = False
 
     @classmethod
     def from_mapping(cls, doc: Mapping[str, Any]) -> GeneratorConfig:
@@ -118,6 +123,12 @@ def shape(gpus: int, node_gpus: int) -> tuple[int, int]:
     return math.ceil(gpus / node_gpus), node_gpus
 
 
+def repeat_class(job: TraceJob) -> str:
+    """The class of a job under `repeat_classes`: a digest of file, GPU count and duration, so the
+    router learns nothing from the name itself."""
+    return "r-" + hashlib.blake2b(f"{job.origin}:{job.gpus}:{job.duration:.0f}".encode(), digest_size=6).hexdigest()
+
+
 def generate(job: TraceJob, index: int, seed: int, datasets: tuple[Dataset, ...], cfg: GeneratorConfig) -> SimJob:
     rng = random.Random(f"{seed}:{job.job_id}:{job.origin}")
     mem = float(_pick(rng, cfg.memory_gib))
@@ -139,7 +150,7 @@ def generate(job: TraceJob, index: int, seed: int, datasets: tuple[Dataset, ...]
     true_factor = {f: math.exp(rng.gauss(0.0, cfg.model_sigma)) for f in FAMILIES}
     workers, per_worker = shape(job.gpus, cfg.node_gpus)
     wl = Workload(
-        metadata=Metadata(name=f"trace-{index}", owner="trace", workload_class=None),
+        metadata=Metadata(name=f"trace-{index}", owner="trace", workload_class=repeat_class(job) if cfg.repeat_classes else None),
         spec=WorkloadSpecBody(
             image=image,
             inputs=[DatasetInput(ref=ds.ref, size_gb=ds.size_gb, locations=list(ds.locations))] if ds else [],

@@ -72,6 +72,7 @@ class World:
     datasets: tuple[Dataset, ...] = ()
     generator: dict[str, Any] = field(default_factory=dict)
     snapshot_interval: float = 30.0  # inventory's publishing period: a snapshot is at most this old
+    learn: bool = True  # the router learns run times etc. from the jobs it has seen complete (engine)
 
     def cluster(self, name: str) -> ClusterSpec:
         for c in self.clusters:
@@ -108,7 +109,13 @@ def parse_world(doc: dict[str, Any], where: str = "clusters file") -> World:
         for d in doc.get("datasets") or []
     )
     return World(clusters=tuple(clusters), datasets=datasets, generator=dict(doc.get("generator") or {}),
-                 snapshot_interval=float(doc.get("snapshot_interval", 30.0)))
+                 snapshot_interval=float(doc.get("snapshot_interval", 30.0)), learn=_flag(doc.get("learn", True), "learn", where))
+
+
+def _flag(value: Any, name: str, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{where}: {name}: expected true or false, got {value!r}")
+    return value
 
 
 def load_world(path: Path) -> World:

@@ -56,6 +56,13 @@ class Estimate(msgspec.Struct, frozen=True, kw_only=True):
     cost: float = 0.0
     score: float = 0.0  # lower is better: time_weight*hours + cost_weight*cost
     resume_saved: float = 0.0  # run saved by resuming the latest checkpoint here (in `total`)
+    # where `run` came from, in words ("p50 1h18m of 37 runs of class resnet-ft on NVIDIA-A100-SXM4-80GB
+    # (weight 0.93); declared 2h", "declared 2h; no runs learnt"); "" from routers older than this field
+    run_source: str = ""
+    # the GPU model `run` is estimated for, when every suitable node here has it (the run can land
+    # on no other: the router learns run times per model from it); "" = no GPU, several suitable
+    # models (`run` is for the slowest, named in the summary), or an older router
+    gpu_model: str = ""
 
 
 class ClusterVerdict(msgspec.Struct, frozen=True, kw_only=True):

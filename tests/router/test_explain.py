@@ -99,3 +99,22 @@ def test_estimate_table_lists_every_eligible_cluster_best_first() -> None:
     # small has no path to the data; short and spare tie on score, so name order
     assert rows[1:] == ["primary", "short", "spare"]
     assert set(rows[1:]) == {v.cluster for v in d.verdicts if v.eligible}
+
+
+def test_explain_says_where_the_run_time_came_from() -> None:
+    """Learnt runs of the class on the cluster's model, with the declared value it replaced; the
+    declared value when nothing is learnt (issue 30)."""
+    from gpuorch_router.history import MeasuredTimeline, RoutingHistory, update_history
+    from tests.support.builders import A100_80
+
+    world = snapshots(make_snapshot("spare", nodes=make_nodes("s", 2, product=A100_80)))
+    wl = make_workload(workload_class="resnet-ft", expected_runtime="2h")
+    plain = render_explain(route(wl, "w", world, NOW))
+    assert f"run 2h on {A100_80}: declared 2h; no runs learnt" in plain
+    h: RoutingHistory | None = None
+    for i in range(37):  # 1h20m each, declared 2h each time
+        h = update_history(h, MeasuredTimeline(cluster="spare", workload_key="resnet-ft", gpu_product=A100_80, compute_started_at=0.0,
+                                               finished_at=4800.0 + i % 2, workload_id=f"r{i}", declared_seconds=7200.0))  # fmt: skip
+    text = render_explain(route(wl, "w", world, NOW, history=h))
+    line = next(x for x in text.splitlines() if x.strip().startswith("run "))
+    assert line == f"  run 1h21m on {A100_80}: p50 1h20m of 32 runs of class resnet-ft (weight 0.95); declared 2h", line

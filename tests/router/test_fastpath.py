@@ -71,7 +71,8 @@ def workloads(draw: st.DrawFn, names: list[str]) -> Workload:
     tols = draw(st.sampled_from([[], [], [Toleration(key="team", value="vision")], [Toleration(operator="Exists")]]))
     req = r(wl.spec.requirements, tolerations=tols)
     name = draw(st.sampled_from(["train", "train", "eval"]))
-    wl = r(wl, metadata=r(wl.metadata, name=name), spec=r(wl.spec, checkpoint=ck, requirements=req))
+    cls = draw(st.sampled_from([name, name, None]))  # runs learnt under the class (histories' keys), or a signature
+    wl = r(wl, metadata=r(wl.metadata, name=name, workload_class=cls), spec=r(wl.spec, checkpoint=ck, requirements=req))
     stage_inputs = [  # a pipeline stage: its dependencies' promoted results, as the router adds them
         ev.StageInput(
             stage=f"dep{i}",
@@ -89,9 +90,9 @@ def workloads(draw: st.DrawFn, names: list[str]) -> Workload:
 @st.composite
 def histories(draw: st.DrawFn, names: list[str]) -> RoutingHistory | None:
     h: RoutingHistory | None = None
-    for _ in range(draw(st.integers(0, 3))):
+    for i in range(draw(st.integers(0, 6))):
         product = draw(st.sampled_from([m for m, _ in MODELS] + [None]))
-        t0 = 1000.0
+        t0 = 1000.0 + 10 * i
         h = update_history(
             h,
             MeasuredTimeline(
@@ -105,6 +106,8 @@ def histories(draw: st.DrawFn, names: list[str]) -> RoutingHistory | None:
                 compute_started_at=t0 + 700,
                 finished_at=t0 + 700 + draw(st.sampled_from([60.0, 3600.0])),
                 promoted_at=t0 + 4400,
+                workload_id=f"h{i}",
+                declared_seconds=draw(st.sampled_from([None, 60.0, 3600.0])),
             ),
         )
     return h

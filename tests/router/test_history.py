@@ -8,7 +8,6 @@ import pytest
 
 from gpuorch_proto.inventory import ClusterSnapshot
 from gpuorch_router.history import (
-    EWMA_ALPHA,
     MeasuredTimeline,
     RoutingHistory,
     measured_overlap,
@@ -71,21 +70,24 @@ def test_measured_overlap(stamps: dict[str, float | None], expected: float | Non
 
 def test_update_history_is_pure_and_learns_each_term() -> None:
     empty = RoutingHistory()
-    h1 = update_history(empty, timeline())
-    assert empty.overlap == {} and empty.run_seconds == {}  # the input is untouched
+    h1 = update_history(empty, timeline(workload_id="w1"))
+    assert empty.overlap == {} and not empty.runs_of("resnet")  # the input is untouched
     assert h1.overlap_for("spare") == (1.0, True)
     assert h1.overlap_for("primary") == (0.0, False)
-    assert h1.run_seconds["resnet"][A100_80] == 1 * H
+    assert h1.runs_of("resnet")[A100_80].value == 1 * H
     assert h1.output_seconds["spare"] == 120
     h2 = update_history(
         h1,
         timeline(
-            staging_started_at=2 * H, staging_finished_at=3 * H, compute_started_at=3 * H, finished_at=5 * H
+            staging_started_at=2 * H, staging_finished_at=3 * H, compute_started_at=3 * H, finished_at=5 * H,
+            promoted_at=5 * H + 60, workload_id="w2",
         ),
     )
-    assert h2.overlap["spare"] == pytest.approx((1 - EWMA_ALPHA) * 1.0 + EWMA_ALPHA * 0.0)
-    assert h2.run_seconds["resnet"][A100_80] == pytest.approx((1 - EWMA_ALPHA) * H + EWMA_ALPHA * 2 * H)
+    assert h2.overlap["spare"] == pytest.approx(0.5)  # the mean of the recent fractions (1 and 0)
+    assert h2.runs_of("resnet")[A100_80].value == pytest.approx(1.5 * H)  # p50 of 1 h and 2 h
+    assert h2.output_seconds["spare"] == pytest.approx(90)  # the median of 120 s and 60 s
     assert h2.samples["spare"] == 2
+    assert update_history(h2, timeline(workload_id="w1")) is h2, "a timeline folded again changes nothing"
 
 
 def _queued_with_copy() -> dict[str, ClusterSnapshot]:
@@ -133,25 +135,34 @@ def test_learnt_overlap_can_flip_the_seed_decision() -> None:
     assert route(wl, "w", clusters, NOW, history=h).cluster == "queued-copy"
 
 
-def test_run_time_is_learnt_per_workload_class_and_scaled_by_model() -> None:
-    h = update_history(None, timeline(workload_key="resnet", compute_started_at=0.0, finished_at=4 * H))
-    wl = make_workload(workload_class="resnet", expected_runtime="1h")
-    d = route(
-        wl, "w", snapshots(make_snapshot("hopper", nodes=make_nodes("h", 1, product=H100_80))), NOW, history=h
-    )
+def _run_on(cluster: str, product: str, wl: Any, h: RoutingHistory | None) -> tuple[float, str]:
+    d = route(wl, "w", snapshots(make_snapshot(cluster, nodes=make_nodes("h", 1, product=product))), NOW, history=h)
     est = d.verdicts[0].estimate
     assert est is not None
-    assert est.run == pytest.approx(2 * H)  # 4 h measured on A100, H100 is 2x: measured beats declared 1h
+    return est.run, est.run_source
+
+
+def test_run_time_is_learnt_per_workload_class_and_scaled_by_model() -> None:
+    """Runs of 4 h on an A100 declared 1 h: one leaves the declared value; a few move it most of
+    the way; twenty replace it (scaled to H100)."""
+    wl = make_workload(workload_class="resnet", expected_runtime="1h")
+    declared, source = _run_on("hopper", H100_80, wl, None)
+    assert declared == pytest.approx(0.5 * H) and source.startswith("declared 30m")  # 1 h on A100 / 2.0
+    h: RoutingHistory | None = None
+    for i in range(20):
+        h = update_history(h, timeline(workload_key="resnet", compute_started_at=0.0, finished_at=4 * H + i,
+                                       workload_id=f"r{i}", declared_seconds=1 * H))  # (as declared, on the A100)
+        if i == 0:
+            once, _ = _run_on("hopper", H100_80, wl, h)
+            assert once == declared  # one run does not move a declaration (history.MIN_RUNS)
+        if i == 2:
+            few, _ = _run_on("hopper", H100_80, wl, h)
+            assert declared < few < 2 * H  # three, each declared 4x short: most of the way
+    many, source = _run_on("hopper", H100_80, wl, h)
+    assert many == pytest.approx(2 * H, rel=0.15)  # 4 h on A100, H100 is 2x
+    assert f"of 20 runs of class resnet on {A100_80}, scaled x0.5 to {H100_80}" in source
+    assert "declared 30m" in source
+    same, source = _run_on("ampere", A100_80, wl, h)
+    assert same == pytest.approx(4 * H, rel=0.1) and "scaled" not in source
     other = make_workload(workload_class="bert", expected_runtime="1h")
-    est2 = (
-        route(
-            other,
-            "w",
-            snapshots(make_snapshot("hopper", nodes=make_nodes("h", 1, product=H100_80))),
-            NOW,
-            history=h,
-        )
-        .verdicts[0]
-        .estimate
-    )
-    assert est2 is not None and est2.run == pytest.approx(0.5 * H)  # declared 1h on A100 (reference) / 2.0
+    assert _run_on("hopper", H100_80, other, h)[0] == pytest.approx(0.5 * H)  # another class: declared

@@ -30,21 +30,23 @@ def _world():  # type: ignore[no-untyped-def]
 def test_the_simulator_and_the_router_service_decide_the_same_for_the_same_snapshots() -> None:
     w = _world()
     js = jobs([(60.0 * k, 1800.0 + 97 * (k % 7), [1, 2, 4, 8, 16][k % 5]) for k in range(120)], w, GeneratorConfig(), seed=3)
-    seen: list[tuple[int, dict[str, object], float, Choice]] = []
+    seen: list[tuple[int, dict[str, object], float, Choice, object]] = []
 
     def recording(job, ctx: Context, now: float) -> Choice:  # type: ignore[no-untyped-def]
+        learnt = ctx.history  # type: ignore[attr-defined]  # what the replay had learnt by then
         choice = ctx.decide(job, now)
-        seen.append((job.index, dict(ctx.indexes), now, choice))  # type: ignore[attr-defined]
+        seen.append((job.index, dict(ctx.indexes), now, choice, learnt))  # type: ignore[attr-defined]
         return choice
 
     sim = Simulation(w, js, recording, seed=3)
     sim.run()
     router = Router(Settings())
     routed = {"east": 0, "west": 0, "lab": 0}
-    for index, indexes, now, choice in seen:
+    for index, indexes, now, choice, learnt in seen:
         router.indexes = indexes  # type: ignore[assignment]
+        router.history = learnt  # type: ignore[assignment]
         d = router.decide(js[index].workload, f"trace-{index}", 1, now)
-        mine = router_core.decide(router_core.RouterState(), js[index].workload, f"trace-{index}", 1, indexes, now)  # type: ignore[arg-type]
+        mine = router_core.decide(router_core.RouterState(), js[index].workload, f"trace-{index}", 1, indexes, now, history=learnt)  # type: ignore[arg-type]
         assert msgspec.to_builtins(d) == msgspec.to_builtins(mine)
         assert (d.outcome, d.cluster) == (choice.outcome, sim.names[choice.cluster] if choice.cluster is not None else None)
         if d.cluster:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
-from types import MappingProxyType
 from typing import Any, Protocol
 
 import msgspec
@@ -37,8 +36,18 @@ from gpuorch_proto.policy import AdmissionPolicy
 from gpuorch_proto.resume import CheckpointRef
 
 from . import preempt
+from .demand import parse_demand
+from .estimate import declared_seconds, relative_speed
 from .fairshare import Usage
-from .history import RoutingHistory
+from .history import (
+    RUN_QUANTILE,
+    ClusterSample,
+    MeasuredTimeline,
+    RoutingHistory,
+    RunSample,
+    history_from,
+    history_parts,
+)
 from .pipeline import Gate, GateRound, with_stage_inputs
 from .policy import RoutingMemo, SnapshotIndex, route
 
@@ -214,11 +223,13 @@ def load_gate(data: bytes) -> Gate:
 
 
 class _History(msgspec.Struct, frozen=True):
-    overlap: dict[str, float] = {}
-    run_seconds: dict[str, dict[str, float]] = {}
-    output_seconds: dict[str, float] = {}
-    samples: dict[str, int] = {}
+    """`RoutingHistory`'s samples (`history.history_parts`); the summaries are recomputed on load.
+    (A snapshot from before issue 30 held moving averages without samples: it loads as empty.)"""
+
+    runs: dict[str, dict[str, list[tuple[float, int, float, float]]]] = {}
+    clusters: dict[str, list[tuple[float, int, float | None, float | None]]] = {}
     default_overlap: float = 0.0
+    quantile: float = RUN_QUANTILE
 
 
 def dump_history(h: RoutingHistory | None) -> bytes:
@@ -226,8 +237,10 @@ def dump_history(h: RoutingHistory | None) -> bytes:
     a restarted router starts from it instead of learning again from every completed workload."""
     if h is None:
         return b""
+    runs, clusters = history_parts(h)  # in a canonical order: equal histories, equal bytes
     return msgspec.msgpack.encode(_History(
-        dict(h.overlap), {k: dict(v) for k, v in h.run_seconds.items()}, dict(h.output_seconds), dict(h.samples), h.default_overlap,
+        {k: {m: [tuple(s) for s in runs[k][m]] for m in sorted(runs[k])} for k in sorted(runs)},  # type: ignore[misc]
+        {c: [tuple(s) for s in clusters[c]] for c in sorted(clusters)}, h.default_overlap, h.quantile,  # type: ignore[misc]
     ))  # fmt: skip
 
 
@@ -235,10 +248,50 @@ def load_history(data: bytes) -> RoutingHistory | None:
     if not data:
         return None
     h = msgspec.msgpack.decode(data, type=_History)
-    return RoutingHistory(
-        overlap=MappingProxyType(h.overlap), run_seconds=MappingProxyType({k: MappingProxyType(v) for k, v in h.run_seconds.items()}),
-        output_seconds=MappingProxyType(h.output_seconds), samples=MappingProxyType(h.samples), default_overlap=h.default_overlap,
+    return history_from(
+        {k: {m: [RunSample(*s) for s in w] for m, w in ms.items()} for k, ms in h.runs.items()},
+        {c: [ClusterSample(*s) for s in w] for c, w in h.clusters.items()},
+        default_overlap=h.default_overlap, quantile=h.quantile,
     )  # fmt: skip
+
+
+def measured_timeline(view: WorkloadView, time_scale: float = 1.0) -> MeasuredTimeline | None:
+    """What the router learns from a completed workload: its promoted attempt's timeline, read
+    from the log alone (the attempt's stamps, and the GPU model and staging its routing decision
+    estimated for that cluster), so a restarted router and a replica learn the same. The run is
+    from the program's first step (`compute-started`), else from running, to finished; it is not
+    learnt where the cluster had GPUs of several suitable models (which one ran it is not in the
+    log). Times are in simulated seconds (`time_scale`: the registry's). None: nothing was promoted."""
+    if view.workload is None or view.promoted_attempt is None:
+        return None
+    a = view.attempts.get(view.promoted_attempt)
+    if a is None:
+        return None
+    verdicts = view.decision.verdicts if view.decision is not None else []
+    est = next((v.estimate for v in verdicts if v.cluster == a.cluster and v.estimate is not None), None)
+    staged = est is not None and (est.data_staging > 0 or est.image_staging > 0)
+    model = (est.gpu_model or None) if est is not None else None
+
+    def sim(key: str, times: Mapping[str, float]) -> float | None:
+        t = times.get(key)
+        return t * time_scale if t is not None else None
+
+    d = parse_demand(view.workload, None, None)
+    learn_run = model is not None or d.per_worker == 0  # (GPUs of several models there: which ran it is not known)
+    return MeasuredTimeline(
+        cluster=a.cluster,
+        workload_key=d.key,
+        gpu_product=model,
+        routed_at=sim("routed", view.times),
+        admitted_at=sim("admitted", a.times),
+        staging_started_at=sim("admitted", a.times) if staged else None,
+        staging_finished_at=sim("running", a.times) if staged else None,
+        compute_started_at=sim("compute-started" if "compute-started" in a.times else "running", a.times) if learn_run else None,
+        finished_at=sim("finished", a.times),
+        promoted_at=sim("promoted", a.times),
+        workload_id=view.workload_id,
+        declared_seconds=declared_seconds(d, relative_speed(model)),
+    )
 
 
 def same_history(a: RoutingHistory | None, b: RoutingHistory | None) -> bool:

@@ -16,7 +16,7 @@ from gpuorch_proto.resume import CheckpointRef
 from gpuorch_proto.units import parse_duration, parse_quantity
 from gpuorch_proto.workload import DatasetInput, Requirements, Resources, Sharing, Toleration, Workload
 
-from .history import RoutingHistory
+from .history import RoutingHistory, key_label, workload_key
 
 __all__ = ["Demand", "parse_demand"]
 
@@ -49,7 +49,8 @@ class Demand:
     image: str
     declared_run: float | None
     reference: str | None
-    key: str
+    key: str  # what runs are learnt under (history.workload_key)
+    key_label: str  # the key in words (history.key_label)
     owner: str
     pin: tuple[str, str] | None
     prefer_clusters: frozenset[str]
@@ -106,7 +107,8 @@ def parse_demand(wl: Workload, history: RoutingHistory | None, resume: Checkpoin
         image=spec.image,
         declared_run=parse_duration(spec.expected_runtime) if spec.expected_runtime else None,
         reference=spec.reference_accelerator,
-        key=wl.metadata.workload_class or wl.metadata.name,
+        key=workload_key(wl),
+        key_label=key_label(wl),
         owner=wl.metadata.owner,
         pin=pin,
         prefer_clusters=frozenset(prefs.clusters),

@@ -8,8 +8,10 @@
   the suitable GPUs, in mean job lengths; zero when the gang fits now and nobody is ahead;
 * staging: image pull unless cached, data copies (``checks.data_staging``), a measured fraction of
   which overlaps the queue wait (``history.overlap_for``);
-* run (:func:`run_seconds`): measured history for the workload class, else declared, else a
-  default, scaled by :data:`RELATIVE_SPEED` of the slowest suitable GPU model;
+* run (:func:`run_seconds`): the learnt distribution of the workload's runs (a quantile, blended
+  with the declared value while runs are few or scattered: ``history.RunStats.blend``), else
+  declared, else a default, scaled by :data:`RELATIVE_SPEED` to the slowest suitable GPU model;
+  ``Estimate.run_source`` says which;
 * resume: a cluster that can resume the latest checkpoint (``gpuorch_proto.resume``) saves the run
   the checkpoint holds; when that amount is not known, a small score nudge (:data:`RESUME_FACTOR`).
 """
@@ -27,6 +29,7 @@ from gpuorch_proto.routing import Check, Estimate
 
 from .checks import Staging, dur, free_slots
 from .demand import Demand
+from .history import SIGNATURE_PREFIX, RunStats
 from .index import NodeClass, SnapshotIndex
 
 __all__ = [
@@ -40,6 +43,7 @@ __all__ = [
     "RESUME_FACTOR",
     "Elig",
     "build_terms",
+    "declared_seconds",
     "estimate",
     "placement_terms",
     "queue_wait",
@@ -95,6 +99,7 @@ class Elig:
     queue_wait: float = 0.0
     queue: str = ""  # "" = the cluster has no admission queues
     product: str | None = None  # GPU model the run time is scaled to
+    only_model: bool = False  # every suitable node has that model (the run can land on no other)
     pools: frozenset[str] = frozenset()  # pools of the suitable nodes (for the pool preference)
     placement: Placement | None = None  # the Job's node constraints here, when eligible
 
@@ -137,28 +142,61 @@ def queue_wait(idx: SnapshotIndex, d: Demand, suitable: Sequence[NodeClass], que
     return MEAN_JOB_SECONDS * backlog / capacity, f"{backlog:g} GPUs backlog on {capacity} suitable GPUs"
 
 
+def declared_seconds(d: Demand, speed: float) -> float | None:
+    """The run time the workload declares (on its reference GPU), on a GPU of relative `speed`."""
+    if d.declared_run is None:
+        return None
+    return d.declared_run * relative_speed(d.reference) / speed
+
+
+def _source_model(learnt: Mapping[str, RunStats]) -> str:
+    """Which model's runs to read when `product` has none: the most runs, then a known model."""
+    return max(learnt, key=lambda m: (learnt[m].n, m != "", m))
+
+
 def run_seconds(d: Demand, product: str | None, speed: float | None = None) -> tuple[float, str]:
-    """(seconds, source) of the run on `product` (`speed`: its relative speed, if known)."""
+    """(seconds, source) of the run on `product` (`speed`: its relative speed, if known).
+
+    Learnt runs of the workload's key (`history.workload_key`) on `product` if there are any, else
+    on the model with the most runs scaled by the speed table: for a class, their p50 blended
+    with the declared value (`history.RunStats.blend`); for a signature, the declared value
+    corrected by the bias its runs show (`history.RunStats.calibrate`). Else declared; else a
+    default. The source says which, in words (`Estimate.run_source`, shown by ``explain``)."""
     target = relative_speed(product) if speed is None else speed
-    if d.history is not None:
-        per_model = d.history.run_seconds.get(d.key)
-        if per_model:
-            if product is not None and product in per_model:
-                return per_model[product], f"measured on {product}"
-            src = sorted(per_model)[0]
-            return per_model[src] * relative_speed(src) / target, f"measured on {src or 'unknown GPU'}, scaled"
-    if d.declared_run is not None:
-        ref = relative_speed(d.reference)
-        return d.declared_run * ref / target, "declared"
-    return DEFAULT_RUN_SECONDS / target, "default"
+    declared = declared_seconds(d, target)
+    learnt = d.history.runs_of(d.key) if d.history is not None else None
+    if learnt:
+        model = product or ""
+        src = model if model in learnt else _source_model(learnt)
+        stats = learnt[src]
+        scale = 1.0 if src == model else relative_speed(src or None) / target
+        q = round(d.history.quantile * 100) if d.history is not None else 50
+        runs = f"{stats.n} run{'s' if stats.n != 1 else ''} of {d.key_label}"
+        if src != model:  # (on `product` itself, explain names it already)
+            runs += f" on {src or 'an unknown GPU'}, scaled x{scale:.2g} to {product or 'no GPU'}"
+        if declared is not None and d.key.startswith(SIGNATURE_PREFIX):  # how this team's declarations err
+            seconds, factor = stats.calibrate(declared)
+            if factor == 1.0:
+                return declared, f"declared {dur(declared)}; {runs}: run/declared p50 {stats.ratio:.2f}, within noise"
+            return seconds, f"declared {dur(declared)} x {factor:.2f}, the p50 of run/declared of {runs}"
+        seconds, weight = stats.blend(declared / scale if declared is not None else None, scaled=src != model)
+        text = f"p{q} {dur(stats.value)} of {runs}"
+        if declared is not None and weight <= 0:  # the declared value, exactly as without history
+            return declared, f"declared {dur(declared)}; {text} (weight 0: they scatter more than declarations err)"
+        if declared is not None:
+            text += f" (weight {weight:.2f}); declared {dur(declared)}"
+        return seconds * scale, text
+    if declared is not None:
+        return declared, f"declared {dur(declared)}" + (f" on {d.reference}" if d.reference and d.reference != product else "") + "; no runs learnt"
+    return DEFAULT_RUN_SECONDS / target, f"default {dur(DEFAULT_RUN_SECONDS / target)}: nothing declared, no runs learnt"
 
 
 def placement_terms(
     idx: SnapshotIndex, d: Demand, suitable: Sequence[NodeClass], queues: Sequence[str]
-) -> tuple[float, str, str | None, frozenset[str]]:
-    """(queue wait, queue, GPU model assumed, pools of the suitable nodes) of an eligible cluster:
-    the best queue, and the slowest suitable model (the destination places the gang: routing is
-    not placement)."""
+) -> tuple[float, str, str | None, frozenset[str], bool]:
+    """(queue wait, queue, GPU model assumed, pools of the suitable nodes, is that model the only
+    suitable one) of an eligible cluster: the best queue, and the slowest suitable model (the
+    destination places the gang: routing is not placement)."""
     best_wait, best_queue = math.inf, ""
     for q in queues:
         wait, _ = queue_wait(idx, d, suitable, q)
@@ -166,7 +204,7 @@ def placement_terms(
             best_wait, best_queue = wait, q
     products = sorted({c.product for c in suitable if c.allocatable > 0 and c.product}, key=relative_speed)
     product = products[0] if (products and d.per_worker > 0) else None
-    return best_wait, best_queue, product, frozenset(c.pool for c in suitable if c.pool)
+    return best_wait, best_queue, product, frozenset(c.pool for c in suitable if c.pool), len(products) == 1
 
 
 def estimate(idx: SnapshotIndex, d: Demand, elig: Elig, speed: float | None = None) -> Estimate:
@@ -177,7 +215,7 @@ def estimate(idx: SnapshotIndex, d: Demand, elig: Elig, speed: float | None = No
     data = staging.seconds
     overlap, _ = d.history.overlap_for(idx.cluster) if d.history is not None else (0.0, False)
     hidden = min(wait, max(0.0, min(1.0, overlap)) * (image + data))
-    run, _ = run_seconds(d, product, speed)
+    run, source = run_seconds(d, product, speed)
     resumes = elig.resume is not None and elig.resume.ok
     saved = min(run, max(0.0, d.resume.run_seconds)) if (resumes and d.resume is not None) else 0.0
     output = DEFAULT_OUTPUT_TRANSFER_SECONDS
@@ -205,6 +243,8 @@ def estimate(idx: SnapshotIndex, d: Demand, elig: Elig, speed: float | None = No
         cost=cost,
         score=score,
         resume_saved=saved,
+        run_source=source,
+        gpu_model=(product or "") if elig.only_model else "",
     )
 
 

@@ -2,7 +2,8 @@
 
 ``render_explain(decision)`` answers, from the decision record alone:
 
-* routed: why here (the winner's estimate terms) and, for every other cluster, why not there
+* routed: why here (the winner's estimate terms, and where its run time came from: learnt runs
+  of its class, the declared value, or a default) and, for every other cluster, why not there
   (each failed check, or how its estimate terms compare with the winner's);
 * waiting: why still waiting (which capacity-only checks block each cluster, and what would
   unblock them), and which clusters can never run it;
@@ -178,6 +179,9 @@ def render_explain(decision: RoutingDecision) -> str:
                 f"+ startup {_d(est.startup)} + run {_d(est.run)} + output {_d(est.output_transfer)}; "
                 f"cost {est.cost:.2f}"
             )
+            if est.run_source:  # where the run term came from (learnt runs, declared, default)
+                on = f" on {est.gpu_model}" if est.gpu_model else ""
+                lines.append(f"  run {_d(est.run)}{on}: {est.run_source}")
             for c in winner.checks:
                 if c.code in ("INPUT_DATA", "QUEUE_ACCESS", "GPU_CAPACITY") and c.ok:
                     lines.append(f"  {c.code}: {c.message}")

@@ -58,7 +58,7 @@ from .checks import (
 from .decision import Evaluation, decide, pin_verdicts
 from .demand import Demand, checkpoint_store, parse_demand
 from .estimate import Elig, build_terms, estimate, placement_terms, relative_speed
-from .history import RoutingHistory
+from .history import RoutingHistory, key_label, workload_key
 from .index import NodeClass, SnapshotIndex
 
 __all__ = ["RoutingMemo"]
@@ -115,7 +115,7 @@ class _IndexMemo:
     elig: dict[int, _Elig] = field(default_factory=dict)  # eligibility signature -> checks
     node: dict[tuple[object, ...], NodePart] = field(default_factory=dict)  # node_key -> filter prefix
     shape: dict[tuple[object, ...], NodePart] = field(default_factory=dict)  # classes left + shape -> tail
-    place: dict[tuple[object, ...], tuple[float, str, str | None, frozenset[str]]] = field(default_factory=dict)
+    place: dict[tuple[object, ...], tuple[float, str, str | None, frozenset[str], bool]] = field(default_factory=dict)
     reg: dict[tuple[object, ...], tuple[Staging, ResumeVerdict | None, tuple[Check, ...], tuple[str, ...]]] = field(
         default_factory=dict
     )
@@ -256,7 +256,8 @@ class RoutingMemo:
                 spec.image,
                 spec.expected_runtime,
                 spec.reference_accelerator,
-                meta.workload_class or meta.name,
+                workload_key(wl),
+                key_label(wl),
                 spec.preferences,
             )
         )
@@ -376,7 +377,7 @@ class RoutingMemo:
                 if len(im.place) >= self.memo_size:
                     im.place.clear()
                 im.place[key] = placed
-            elig.queue_wait, elig.queue, elig.product, elig.pools = placed
+            elig.queue_wait, elig.queue, elig.product, elig.pools, elig.only_model = placed
             elig.placement = placement_for(d.resources, d.requirements, (c.product for c in idx.classes))
         return elig
 
