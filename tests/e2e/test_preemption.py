@@ -66,9 +66,12 @@ async def test_interruptible_work_is_preempted_resumes_from_its_checkpoint_and_t
     urgent = await client.submit(train("urgent", steps=10, priority=10))
 
     async def planned() -> ev.PreemptionPlanned:
-        v = await client.view(urgent)
-        assert v is not None and v.preemption is not None and v.preemption.victims, v.status if v else None
-        return v.preemption
+        # the plan that names the victim, from the log: the view shows only the latest plan, and the
+        # next one ("waiting for it to stop", no victims) may follow within one router round
+        plans = [e for _, e in await client.events(urgent) if isinstance(e, ev.PreemptionPlanned)]
+        named = [p for p in plans if p.victims]
+        assert named, [(p.event_id, p.reason) for p in plans]
+        return named[0]
 
     plan = await assert_eventually(planned, timeout=60)
     text = "\n".join(render_waits(plan))  # what `gpuorch explain` prints

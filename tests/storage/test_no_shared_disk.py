@@ -153,6 +153,8 @@ ALLOWED = {
     ("gpuorch/observe/progress.py", "write_marker"): "runs in the pod (the program's marker), not the control plane",
     ("gpuorch/observe/progress.py", "read_marker"): "runs in the pod (gpuorch's agent), not the control plane",
     ("gpuorch/observe/progress.py", "marker_path"): "runs in the pod",
+    ("gpuorch/observe/queues.py", "read_policy"): "the admission policy file the router reads (configuration)",
+    ("gpuorch/observe/targets.py", "*"): "the services' metrics address files, and the scrape config it writes (telemetry)",
 }
 
 
