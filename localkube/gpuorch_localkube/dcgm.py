@@ -21,6 +21,7 @@ the share of the time since the previous collection its holder computed:
 ``(busy(now) - busy(previous)) / (now - previous)``, with ``busy(t) = busy_seconds + (t -
 busy_since)`` while the holder is in a compute phase. So over any window the average of the
 collected values is the holder's compute time over wall time, with nothing invented.
+At the first collection that sees a holder, "previous" is its container's start (busy 0 then).
 
 Series (each a gauge, as dcgm-exporter's default and DCP counter files declare them):
 
@@ -49,6 +50,7 @@ from typing import Any
 
 from .objects import GPU
 from .quantity import parse_quantity
+from .util import parse_rfc3339
 
 #: the variable the kubelet sets in a container that holds GPUs: where its program may report
 GPU_REPORT_ENV = "GPUORCH_GPU_REPORT"
@@ -117,6 +119,7 @@ class Holder:
     container: str
     alive: bool  # the container runs now (a stale `busy_since` of one that stopped counts nothing)
     report: Path
+    started: float | None = None  # when the container started (its status' startedAt), if it runs
 
 
 @dataclass(frozen=True)
@@ -151,11 +154,13 @@ def devices(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]
         if not names:
             continue
         container = names[0]
-        running = {s.get("name"): "running" in (s.get("state") or {}) for s in status.get("containerStatuses") or []}
+        running = {s.get("name"): (s.get("state") or {}).get("running") for s in status.get("containerStatuses") or []}
+        state = running.get(container)
         h = Holder(
             namespace=str(meta["namespace"]), pod=str(meta["name"]), uid=str(meta["uid"]), container=container,
-            alive=bool(running.get(container)),
+            alive=state is not None,
             report=report_path(state_dir, str(meta["namespace"]), str(meta["name"]), str(meta["uid"]), container),
+            started=_started(state),
         )  # fmt: skip
         for i in ids.split(","):
             if i.strip().isdigit():
@@ -170,6 +175,17 @@ def devices(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]
         memory = int(raw_memory) if raw_memory.isdigit() else 0
         out += [Device(name, i, model, memory, held.get((name, i))) for i in range(count)]
     return out
+
+
+def _started(running: Mapping[str, Any] | None) -> float | None:
+    """A running container state's `startedAt` (RFC 3339), as epoch seconds; None if absent or bad."""
+    text = (running or {}).get("startedAt")
+    if not isinstance(text, str):
+        return None
+    try:
+        return parse_rfc3339(text)
+    except ValueError:
+        return None
 
 
 def parse_report(data: bytes | None) -> dict[str, Any] | None:
@@ -250,7 +266,10 @@ class Exporter:
             if key not in seen:
                 report = parse_report(self.read(h.report))
                 busy = busy_at(report, now, h.alive)
-                at, before, value = self.last.get(key, (now, busy, 0.0))
+                # first sight: the window since the container started (it computed nothing before),
+                # so a single look (`gpuorch explain` in exporter mode) reads its share so far, not 0
+                first = (h.started, 0.0, 0.0) if h.alive and h.started is not None and h.started < now else (now, busy, 0.0)
+                at, before, value = self.last.get(key, first)
                 if now - at > 1e-3:
                     value = min(1.0, max(0.0, (busy - before) / (now - at)))
                     self.last[key] = (now, busy, value)

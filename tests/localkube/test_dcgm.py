@@ -55,6 +55,19 @@ def test_activity_is_the_share_of_the_window_the_holder_computed() -> None:
     assert value == pytest.approx(0.5)
 
 
+def test_the_first_look_at_a_running_holder_reads_its_share_since_its_container_started() -> None:
+    # one look, as `gpuorch explain` takes in exporter mode: 6 s of compute in the 8 s since start
+    report = {"busy_seconds": 6.0, "busy_since": None, "fb_used_mib": 0}
+    ex = Exporter("c", DcgmConfig(collect_interval=0.5), read=lambda p: json.dumps(report).encode())
+    started = Holder(namespace="ns", pod="p-abcde", uid="u" * 36, container="main", alive=True, report=Path("/r"), started=92.0)
+    [(_, value, _)] = ex.collect([Device("n-0", 0, "A100", 81920, started)], 100.0)
+    assert value == pytest.approx(0.75)
+    # the next look measures the window since this one, as before
+    report["busy_seconds"] = 7.0
+    [(_, value, _)] = ex.collect([Device("n-0", 0, "A100", 81920, started)], 104.0)
+    assert value == pytest.approx(0.25)
+
+
 def test_a_stopped_holder_computes_no_more_and_a_free_device_is_idle() -> None:
     report = {"busy_seconds": 2.0, "busy_since": 10.0}
     assert busy_at(report, 20.0, alive=True) == 12.0
