@@ -56,6 +56,9 @@ class Estimate(msgspec.Struct, frozen=True, kw_only=True):
     cost: float = 0.0
     score: float = 0.0  # lower is better: time_weight*hours + cost_weight*cost
     resume_saved: float = 0.0  # run saved by resuming the latest checkpoint here (in `total`)
+    # what `queue_wait` is: which request shape's wait inventory published for the queue, or the
+    # queue's single estimate, or the backlog; "" from routers older than this field
+    queue_basis: str = ""
 
 
 class ClusterVerdict(msgspec.Struct, frozen=True, kw_only=True):
