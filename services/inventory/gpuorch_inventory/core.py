@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from gpuorch_proto import ClusterRegistryEntry, ClusterSnapshot, NodeInfo, QueueInfo, Taint
-from gpuorch_proto.inventory import Queueing, RequestShape, ShapeWait, WaitSource
+from gpuorch_proto.inventory import Queueing, RequestShape, ShapeWait
 from gpuorch_proto.k8s import (
     ANN_EXPECTED_DURATION,
     GPU_RESOURCE,
@@ -58,10 +58,8 @@ __all__ = [
     "PodStart",
     "QueueHistory",
     "Slot",
-    "WaitEstimate",
     "build_snapshot",
     "earliest_start",
-    "estimate_queue_waits",
     "measure_queue_delays",
     "measured_bandwidth",
     "observe",
@@ -82,7 +80,7 @@ LABEL_KUEUE_QUEUE = KUEUE_QUEUE_LABEL  # fallback: Kueue's local-queue label
 ENV_TRACEPARENT = "TRACEPARENT"  # the dispatcher hands the workload's trace context to its code
 DEFAULT_QUEUE = "default"
 
-# Defaults of the queue-wait model (see estimate_queue_waits).
+# Defaults of the queue-wait model (see queue_shape_waits).
 REFERENCE_GPUS = 1
 UNKNOWN_WAIT_S = 3600.0
 HISTORY_ALPHA = 0.3
@@ -589,12 +587,6 @@ class Slot:
     pool: str | None = None
 
 
-@dataclass(frozen=True)
-class WaitEstimate:
-    seconds: float  # simulated
-    source: WaitSource
-
-
 def _book_ahead(
     capacity: Mapping[str, int], holds: Sequence[Hold], ahead: Sequence[Demand], max_ahead: int
 ) -> dict[str, _Timeline]:
@@ -949,30 +941,6 @@ def _remaining(pod: _Pod, now: float, time_scale: float) -> float | None:
         return None
     elapsed = 0.0 if pod.started is None else max(0.0, now - pod.started) * time_scale
     return max(0.0, pod.expected - elapsed)
-
-
-def estimate_queue_waits(
-    cluster: str,
-    nodes: Sequence[Mapping[str, Any]],
-    pods: Pods,
-    registry: ClusterRegistryEntry,
-    *,
-    now: float,
-    time_scale: float,
-    history: QueueHistory | None = None,
-    reference_gpus: int = REFERENCE_GPUS,
-    unknown_wait_s: float = UNKNOWN_WAIT_S,
-    memo: Memo | None = None,
-) -> dict[str, WaitEstimate]:
-    """Estimated wait (simulated seconds) of a new `reference_gpus`-GPU request in each queue: the
-    first of `queue_shape_waits`."""
-    return {
-        q: WaitEstimate(ws[0].seconds, ws[0].source)
-        for q, ws in queue_shape_waits(
-            cluster, nodes, pods, registry, now=now, time_scale=time_scale, history=history,
-            reference_gpus=reference_gpus, unknown_wait_s=unknown_wait_s, memo=memo,
-        ).items()
-    }  # fmt: skip
 
 
 def queue_shape_waits(
