@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="all", help=f"one of {', '.join(POLICIES)}, a comma list, or all")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=int, default=None, help="read only the first N jobs of each trace file")
-    p.add_argument("--queue-model", default="pooled", choices=QUEUE_MODELS,
+    p.add_argument("--queue-model", default="inventory", choices=QUEUE_MODELS,
                    help="how snapshots estimate queue waits (docs/simulation.md)")
     p.add_argument("-o", "--output", choices=["table", "json"], default="table")
     p.add_argument("--plot", type=Path, default=None, help="write PNG plots into this folder")

@@ -40,10 +40,12 @@ from .world import World
 
 _LEARN, _END, _START, _ARRIVE, _RETRY = -1, 0, 1, 2, 3
 RETRY_SECONDS_MIN = 60.0
-#: how snapshots estimate queue waits: `pooled` (default: inventory's model over one pool of GPUs)
-#: or `inventory` (`gpuorch_inventory.core.earliest_start` itself, per node: exact, much slower);
-#: `oracle` publishes the true wait of a one-GPU request (an experiment: no inventory can know it)
-QUEUE_MODELS = ("pooled", "inventory", "oracle")
+#: how snapshots estimate queue waits: `inventory` (default: inventory's own waits per request shape,
+#: `gpuorch_inventory.core.shape_waits`, on the node layout in the cluster's admission order);
+#: `pooled` (one wait, of a one-GPU request, over one pool of all GPUs: the default before waits
+#: per shape); `oracle` publishes the true wait of a one-GPU request (an experiment: no inventory
+#: can know it)
+QUEUE_MODELS = ("inventory", "pooled", "oracle")
 
 #: called after each trace arrival with (trace jobs arrived so far, trace jobs, simulated time):
 #: `progress.Progress` shows it on a terminal; the engine itself does no I/O
@@ -143,7 +145,7 @@ class Simulation:
 
     def __init__(self, world: World, jobs: Sequence[SimJob], policy: str | Policy, *, seed: int = 0,
                  bucket: float = 3600.0, background: Sequence[BackgroundJob] | None = None,
-                 queue_model: str = "pooled", admission: Admission | None = None,
+                 queue_model: str = "inventory", admission: Admission | None = None,
                  progress: ProgressCallback | None = None) -> None:
         if queue_model not in QUEUE_MODELS:
             raise ValueError(f"unknown queue model {queue_model!r}; one of {', '.join(QUEUE_MODELS)}")
@@ -419,7 +421,7 @@ def never_reason(decision: object) -> str:
 
 
 def simulate(world: World, jobs: Sequence[SimJob], policy: str | Policy, *, seed: int = 0, bucket: float = 3600.0,
-             queue_model: str = "pooled", admission: Admission | None = None,
+             queue_model: str = "inventory", admission: Admission | None = None,
              background: Sequence[BackgroundJob] | None = None, progress: ProgressCallback | None = None) -> RunResult:
     return Simulation(world, jobs, policy, seed=seed, bucket=bucket, queue_model=queue_model, admission=admission,
                       background=background, progress=progress).run()

@@ -12,8 +12,8 @@ is fixed the moment it is enqueued: nothing that arrives later can delay it. `pl
 (the clairvoyant bound calls it without committing), `commit` books it. What inventory can observe
 (free GPUs per node, pending and running work, staged datasets) follows from those bookings as the
 clock passes their start and end times (`apply_start` / `apply_end`); `snapshot` turns that into a
-`ClusterSnapshot` as inventory would publish it, with inventory's own queue-wait model
-(`gpuorch_inventory.core.earliest_start`).
+`ClusterSnapshot` as inventory would publish it, with inventory's own waits per request shape
+(`gpuorch_inventory.core.shape_waits`, under the registry's `queueing`: `fifo` here).
 
 Pure: no I/O, no clock; time is an argument.
 """
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from gpuorch_inventory.core import Demand, Hold, earliest_start
-from gpuorch_proto.inventory import ClusterSnapshot, NodeInfo, QueueInfo
+from gpuorch_inventory.core import Demand, Hold, Slot, published_waits, request_shapes, shape_waits
+from gpuorch_proto.inventory import ClusterSnapshot, NodeInfo, QueueInfo, ShapeWait
 from gpuorch_proto.placement import accelerator_matches, gpu_memory_ok
 from gpuorch_router.policy import DEFAULT_IMAGE_PULL_SECONDS, DEFAULT_OUTPUT_TRANSFER_SECONDS, relative_speed
 
@@ -98,6 +98,9 @@ class ClusterModel:
         self.local = frozenset(reg.data_locations)
         self.cached = frozenset(reg.datasets_cached)
         self.images = frozenset(reg.images_cached)
+        # the node layout and request shapes inventory's waits are for (they never change here)
+        self.slots = [Slot(n.name, n.gpus, n.product, n.pool) for n in self.spec.nodes if n.gpus > 0]
+        self.shapes = request_shapes(self.slots)
 
     @property
     def name(self) -> str:
@@ -210,22 +213,25 @@ class ClusterModel:
             self._info[(i, f)] = info
         return info
 
-    def estimated_wait(self, now: float) -> float:
-        """Inventory's queue-wait model for a one-GPU request: running work holds its GPUs for its
-        expected remaining time, pending work ahead (all of it: `admission: none`) in arrival order."""
+    def shape_waits(self, now: float) -> list[ShapeWait]:
+        """What inventory publishes for this cluster's queue: the waits per request shape of
+        `gpuorch_inventory.core.shape_waits`, in the registry's admission order (`fifo`, the
+        simulator's). Running work holds its GPUs for its expected remaining time; pending work is
+        ahead in arrival order, each job a gang for its declared run time plus startup (staging is
+        not known before it starts)."""
         nodes = self.spec.nodes
-        capacity = {n.name: n.gpus for n in nodes}
         holds = [Hold(nodes[i].name, w.per_worker, max(0.0, w.start + w.expected_run + w.image_s + w.data_s + w.startup_s - now))
                  for w in self.running.values() for i in w.nodes]
         all_nodes = len(nodes)
-        ahead = [Demand(gpus=w.per_worker, duration=w.expected_run + self.spec.registry.startup_seconds,
+        startup = self.spec.registry.startup_seconds
+        ahead = [Demand(gpus=w.per_worker, duration=w.expected_run + startup, workers=w.workers,
                         nodes=None if len(w.suitable) == all_nodes else frozenset(nodes[i].name for i in w.suitable))
-                 for w in self.pending.values() for _ in range(w.workers)]
-        start = earliest_start(capacity, holds, ahead, 1)
-        return 0.0 if start is None else start
+                 for w in self.pending.values()]
+        starts = shape_waits(self.slots, holds, ahead, self.shapes, self.spec.registry.queueing)
+        return published_waits(self.shapes, starts, None)
 
     def pooled_wait(self, now: float) -> float:
-        """Inventory's queue-wait model with the nodes pooled: one pool of all GPUs, running work
+        """A single wait (the replay's default before waits per shape; kept to compare): one pool of all GPUs, running work
         releasing its GPUs at its expected end, pending work ahead started in arrival order when
         enough GPUs are free, for its expected duration; then the one-GPU request. O(n log n)."""
         releases = [w.start + w.expected_run + w.image_s + w.data_s + w.startup_s for w in self.running.values()
@@ -257,7 +263,7 @@ class ClusterModel:
         plan = self.plan(probe, now)
         return math.inf if plan is None else plan.start - now
 
-    def snapshot(self, now: float, *, queue_model: str = "pooled") -> ClusterSnapshot:
+    def snapshot(self, now: float, *, queue_model: str = "inventory") -> ClusterSnapshot:
         """What inventory would publish now: per node free GPUs, the queue, staged datasets."""
         reg = self.spec.registry
         staged = [ref for ref, t in self.cache_ready.items() if t <= now and ref not in self.cached]
@@ -265,16 +271,14 @@ class ClusterModel:
             reg = msgspec.structs.replace(reg, datasets_cached=[*reg.datasets_cached, *sorted(staged)])
         pending_gpus = sum(w.gpus for w in self.pending.values())
         busy = bool(self.pending) or not any(self.free)  # else a one-GPU request fits now: 0
-        wait = 0.0
-        if busy:
-            if queue_model == "inventory":
-                wait = self.estimated_wait(now)
-            elif queue_model == "oracle":
-                wait = self.oracle_wait(now)
-            else:
-                wait = self.pooled_wait(now)
+        wait, shaped = 0.0, []
+        if queue_model == "inventory":
+            shaped = self.shape_waits(now)
+            wait = shaped[0].seconds
+        elif busy:
+            wait = self.oracle_wait(now) if queue_model == "oracle" else self.pooled_wait(now)
         queue = QueueInfo(name="default", pending_jobs=len(self.pending), pending_gpus=pending_gpus,
-                          estimated_wait_seconds=wait)
+                          estimated_wait_seconds=wait, shape_waits=shaped)
         return ClusterSnapshot(
             cluster=self.name, reachable=True, observed_at=now, published_at=now,
             nodes=[self._node(i) for i in range(len(self.spec.nodes))], queues=[queue],

@@ -93,8 +93,17 @@ def parse_world(doc: dict[str, Any], where: str = "clusters file") -> World:
             for k in range(int(g.get("count", 1))):
                 nodes.append(NodeSpec(name=f"{g['name']}-{k}", gpus=int(gpu.get("count", 0)), product=str(gpu.get("model", "")),
                                       memory_mib=int(gpu.get("memory_mib", 0)), pool=g.get("pool")))
+        entry = c.get("registry") or {}
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: clusters[{i}].registry: a mapping, as inventory reads it")
+        # the simulator admits strictly in arrival order (`model.py`): the registry says so, for
+        # inventory's waits (`shape_waits`) to follow that order
+        queueing = entry.get("queueing", "fifo")
+        if queueing != "fifo":
+            raise ValueError(f"{where}: clusters[{i}].registry.queueing: {queueing!r}: the simulator admits strictly in "
+                             "arrival order only (docs/simulation.md, Limits); leave it out, or write fifo")
         try:
-            registry = msgspec.convert(c.get("registry") or {}, ClusterRegistryEntry)
+            registry = msgspec.convert({**entry, "queueing": queueing}, ClusterRegistryEntry)
         except msgspec.ValidationError as exc:
             raise ValueError(f"{where}: clusters[{i}].registry: {exc}") from exc
         bg = c.get("background") or {}

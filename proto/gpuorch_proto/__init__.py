@@ -27,6 +27,8 @@ from .inventory import (
     MetricsSource,
     NodeInfo,
     QueueInfo,
+    RequestShape,
+    ShapeWait,
     Taint,
 )
 from .routing import Check, ClusterVerdict, Estimate, RoutingDecision
@@ -56,7 +58,9 @@ __all__ = [
     "NodeInfo",
     "OwnerRecord",
     "QueueInfo",
+    "RequestShape",
     "RoutingDecision",
+    "ShapeWait",
     "Taint",
     "Workload",
     "decode_event",

@@ -12,6 +12,16 @@ from typing import Literal
 import msgspec
 
 Admission = Literal["none", "kueue", "kai", "volcano"]
+#: The order a destination admits pending work in, as inventory's queue-wait model simulates it
+#: (docs/inventory.md). "best-effort": highest priority first, then oldest, and work that fits may
+#: start before older work that does not (kube-scheduler; Kueue's BestEffortFIFO, its default; KAI;
+#: Volcano). "fifo": strictly in arrival order, priority ignored: nothing starts before older
+#: pending work (the simulator's clusters; a Kueue StrictFIFO ClusterQueue whose workloads share one
+#: priority). "priority": strictly by priority, then arrival (Kueue StrictFIFO with priorities).
+Queueing = Literal["best-effort", "fifo", "priority"]
+#: Where an estimated wait came from: "free" (fits now behind the demand ahead), "runtime" (the
+#: simulation of running and pending work), "history" (measured delays), "default" (nothing known).
+WaitSource = Literal["free", "runtime", "history", "default"]
 
 
 class Taint(msgspec.Struct, frozen=True, kw_only=True):
@@ -35,17 +45,55 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     sharing: list[str] = []  # sharing mechanisms this node offers ("mig", "time-slicing")
 
 
+class RequestShape(msgspec.Struct, frozen=True, kw_only=True):
+    """The shape of a request a queue wait is estimated for: `workers` workers of `gpus` GPUs,
+    each worker on one node, all started together (a gang), on the nodes that `counts`."""
+
+    gpus: int  # GPUs per worker (whole)
+    workers: int = 1
+    gpu_product: str | None = None  # only nodes of this GPU model (nvidia.com/gpu.product); None: any
+    pool: str | None = None  # only nodes of this pool (gpuorch.io/pool); None: any
+
+    def counts(self, gpu_product: str | None, pool: str | None) -> bool:
+        """Whether a node of this model and pool is one of the nodes the shape may use (the one
+        rule for inventory, which simulates on those nodes, and the router, which matches them)."""
+        return (self.gpu_product is None or self.gpu_product == gpu_product) and (self.pool is None or self.pool == pool)
+
+    def describe(self) -> str:
+        size = f"{self.gpus} GPU" if self.gpus == 1 else f"{self.gpus} GPUs"
+        if self.workers > 1:
+            size = f"{self.workers} x {size}"
+        where = [w for w in (self.gpu_product and f"on {self.gpu_product}", self.pool and f"in pool {self.pool}") if w]
+        return " ".join([size, *where]) if where else f"{size} on any node"
+
+
+class ShapeWait(msgspec.Struct, frozen=True, kw_only=True):
+    """Inventory's estimated wait (simulated seconds) of a new request of `shape` in one queue."""
+
+    shape: RequestShape
+    seconds: float
+    source: WaitSource = "runtime"
+
+
 class QueueInfo(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     owners: list[str] = msgspec.field(default_factory=lambda: ["*"])  # who may submit; "*" = everyone
     pending_jobs: int = 0
     pending_gpus: int = 0
-    estimated_wait_seconds: float = 0.0  # from running work's remaining time and measured history
+    # a new one-GPU request's wait: from running work's remaining time and measured history
+    estimated_wait_seconds: float = 0.0
+    # waits per request shape (one GPU; a full node, and all nodes, of each GPU model and pool; the
+    # largest gang), under the destination's admission order (`ClusterRegistryEntry.queueing`).
+    # Empty from inventories older than this field: readers then use `estimated_wait_seconds`.
+    shape_waits: list[ShapeWait] = []
 
 
 class QueueRegistry(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     owners: list[str] = msgspec.field(default_factory=lambda: ["*"])
+    # with an admission system (Kueue): the ClusterQueue this queue feeds. Queues naming the same
+    # one share its line of pending work; None: the queue is a line of its own
+    cluster_queue: str | None = None
 
 
 class SecretKeyRef(msgspec.Struct, frozen=True, kw_only=True):
@@ -102,6 +150,7 @@ class ClusterRegistryEntry(msgspec.Struct, frozen=True, kw_only=True):
     # stagings): where present, `bandwidth_mbps` holds this figure instead of the registry's
     bandwidth_measured: dict[str, float] = {}
     metrics: MetricsSource | None = None  # where its GPU metrics are read (None: nowhere, "unknown")
+    queueing: Queueing = "best-effort"  # the order its admission follows (inventory's waits per shape)
 
 
 class ClusterSnapshot(msgspec.Struct, frozen=True, kw_only=True):

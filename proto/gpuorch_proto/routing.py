@@ -63,6 +63,9 @@ class Estimate(msgspec.Struct, frozen=True, kw_only=True):
     # on no other: the router learns run times per model from it); "" = no GPU, several suitable
     # models (`run` is for the slowest, named in the summary), or an older router
     gpu_model: str = ""
+    # what `queue_wait` is: which request shape's wait inventory published for the queue, or the
+    # queue's single estimate, or the backlog; "" from routers older than this field
+    queue_basis: str = ""
 
 
 class ClusterVerdict(msgspec.Struct, frozen=True, kw_only=True):

@@ -11,12 +11,12 @@ from gpuorch_inventory.core import (
     QueueHistory,
     build_snapshot,
     earliest_start,
-    estimate_queue_waits,
     measure_queue_delays,
     observe,
     parse_staged_entry,
     parse_staged_key,
     parse_time,
+    queue_shape_waits,
     snapshot_changed,
     staged_refs,
     unreachable_snapshot,
@@ -293,15 +293,18 @@ def test_with_an_admission_system_only_the_same_queue_is_ahead():
     assert queue_of(kueue, "research").estimated_wait_seconds == 1100
 
 
+def first_waits(*args, **kw):
+    """Each queue's first wait (one GPU on any node), as `estimated_wait_seconds` carries it."""
+    return {q: ws[0] for q, ws in queue_shape_waits(*args, **kw).items()}
+
+
 def test_unknown_durations_fall_back_to_history_then_to_the_default():
     nodes = [make_node("gpu-0")]
     pods = [make_pod("no-annotation", node="gpu-0", gpus=8, started=T0 - 60)]
-    waits = estimate_queue_waits("primary", nodes, pods, make_registry("training"), now=T0, time_scale=1.0)
+    waits = first_waits("primary", nodes, pods, make_registry("training"), now=T0, time_scale=1.0)
     assert (waits["training"].source, waits["training"].seconds) == ("default", 3600.0)
     hist = observe(observe(QueueHistory(), "primary", "training", 1000.0), "primary", "training", 2000.0)
-    waits = estimate_queue_waits(
-        "primary", nodes, pods, make_registry("training"), now=T0, time_scale=1.0, history=hist
-    )
+    waits = first_waits("primary", nodes, pods, make_registry("training"), now=T0, time_scale=1.0, history=hist)
     assert waits["training"].source == "history"
     assert waits["training"].seconds == pytest.approx(0.3 * 2000 + 0.7 * 1000)
     assert waits["default"].source == "default"  # history is per (cluster, queue)
@@ -310,8 +313,8 @@ def test_unknown_durations_fall_back_to_history_then_to_the_default():
 def test_wait_sources_are_reported():
     nodes = [make_node("gpu-0")]
     busy = make_pod("busy", node="gpu-0", gpus=8, expected=100, started=T0)
-    free = estimate_queue_waits("c", nodes, [], make_registry(), now=T0, time_scale=1.0)
-    full = estimate_queue_waits("c", nodes, [busy], make_registry(), now=T0, time_scale=1.0)
+    free = first_waits("c", nodes, [], make_registry(), now=T0, time_scale=1.0)
+    full = first_waits("c", nodes, [busy], make_registry(), now=T0, time_scale=1.0)
     assert free["default"].source == "free" and full["default"].source == "runtime"
 
 

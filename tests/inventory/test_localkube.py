@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpuorch.kube import ClusterClient, make_clients, unreachable
-from gpuorch_inventory.core import build_snapshot, estimate_queue_waits
+from gpuorch_inventory.core import build_snapshot, queue_shape_waits
 from gpuorch_inventory.service import describe_failure, list_cluster
 from gpuorch_localkube import LocalClusters
 from gpuorch_proto import ClusterSnapshot, Taint
@@ -89,7 +89,7 @@ async def test_queue_wait_of_a_local_cluster_comes_from_the_background_jobs_rema
         _, nodes, pods = observe(cc)
         # only the A100 nodes: the free L4 would let a 1-GPU request start at once
         a100 = [n for n in nodes if n["metadata"]["name"].startswith("a100")]
-        w = estimate_queue_waits("lab", a100, pods, make_registry(), now=time.time(), time_scale=SCALE)["default"]
+        w = queue_shape_waits("lab", a100, pods, make_registry(), now=time.time(), time_scale=SCALE)["default"][0]
         assert w.source == "runtime", w
         return w
 

@@ -12,17 +12,19 @@ the docstrings below are the precise rules.
 
 from __future__ import annotations
 
+import heapq
 import math
 import operator
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 
 from gpuorch_proto import ClusterRegistryEntry, ClusterSnapshot, NodeInfo, QueueInfo, Taint
+from gpuorch_proto.inventory import Queueing, RequestShape, ShapeWait
 from gpuorch_proto.k8s import (
     ANN_EXPECTED_DURATION,
     GPU_RESOURCE,
@@ -55,16 +57,19 @@ __all__ = [
     "Memo",
     "PodStart",
     "QueueHistory",
-    "WaitEstimate",
+    "Slot",
     "build_snapshot",
     "earliest_start",
-    "estimate_queue_waits",
     "measure_queue_delays",
     "measured_bandwidth",
     "observe",
     "observe_pod_starts",
     "parse_staged_entry",
     "parse_staged_key",
+    "published_waits",
+    "queue_shape_waits",
+    "request_shapes",
+    "shape_waits",
     "snapshot_changed",
     "staged_refs",
     "unreachable_snapshot",
@@ -75,14 +80,15 @@ LABEL_KUEUE_QUEUE = KUEUE_QUEUE_LABEL  # fallback: Kueue's local-queue label
 ENV_TRACEPARENT = "TRACEPARENT"  # the dispatcher hands the workload's trace context to its code
 DEFAULT_QUEUE = "default"
 
-# Defaults of the queue-wait model (see estimate_queue_waits).
+# Defaults of the queue-wait model (see queue_shape_waits).
 REFERENCE_GPUS = 1
 UNKNOWN_WAIT_S = 3600.0
 HISTORY_ALPHA = 0.3
 WAIT_TOLERANCE = 0.1
 MAX_AHEAD = 500
-
-WaitSource = Literal["free", "runtime", "history", "default"]
+#: the priority of the request a wait is estimated for: the dispatcher gives gpuorch's Jobs no
+#: priority class, so their pods have priority 0; pending pods of lower priority are behind them
+REQUEST_PRIORITY = 0
 
 
 # --------------------------------------------------------------------------- parsing helpers
@@ -520,6 +526,18 @@ class _Timeline:
             i = b + 1  # every candidate up to b has b in its window
         return None
 
+    def free_for_good(self) -> list[tuple[float, int]]:
+        """(t, GPUs free from t on for good), at each point where that grows, from 0: capacity
+        minus the most in use at or after t. It grows only where something ends."""
+        out: list[tuple[float, int]] = []
+        most = 0
+        for k in range(len(self.times) - 1, -1, -1):
+            if self.used[k] > most:
+                most = self.used[k]
+            out.append((self.times[k], self.capacity - most))
+        out.reverse()
+        return [step for k, step in enumerate(out) if k == 0 or step[1] != out[k - 1][1]]
+
     def earliest(self, gpus: int, duration: float) -> tuple[float, int] | None:
         """Earliest t (0 or when something ends) with `gpus` free on this node over
         [t, t+duration), and how many GPUs are left free at t after taking them."""
@@ -549,38 +567,31 @@ class Hold:
 
 @dataclass(frozen=True)
 class Demand:
-    """A pending pod ahead in line: `gpus` on one node among `nodes` (None = any) for `duration`."""
+    """Pending work ahead in line: `workers` pods of `gpus` GPUs, each on one node among `nodes`
+    (None = any), for `duration` (None = unknown). Under a strict order (`shape_waits`) its
+    workers start together, as a gang; conservative backfilling places them one by one."""
 
     gpus: int
     duration: float | None
     nodes: frozenset[str] | None = None
+    workers: int = 1
 
 
 @dataclass(frozen=True)
-class WaitEstimate:
-    seconds: float  # simulated
-    source: WaitSource
+class Slot:
+    """A schedulable node with GPUs, as the queue-wait model sees it (in the cluster's node order)."""
+
+    name: str
+    gpus: int  # allocatable
+    gpu_product: str | None = None
+    pool: str | None = None
 
 
-def earliest_start(
-    capacity: Mapping[str, int],
-    holds: Sequence[Hold],
-    ahead: Sequence[Demand],
-    request_gpus: int = REFERENCE_GPUS,
-    *,
-    max_ahead: int = MAX_AHEAD,
-) -> float | None:
-    """When (simulated seconds from now) `request_gpus` GPUs on one node are free for good.
-
-    A small event simulation with conservative backfilling: running pods release their GPUs
-    when their remaining time ends; each demand ahead, in order, reserves GPUs on the node and
-    at the earliest time where they stay free for its whole duration (best fit among nodes);
-    then the request takes the earliest time from which `request_gpus` stay free on some node.
-    Unknown durations hold forever. Demands that can never fit (too big, no eligible node)
-    are skipped, as a scheduler skips unschedulable pods; only the first `max_ahead` demands
-    are simulated (bounded cost; beyond it the estimate is optimistic). Returns None when the request cannot
-    be placed within what is known (unknown durations, or no node with that many GPUs).
-    """
+def _book_ahead(
+    capacity: Mapping[str, int], holds: Sequence[Hold], ahead: Sequence[Demand], max_ahead: int
+) -> dict[str, _Timeline]:
+    """Conservative backfilling of the demand ahead: each node's timeline after running pods and
+    every demand's pods took their GPUs (see `earliest_start`)."""
     usage = {n: _Timeline(c) for n, c in capacity.items()}
     for h in holds:
         if h.node in usage and h.gpus > 0:
@@ -605,11 +616,220 @@ def earliest_start(
             continue
         duration = math.inf if d.duration is None else max(0.0, d.duration)
         nodes = everywhere if d.nodes is None else in_order.get(d.nodes) or in_order.setdefault(d.nodes, sorted(d.nodes))
-        spot = place(d.gpus, duration, nodes)
-        if spot is not None and duration > 0:
-            usage[spot[1]].book(spot[0], spot[0] + duration, d.gpus)
-    spot = place(max(1, request_gpus), math.inf, everywhere)
-    return None if spot is None else spot[0]
+        for _ in range(max(1, d.workers)):
+            spot = place(d.gpus, duration, nodes)
+            if spot is not None and duration > 0:
+                usage[spot[1]].book(spot[0], spot[0] + duration, d.gpus)
+    return usage
+
+
+def _gang_for_good(usage: Mapping[str, _Timeline], nodes: Iterable[str], gpus: int, workers: int) -> float | None:
+    """The earliest time (0 or an end) from which `workers` placements of `gpus` GPUs stay free for
+    good on `nodes`, several on one node where it has room; None: never within what is known."""
+    steps: list[tuple[float, int]] = []  # (time, more placements from then on)
+    for n in nodes:
+        tl = usage.get(n)
+        if tl is None or tl.capacity < gpus:
+            continue
+        had = 0
+        for at, free in tl.free_for_good():
+            have = max(0, free) // gpus
+            if have > had:
+                steps.append((at, have - had))
+                had = have
+    steps.sort()
+    total = 0
+    for at, more in steps:  # placements only ever increase: the first time there are enough
+        total += more
+        if total >= workers:
+            return at
+    return None
+
+
+def earliest_start(
+    capacity: Mapping[str, int],
+    holds: Sequence[Hold],
+    ahead: Sequence[Demand],
+    request_gpus: int = REFERENCE_GPUS,
+    *,
+    max_ahead: int = MAX_AHEAD,
+) -> float | None:
+    """When (simulated seconds from now) `request_gpus` GPUs on one node are free for good.
+
+    A small event simulation with conservative backfilling: running pods release their GPUs
+    when their remaining time ends; each demand ahead, in order, reserves GPUs on the node and
+    at the earliest time where they stay free for its whole duration (best fit among nodes);
+    then the request takes the earliest time from which `request_gpus` stay free on some node.
+    Unknown durations hold forever. Demands that can never fit (too big, no eligible node)
+    are skipped, as a scheduler skips unschedulable pods; only the first `max_ahead` demands
+    are simulated (bounded cost; beyond it the estimate is optimistic). Returns None when the request cannot
+    be placed within what is known (unknown durations, or no node with that many GPUs).
+    """
+    usage = _book_ahead(capacity, holds, ahead, max_ahead)
+    return _gang_for_good(usage, sorted(capacity), max(1, request_gpus), 1)
+
+
+def request_shapes(slots: Sequence[Slot], reference_gpus: int = REFERENCE_GPUS) -> list[RequestShape]:
+    """The shapes inventory publishes a wait for, in this order: `reference_gpus` GPUs on any node
+    (the wait `estimated_wait_seconds` repeats); for each GPU model and pool of the nodes (in
+    order of model, then pool): one GPU, one full node, and every node of it as one gang; then the
+    largest gang of the cluster: one worker on each node with the most GPUs, that many GPUs each.
+    A shape that repeats an earlier one's nodes and size is left out."""
+    out: list[RequestShape] = []
+    seen: set[tuple[frozenset[str], int, int]] = set()
+
+    def add(shape: RequestShape) -> None:
+        names = frozenset(s.name for s in slots if shape.counts(s.gpu_product, s.pool))
+        key = (names, shape.gpus, shape.workers)
+        if key not in seen:
+            seen.add(key)
+            out.append(shape)
+
+    add(RequestShape(gpus=max(1, reference_gpus)))
+    kinds = sorted({(s.gpu_product, s.pool) for s in slots if s.gpus > 0}, key=lambda k: (k[0] or "", k[1] or ""))
+    for product, pool in kinds:
+        sizes = [s.gpus for s in slots if RequestShape(gpus=1, gpu_product=product, pool=pool).counts(s.gpu_product, s.pool)]
+        full = max(sizes)
+        add(RequestShape(gpus=1, gpu_product=product, pool=pool))
+        add(RequestShape(gpus=full, gpu_product=product, pool=pool))
+        add(RequestShape(gpus=full, workers=sum(1 for g in sizes if g >= full), gpu_product=product, pool=pool))
+    if slots:
+        most = max(s.gpus for s in slots)
+        if most > 0:
+            add(RequestShape(gpus=most, workers=sum(1 for s in slots if s.gpus >= most)))
+    return out
+
+
+def _strict_start(
+    free: list[int], events: list[tuple[float, int, int]], t: float, nodes: Sequence[int], member: frozenset[int],
+    gpus: int, workers: int,
+) -> float | None:
+    """Advance the clock from `t` (releasing the GPUs of what ends) until `workers` placements of
+    `gpus` GPUs are free on `nodes`; the time, None when nothing more ends first."""
+    pop = heapq.heappop
+    while events and events[0][0] <= t:
+        _, i, g = pop(events)
+        free[i] += g
+    have = 0
+    for i in nodes:
+        have += free[i] // gpus
+    while have < workers:
+        if not events:
+            return None
+        t = events[0][0]
+        while events and events[0][0] <= t:
+            _, i, g = pop(events)
+            before = free[i]
+            free[i] = before + g
+            if i in member:
+                have += (before + g) // gpus - before // gpus
+    return t
+
+
+def _strict_waits(
+    slots: Sequence[Slot], holds: Sequence[Hold], ahead: Sequence[Demand], shapes: Sequence[RequestShape], max_ahead: int
+) -> list[float | None]:
+    """`shape_waits` for a strict order: each demand ahead starts, all its workers at once, no
+    earlier than the one before it, at the first time its gang fits on its nodes (each worker on
+    the node with the fewest free GPUs that fit, then in node order); the request likewise after
+    the last one. Free GPUs only grow after the line's last start, so that is exact: it is
+    `gpuorch.simulate`'s strict-FIFO cluster (`ClusterModel.plan`) run on the expected times."""
+    n = len(slots)
+    index = {s.name: i for i, s in enumerate(slots)}
+    cap = [s.gpus for s in slots]
+    free = list(cap)  # never below 0: a node's running pods hold at most what it has
+    events: list[tuple[float, int, int]] = []  # (end, node, GPUs released)
+    for h in holds:
+        i = index.get(h.node)
+        if i is None or h.gpus <= 0 or (h.remaining is not None and h.remaining <= 0):
+            continue
+        g = min(h.gpus, free[i])
+        free[i] -= g
+        if h.remaining is not None and g > 0:
+            events.append((h.remaining, i, g))
+    heapq.heapify(events)
+    everywhere = tuple(range(n))
+    eligible: dict[frozenset[str] | None, tuple[tuple[int, ...], frozenset[int]]] = {None: (everywhere, frozenset(everywhere))}
+    most: dict[tuple[frozenset[str] | None, int], int] = {}  # placements an idle cluster has
+    t = 0.0
+    for d in ahead[:max_ahead]:
+        gpus, workers = d.gpus, d.workers
+        if gpus <= 0 or workers <= 0:
+            continue
+        got = eligible.get(d.nodes)
+        if got is None:
+            names = d.nodes or frozenset()
+            on = tuple(i for i in everywhere if slots[i].name in names)
+            got = eligible[d.nodes] = (on, frozenset(on))
+        nodes, member = got
+        room = most.get((d.nodes, gpus))
+        if room is None:
+            room = most[(d.nodes, gpus)] = sum(cap[i] // gpus for i in nodes)
+        if room < workers:
+            continue  # it can never fit: skipped, as a scheduler skips an unschedulable pod
+        start = _strict_start(free, events, t, nodes, member, gpus, workers)
+        if start is None:
+            return [None] * len(shapes)  # the line is stuck behind work of unknown duration
+        t = start
+        for _ in range(workers):
+            i = min((free[j], j) for j in nodes if free[j] >= gpus)[1]
+            free[i] -= gpus
+            if d.duration is not None:
+                heapq.heappush(events, (t + max(0.0, d.duration), i, gpus))
+    while events and events[0][0] <= t:
+        _, i, g = heapq.heappop(events)
+        free[i] += g
+    rest = sorted(events)
+    out: list[float | None] = []
+    for shape in shapes:
+        gpus, workers = shape.gpus, shape.workers
+        counted = frozenset(i for i in everywhere if shape.counts(slots[i].gpu_product, slots[i].pool))
+        if sum(cap[i] // gpus for i in counted) < workers:
+            out.append(None)
+            continue
+        have = sum(free[i] // gpus for i in counted)
+        at: float | None = t
+        if have < workers:
+            at = None
+            probe = list(free)
+            for end, i, g in rest:
+                if i in counted:
+                    before = probe[i]
+                    probe[i] = before + g
+                    have += (before + g) // gpus - before // gpus
+                    if have >= workers:
+                        at = end
+                        break
+        out.append(at)
+    return out
+
+
+def shape_waits(
+    slots: Sequence[Slot],
+    holds: Sequence[Hold],
+    ahead: Sequence[Demand],
+    shapes: Sequence[RequestShape],
+    queueing: Queueing = "best-effort",
+    *,
+    max_ahead: int = MAX_AHEAD,
+) -> list[float | None]:
+    """When (simulated seconds from now) a new request of each shape could start, with `ahead` the
+    demand before it in the destination's admission order; None: not within what is known.
+
+    `queueing` "fifo" and "priority" are strict: nothing starts before the work ahead of it
+    (`_strict_waits`, exact when the durations are). "best-effort" is conservative backfilling
+    (`earliest_start`): the demand ahead reserves GPUs pod by pod, and the request takes the
+    earliest time from which its gang stays free on the shape's nodes. Running pods (`holds`) free
+    their GPUs when their remaining time ends (None: never). Only the first `max_ahead` demands
+    are simulated; beyond them the estimate is optimistic.
+    """
+    if queueing == "best-effort":
+        usage = _book_ahead({s.name: s.gpus for s in slots}, holds, ahead, max_ahead)
+        return [
+            _gang_for_good(usage, [s.name for s in slots if shape.counts(s.gpu_product, s.pool)], shape.gpus, shape.workers)
+            for shape in shapes
+        ]
+    return _strict_waits(slots, holds, ahead, shapes, max_ahead)
 
 
 @dataclass(frozen=True)
@@ -723,7 +943,7 @@ def _remaining(pod: _Pod, now: float, time_scale: float) -> float | None:
     return max(0.0, pod.expected - elapsed)
 
 
-def estimate_queue_waits(
+def queue_shape_waits(
     cluster: str,
     nodes: Sequence[Mapping[str, Any]],
     pods: Pods,
@@ -735,15 +955,18 @@ def estimate_queue_waits(
     reference_gpus: int = REFERENCE_GPUS,
     unknown_wait_s: float = UNKNOWN_WAIT_S,
     memo: Memo | None = None,
-) -> dict[str, WaitEstimate]:
-    """Estimated wait (simulated seconds) of a new `reference_gpus`-GPU request in each queue.
+) -> dict[str, list[ShapeWait]]:
+    """Estimated wait (simulated seconds) of a new request of each shape (`request_shapes`) in
+    each queue, the first shape being `reference_gpus` GPUs on any node.
 
-    1. Runtime model (``earliest_start``): capacity = allocatable GPUs of schedulable nodes;
-       running pods hold theirs for expected duration (annotation, simulated s) minus elapsed
-       (real seconds since status.startTime x time_scale), at least 0; ahead of the request are
-       the pending pods (priority, then age) of the whole cluster when it has no admission
-       system, or of the same queue when it has one (Kueue/KAI/Volcano give queues their own
-       quota). 0 = "free": it fits now behind the demand ahead.
+    1. Runtime model (``shape_waits``): capacity = allocatable GPUs of schedulable nodes, in their
+       layout; running pods hold theirs for expected duration (annotation, simulated s) minus
+       elapsed (real seconds since status.startTime x time_scale), at least 0; ahead of the
+       request are the pending pods of its line, in the destination's admission order
+       (`registry.queueing`: by arrival, or by priority then age; pods of lower priority than the
+       request's are behind it): the whole cluster's when it has no admission system, else the
+       queue's own, or its ClusterQueue's (Kueue/KAI/Volcano give queues their own quota).
+       0 = "free": it fits now behind the demand ahead.
     2. If the model cannot tell (a relevant pod has no expected duration), the EWMA of measured
        delays for (cluster, queue): "history".
     3. Otherwise `unknown_wait_s`: "default".
@@ -782,6 +1005,38 @@ def _eligibility(schedulable: Sequence[_Node], memo: Memo | None) -> Callable[[_
     return remembered
 
 
+def _line_key(registry: ClusterRegistryEntry) -> Callable[[str], str]:
+    """Which line of pending work each queue's requests join: the whole cluster's (one line) when
+    it has no admission system; with one, the queue's own, or its Kueue ClusterQueue's when the
+    registry names one (queues feeding one ClusterQueue share its line)."""
+    if registry.admission == "none":
+        return lambda queue: ""
+    shared = {q.name: f"cq:{q.cluster_queue}" for q in registry.queues if q.cluster_queue}
+    return lambda queue: shared.get(queue, f"q:{queue}")
+
+
+def _ahead(line: Sequence[_Pod], queueing: Queueing, eligible: Callable[[_Pod], frozenset[str]]) -> list[Demand]:
+    """The demand a line's pods (already in admission order) put ahead of a new request. A strict
+    order admits a Job whole: its pending pods of one size are one gang, in its first pod's place."""
+    if queueing == "best-effort":
+        return [Demand(gpus=p.gpus, duration=p.expected, nodes=eligible(p)) for p in line]
+    gangs: dict[tuple[str, int], list[_Pod]] = {}
+    for p in line:
+        gangs.setdefault((p.job, p.gpus), []).append(p)
+    return [
+        Demand(gpus=pods[0].gpus, duration=pods[0].expected, nodes=eligible(pods[0]), workers=len(pods))
+        for pods in gangs.values()
+    ]
+
+
+def _admission_order(queueing: Queueing) -> Callable[[_Pod], tuple[Any, ...]]:
+    """The order a line's pending pods are admitted in: by arrival under "fifo" (priority ignored),
+    else highest priority first, then oldest (`_Pod.order`)."""
+    if queueing == "fifo":
+        return lambda p: p.order[1:]
+    return _ORDER
+
+
 def _waits(
     cluster: str,
     parsed_nodes: Sequence[_Node],
@@ -794,40 +1049,52 @@ def _waits(
     reference_gpus: int,
     unknown_wait_s: float,
     memo: Memo | None,
-) -> dict[str, WaitEstimate]:
+) -> dict[str, list[ShapeWait]]:
     schedulable = [n for n in parsed_nodes if n.schedulable and n.gpus > 0]
-    capacity = {n.info.name: n.gpus for n in schedulable}
+    slots = [Slot(n.info.name, n.gpus, n.info.gpu_product, n.info.pool) for n in schedulable]
+    shapes = request_shapes(slots, reference_gpus)
     holds = [Hold(p.node, p.gpus, _remaining(p, now, time_scale)) for p in parsed if p.holds and p.node]
     known = _queue_names(registry)
     known_set = set(known)
-    pending = sorted((p for p in parsed if p.pending and p.gpus > 0), key=_ORDER)
+    queueing = registry.queueing
+    # ahead of a new request: every pending pod under "fifo"; else those of its priority or higher
+    pending = sorted(
+        (p for p in parsed if p.pending and p.gpus > 0 and (queueing == "fifo" or p.priority >= REQUEST_PRIORITY)),
+        key=_admission_order(queueing),
+    )
     eligible = _eligibility(schedulable, memo)
-    by_queue: dict[str, list[_Pod]] = {}  # (only the first MAX_AHEAD of each line count)
-    if registry.admission != "none":
-        for p in pending:
-            line_of = by_queue.setdefault(_queue_of(p, known_set), [])
-            if len(line_of) < MAX_AHEAD:
-                line_of.append(p)
+    line_of = _line_key(registry)
+    lines: dict[str, list[_Pod]] = {}  # (only the first MAX_AHEAD of each line count)
+    for p in pending:
+        line = lines.setdefault(line_of(_queue_of(p, known_set)), [])
+        if len(line) < MAX_AHEAD:
+            line.append(p)
 
-    def demand(p: _Pod) -> Demand:
-        return Demand(gpus=p.gpus, duration=p.expected, nodes=eligible(p))
-
-    out: dict[str, WaitEstimate] = {}
-    starts: dict[tuple[str, ...], float | None] = {}  # queues with the same demand ahead share a result
+    out: dict[str, list[ShapeWait]] = {}
+    starts: dict[str, list[float | None]] = {}  # queues in the same line share a result
     for queue in known:
-        ahead = (pending if registry.admission == "none" else by_queue.get(queue, []))[:MAX_AHEAD]
-        line = tuple(p.key for p in ahead)
-        if line not in starts:
-            starts[line] = earliest_start(capacity, holds, [demand(p) for p in ahead], reference_gpus)
-        start = starts[line]
-        if start is not None:
-            out[queue] = WaitEstimate(start, "free" if start == 0 else "runtime")
-            continue
+        key = line_of(queue)
+        if key not in starts:
+            ahead = _ahead(lines.get(key, []), queueing, eligible)
+            starts[key] = shape_waits(slots, holds, ahead, shapes, queueing)
         measured = None if history is None else history.ewma(cluster, queue)
-        if measured is not None:
-            out[queue] = WaitEstimate(measured, "history")
+        out[queue] = published_waits(shapes, starts[key], measured, unknown_wait_s)
+    return out
+
+
+def published_waits(
+    shapes: Sequence[RequestShape], starts: Sequence[float | None], measured: float | None, unknown_wait_s: float = UNKNOWN_WAIT_S
+) -> list[ShapeWait]:
+    """Each shape's wait as a snapshot carries it: the model's start ("free" at 0, else "runtime");
+    where the model cannot tell, the queue's measured delays ("history"), else `unknown_wait_s`."""
+    out: list[ShapeWait] = []
+    for shape, start in zip(shapes, starts, strict=True):
+        if start is not None:
+            out.append(ShapeWait(shape=shape, seconds=start, source="free" if start == 0 else "runtime"))
+        elif measured is not None:
+            out.append(ShapeWait(shape=shape, seconds=measured, source="history"))
         else:
-            out[queue] = WaitEstimate(unknown_wait_s, "default")
+            out.append(ShapeWait(shape=shape, seconds=unknown_wait_s, source="default"))
     return out
 
 
@@ -1015,7 +1282,8 @@ def build_snapshot(
                 owners=owners.get(q, ["*"]),
                 pending_jobs=len({p.job for p in mine}),
                 pending_gpus=sum(p.gpus for p in mine),
-                estimated_wait_seconds=waits[q].seconds,
+                estimated_wait_seconds=waits[q][0].seconds,
+                shape_waits=waits[q],
             )
         )
     return ClusterSnapshot(
@@ -1094,13 +1362,27 @@ def snapshot_changed(old: ClusterSnapshot | None, new: ClusterSnapshot, *, wait_
             observed_at=0.0,
             published_at=0.0,
             error=None,
-            queues=[msgspec.structs.replace(q, estimated_wait_seconds=0.0) for q in s.queues],
+            queues=[
+                msgspec.structs.replace(
+                    q,
+                    estimated_wait_seconds=0.0,
+                    # a wait that ages to 0 turns "free": drift too, not news
+                    shape_waits=[ShapeWait(shape=w.shape, seconds=0.0, source="runtime" if w.source == "free" else w.source)
+                                 for w in q.shape_waits],
+                )
+                for q in s.queues
+            ],
         )
 
     if norm(old) != norm(new):
         return True
     elapsed_sim = max(0.0, new.observed_at - old.observed_at) * new.time_scale
     return any(
-        _wait_news(a.estimated_wait_seconds, b.estimated_wait_seconds, elapsed_sim, wait_tolerance)
-        for a, b in zip(old.queues, new.queues, strict=True)
+        _wait_news(a, b, elapsed_sim, wait_tolerance)
+        for qa, qb in zip(old.queues, new.queues, strict=True)
+        for a, b in zip(
+            [qa.estimated_wait_seconds, *(w.seconds for w in qa.shape_waits)],
+            [qb.estimated_wait_seconds, *(w.seconds for w in qb.shape_waits)],
+            strict=True,
+        )
     )

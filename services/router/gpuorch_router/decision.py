@@ -78,7 +78,9 @@ def eligibility(idx: SnapshotIndex, d: Demand) -> Elig:
     checks.extend(reg_list)
     elig = Elig(checks=checks, ok=all(c.ok for c in checks), staging=staging, resume=resume)
     if elig.ok:
-        elig.queue_wait, elig.queue, elig.product, elig.pools, elig.only_model = placement_terms(idx, d, suitable, queues)
+        (elig.queue_wait, elig.queue, elig.product, elig.pools, elig.only_model, elig.queue_basis) = placement_terms(
+            idx, d, suitable, queues
+        )
         # what the checks accepted, as the Job's constraints: the products are this cluster's own
         elig.placement = placement_for(d.resources, d.requirements, (c.product for c in idx.classes))
     return elig

@@ -4,8 +4,10 @@
 - run saved by resuming + output transfer``; ``cost = GPUs x (startup + run - saved) x price``;
 ``score = time_weight x hours + cost_weight x cost``, nudged by the soft preferences. The terms:
 
-* queue wait (:func:`queue_wait`): the queue's measured estimate, else the GPU backlog ahead over
-  the suitable GPUs, in mean job lengths; zero when the gang fits now and nobody is ahead;
+* queue wait (:func:`queue_wait`): inventory's wait for the published request shape nearest the
+  gang (:func:`shape_wait`); from a snapshot without waits per shape, the queue's single estimate,
+  else the GPU backlog ahead over the suitable GPUs, in mean job lengths; zero when the gang fits
+  now and nobody is ahead. The router never models the queue itself: inventory owns that;
 * staging: image pull unless cached, data copies (``checks.data_staging``), a measured fraction of
   which overlaps the queue wait (``history.overlap_for``);
 * run (:func:`run_seconds`): the learnt distribution of the workload's runs (a quantile, blended
@@ -23,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from gpuorch_proto.inventory import ShapeWait
 from gpuorch_proto.placement import Placement
 from gpuorch_proto.resume import ResumeVerdict
 from gpuorch_proto.routing import Check, Estimate
@@ -49,6 +52,7 @@ __all__ = [
     "queue_wait",
     "relative_speed",
     "run_seconds",
+    "shape_wait",
 ]
 
 #: Throughput relative to an A100 (= 1.0), by GPU family token in the GFD product name. Coarse
@@ -97,6 +101,7 @@ class Elig:
     staging: Staging
     resume: ResumeVerdict | None = None  # can this cluster resume the latest checkpoint
     queue_wait: float = 0.0
+    queue_basis: str = ""  # what the queue wait is (`queue_wait`'s why)
     queue: str = ""  # "" = the cluster has no admission queues
     product: str | None = None  # GPU model the run time is scaled to
     only_model: bool = False  # every suitable node has that model (the run can land on no other)
@@ -119,6 +124,39 @@ def relative_speed(product: str | None) -> float:
     return 1.0
 
 
+def _on_suitable(idx: SnapshotIndex, suitable: Sequence[NodeClass], wait: ShapeWait) -> bool:
+    """Whether every GPU node the shape's wait counts is one the gang may use (and there is one)."""
+    counted = [c for c in idx.classes if c.allocatable > 0 and wait.shape.counts(c.product, c.pool)]
+    if not counted:
+        return False
+    mine = {id(c) for c in suitable}
+    if all(id(c) in mine for c in counted):
+        return True
+    names = {n.name for c in suitable for n in c.members}  # classes regrouped (a hostname selector)
+    return all(n.name in names for c in counted for n in c.members)
+
+
+def shape_wait(
+    idx: SnapshotIndex, d: Demand, suitable: Sequence[NodeClass], waits: Sequence[ShapeWait]
+) -> tuple[ShapeWait, bool] | None:
+    """The published wait for the gang's shape (docs/routing.md, *Queue wait*), and whether that
+    shape covers the gang. Of the shapes whose nodes the gang may all use, the smallest (in GPUs,
+    then GPUs per worker) at least as large as the gang, per worker and in all; of equal ones the
+    earliest (the gang starts wherever a place frees first). None covers it: the largest of them
+    (an optimistic wait). None on nodes it may use (a gang narrower than any shape, a snapshot
+    without shapes): None, and the caller uses the queue's single estimate."""
+    usable = [w for w in waits if _on_suitable(idx, suitable, w)]
+    if not usable:
+        return None
+    need = d.per_node * d.units
+    covering = [w for w in usable if w.shape.gpus >= d.per_node and w.shape.gpus * w.shape.workers >= need]
+    if covering:
+        smallest = min((w.shape.gpus * w.shape.workers, w.shape.gpus) for w in covering)
+        same = [w for w in covering if (w.shape.gpus * w.shape.workers, w.shape.gpus) == smallest]
+        return min(same, key=lambda w: w.seconds), True
+    return max(usable, key=lambda w: (w.shape.gpus * w.shape.workers, w.shape.gpus, -w.seconds)), False
+
+
 def queue_wait(idx: SnapshotIndex, d: Demand, suitable: Sequence[NodeClass], queue: str) -> tuple[float, str]:
     """(seconds, why) until the gang could start here, for one queue."""
     n_free = sum(free_slots(c, d.per_node, d.units) for c in suitable)
@@ -126,9 +164,15 @@ def queue_wait(idx: SnapshotIndex, d: Demand, suitable: Sequence[NodeClass], que
     info = idx.queue_info.get(queue) if queue else None
     ahead = info.pending_gpus if info is not None else idx.pending_gpus
     if fits_now and ahead <= 0:
-        return 0.0, "fits now"
+        return 0.0, "fits now, nothing pending ahead"
+    if info is not None and info.shape_waits and d.per_node > 0:
+        found = shape_wait(idx, d, suitable, info.shape_waits)
+        if found is not None:
+            w, covers = found
+            why = f"queue {queue}: inventory's wait for {w.shape.describe()} ({w.source})"
+            return w.seconds, why if covers else why + ", the largest shape published on its nodes: it asks for more"
     if info is not None and info.estimated_wait_seconds > 0:
-        return info.estimated_wait_seconds, f"queue {queue} estimate"
+        return info.estimated_wait_seconds, f"queue {queue}: inventory's single estimate (one GPU)"
     if d.per_node <= 0:
         return 0.0, "no GPU"
     capacity = sum(c.ready * c.allocatable for c in suitable)
@@ -193,18 +237,19 @@ def run_seconds(d: Demand, product: str | None, speed: float | None = None) -> t
 
 def placement_terms(
     idx: SnapshotIndex, d: Demand, suitable: Sequence[NodeClass], queues: Sequence[str]
-) -> tuple[float, str, str | None, frozenset[str], bool]:
+) -> tuple[float, str, str | None, frozenset[str], bool, str]:
     """(queue wait, queue, GPU model assumed, pools of the suitable nodes, is that model the only
-    suitable one) of an eligible cluster: the best queue, and the slowest suitable model (the
-    destination places the gang: routing is not placement)."""
-    best_wait, best_queue = math.inf, ""
+    suitable one, what the wait is) of an eligible cluster: the best queue, and the slowest suitable
+    model (the destination places the gang: routing is not placement)."""
+    best_wait, best_queue, basis = math.inf, "", ""
     for q in queues:
-        wait, _ = queue_wait(idx, d, suitable, q)
+        wait, why = queue_wait(idx, d, suitable, q)
         if (wait, q) < (best_wait, best_queue):
-            best_wait, best_queue = wait, q
+            best_wait, best_queue, basis = wait, q, why
     products = sorted({c.product for c in suitable if c.allocatable > 0 and c.product}, key=relative_speed)
     product = products[0] if (products and d.per_worker > 0) else None
-    return best_wait, best_queue, product, frozenset(c.pool for c in suitable if c.pool), len(products) == 1
+    pools = frozenset(c.pool for c in suitable if c.pool)
+    return best_wait, best_queue, product, pools, len(products) == 1, basis
 
 
 def estimate(idx: SnapshotIndex, d: Demand, elig: Elig, speed: float | None = None) -> Estimate:
@@ -245,6 +290,7 @@ def estimate(idx: SnapshotIndex, d: Demand, elig: Elig, speed: float | None = No
         resume_saved=saved,
         run_source=source,
         gpu_model=(product or "") if elig.only_model else "",
+        queue_basis=elig.queue_basis,
     )
 
 

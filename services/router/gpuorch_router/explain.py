@@ -5,6 +5,8 @@
 * routed: why here (the winner's estimate terms, and where its run time came from: learnt runs
   of its class, the declared value, or a default) and, for every other cluster, why not there
   (each failed check, or how its estimate terms compare with the winner's);
+* every eligible cluster's queue wait: which shape's wait inventory published it is (or which
+  other basis);
 * waiting: why still waiting (which capacity-only checks block each cluster, and what would
   unblock them), and which clusters can never run it;
 * rejected: every cluster's permanent reasons and what would have to change.
@@ -226,6 +228,11 @@ def render_explain(decision: RoutingDecision) -> str:
         for v in ineligible:
             lines.append(f"  {v.cluster}:")
             lines.extend(_checks_lines(v))
+    based = [(v.cluster, v.estimate.queue_basis) for v in eligible if v.estimate is not None and v.estimate.queue_basis]
+    if based:
+        lines.append("")
+        lines.append("Queue waits used (inventory's estimates; for the gang's shape where published):")
+        lines.extend(f"  {cluster}: {basis}" for cluster, basis in based)
     return "\n".join(lines) + "\n"
 
 

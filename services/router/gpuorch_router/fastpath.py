@@ -115,7 +115,9 @@ class _IndexMemo:
     elig: dict[int, _Elig] = field(default_factory=dict)  # eligibility signature -> checks
     node: dict[tuple[object, ...], NodePart] = field(default_factory=dict)  # node_key -> filter prefix
     shape: dict[tuple[object, ...], NodePart] = field(default_factory=dict)  # classes left + shape -> tail
-    place: dict[tuple[object, ...], tuple[float, str, str | None, frozenset[str], bool]] = field(default_factory=dict)
+    place: dict[tuple[object, ...], tuple[float, str, str | None, frozenset[str], bool, str]] = field(
+        default_factory=dict
+    )
     reg: dict[tuple[object, ...], tuple[Staging, ResumeVerdict | None, tuple[Check, ...], tuple[str, ...]]] = field(
         default_factory=dict
     )
@@ -377,7 +379,7 @@ class RoutingMemo:
                 if len(im.place) >= self.memo_size:
                     im.place.clear()
                 im.place[key] = placed
-            elig.queue_wait, elig.queue, elig.product, elig.pools, elig.only_model = placed
+            elig.queue_wait, elig.queue, elig.product, elig.pools, elig.only_model, elig.queue_basis = placed
             elig.placement = placement_for(d.resources, d.requirements, (c.product for c in idx.classes))
         return elig
 
