@@ -16,7 +16,7 @@ help: ## List the targets
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev,web]'
 	@touch $(STAMP)
 
 setup: $(STAMP) ## Create .venv and install gpuorch with its pinned dependencies

@@ -34,6 +34,7 @@ from typing import Any
 
 import msgspec
 
+from gpuorch import extras
 from gpuorch.client import Client
 from gpuorch.config import SettingError, Settings, Tuning
 from gpuorch.projection import Projection, WorkloadView
@@ -622,8 +623,21 @@ ASYNC = {"submit": cmd_submit, "get": cmd_get, "result": cmd_result, "logs": cmd
 
 
 
+def needs_web_extra(ns: argparse.Namespace) -> str | None:
+    """The command line, when this command needs the `web` extra (`gpuorch.extras`), else None."""
+    if ns.cmd == "web":
+        return "gpuorch web"
+    if ns.cmd in ("report", "simulate") and ns.plot is not None:
+        return f"gpuorch {ns.cmd} --plot"
+    return None
+
+
 def main(argv: list[str] | None = None) -> None:
     ns = build_parser().parse_args(argv)
+    what = needs_web_extra(ns)
+    if what is not None and (gone := extras.missing(extras.WEB)):
+        print(extras.hint(what, gone), file=sys.stderr)
+        raise SystemExit(2)
     if ns.cmd == "up":
         raise SystemExit(cmd_up(ns))
     if ns.cmd == "down":
@@ -645,7 +659,7 @@ def main(argv: list[str] | None = None) -> None:
 
         raise SystemExit(run_web(ns, settings_for(ns.state)))
     if ns.cmd == "demo":
-        from gpuorch.dev.demo import run_demo
+        from gpuorch.demo import run_demo
 
         raise SystemExit(run_demo(Path(ns.clusters), keep=ns.keep))
     s = settings_for(ns.state)

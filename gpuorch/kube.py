@@ -17,6 +17,8 @@ import urllib3
 import yaml
 from kubernetes import client, config
 
+from gpuorch.observe import metrics
+
 CONNECT_TIMEOUT = 2.0
 READ_TIMEOUT = 5.0
 TIMEOUT = (CONNECT_TIMEOUT, READ_TIMEOUT)
@@ -110,8 +112,6 @@ def make_client(kubeconfig: Path, context: str) -> ClusterClient:
     api = client.ApiClient(cfg)
     cc = ClusterClient(name=context, api=api, core=client.CoreV1Api(api), batch=client.BatchV1Api(api))
     count_calls(cc)
-    from gpuorch.observe import metrics  # not at import time: metrics imports config
-
     metrics.cluster_seen(context)
     return cc
 
@@ -119,8 +119,6 @@ def make_client(kubeconfig: Path, context: str) -> ClusterClient:
 def count_calls(cc: ClusterClient) -> None:
     """Count every API call of `cc` (in `cc.calls` and the `gpuorch_kube_requests` metric):
     wraps the client's `ApiClient.call_api`, through which every generated method goes."""
-    from gpuorch.observe import metrics  # not at import time: metrics imports config
-
     inner = cc.api.call_api
 
     def call_api(method: str, url: str, *args: Any, **kwargs: Any) -> Any:

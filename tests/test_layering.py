@@ -29,6 +29,8 @@ PURE = [
     "gpuorch_fencer.core",
     "gpuorch_inventory.core",
     "gpuorch.projection",
+    "gpuorch.compaction",
+    "gpuorch.views",
     "gpuorch.invariants",
     "gpuorch.backoff",
     "gpuorch.liveness",

@@ -1,2 +1,3 @@
 """Developer tools, kept together: the deterministic simulation (`dst`), real-process chaos,
-benchmarks and the demo. Nothing in the control plane imports them."""
+benchmarks, security mutants. The top layer (.importlinter, *layers*): nothing else of gpuorch,
+not even the CLI, imports them (`gpuorch demo` is `gpuorch.demo`, a CLI command)."""

@@ -11,23 +11,19 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuorch.follow import Follower
-from gpuorch.projection import (
+from gpuorch.compaction import (
     _ATTEMPT_TIMES,
     _CHECKPOINT,
     _OUTPUT,
     _REASON,
     _VIEW_TIMES,
     Attempts,
-    AttemptView,
-    Projection,
     Times,
-    WorkloadView,
     _Root,
-    dump_projection,
-    load_projection,
     settled,
 )
+from gpuorch.follow import Follower
+from gpuorch.projection import AttemptView, Projection, WorkloadView, dump_projection, load_projection
 from gpuorch_dispatcher.core import estimated_queue_wait
 from gpuorch_proto import Event, encode
 from gpuorch_router.preempt import capacity_clusters
