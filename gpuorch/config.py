@@ -66,6 +66,7 @@ class Tuning:
     requeue_max: float = _knob("GPUORCH_REQUEUE_MAX", 86400.0, "dispatcher: seconds after which an attempt still unplaced is requeued whatever the estimate said")
     dispatcher_id: str = _knob("GPUORCH_DISPATCHER_ID", "0", "dispatcher: this instance's id (its lease in the owners bucket, its events durable and snapshot)")
     instance: str = _knob("GPUORCH_INSTANCE", "0", "router, fencer: this replica's id (its own events consumer and state snapshot; 0 keeps the plain names)")
+    admission_ttl: float = _knob("GPUORCH_ADMISSION_TTL", 6.0, "router: seconds the admission leader's lease lives without renewal (renewed every third of it); another router takes admission over once it ran out")
     owner_ttl: float = _knob("GPUORCH_OWNER_TTL", 6.0, "dispatcher: seconds an instance lease lives without renewal (renewed every third of it); a dead instance's workloads are taken over once it ran out")
     reconcile_interval: float = _knob("GPUORCH_RECONCILE_INTERVAL", 1.0, "dispatcher: seconds between reconciles of owned workloads")
     dispatch_concurrency: int = _knob("GPUORCH_DISPATCH_CONCURRENCY", 64, "dispatcher: workloads handled at once (Job creates in flight)")

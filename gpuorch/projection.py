@@ -132,7 +132,7 @@ class Projection:
         """
         if seq:
             self.last_seq = max(self.last_seq, seq)
-        if not evt.workload_id:
+        if not evt.workload_id or isinstance(evt, ev.AdmissionTerm):  # (the admission leader's marker)
             return None
         wid = evt.workload_id
         if seq and (r := self.retired.get(wid)) is not None and seq <= r.last_seq:

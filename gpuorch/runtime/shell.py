@@ -35,7 +35,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
@@ -76,6 +76,8 @@ MSG_ID = "Nats-Msg-Id"
 CONTENT_TYPE = "Content-Type"
 JSON_CONTENT_TYPE = "application/json"
 PUBLISH_TIMEOUT = 10.0  # seconds to wait for all acks of one publish() call
+#: JetStream's error code for a message whose `Nats-Expected-Last-...-Sequence` does not hold
+WRONG_LAST_SEQUENCE = 10071
 
 T = TypeVar("T")
 
@@ -116,6 +118,11 @@ class Reject(Exception):
         self.reason = reason
         self.errors = list(errors)
         self.claimed_workload_id = claimed_workload_id
+
+
+class Fenced(Exception):
+    """The stream refused a message published with an expected last sequence that no longer
+    holds (`Publisher.publish_fenced`): someone moved the fence since."""
 
 
 Handler = Callable[[Incoming], Awaitable[Sequence[Base]]]
@@ -170,17 +177,7 @@ class Publisher:
         pending: list[tuple[Span, str, str | None, asyncio.Future[PubAck]]] = []
         try:
             for event in events:
-                subject = self.subject_for(event)
-                msg_id = self.msg_id_for(event)
-                if msg_id is None:
-                    log.warning("publish.no_msg_id", subject=subject, type=type_tag(event))
-                span = telemetry.start_publish_span(subject, msg_id, context)
-                headers = {
-                    CONTENT_TYPE: JSON_CONTENT_TYPE,
-                    **telemetry.inject(telemetry.span_context(span, context)),
-                }
-                if msg_id:
-                    headers[MSG_ID] = msg_id
+                subject, msg_id, span, headers = self._outgoing(event, context)
                 try:
                     fut = await self.js.publish_async(subject, encode(event), headers=headers)
                 except BaseException as exc:
@@ -204,17 +201,49 @@ class Publisher:
                 _end_error(span, result)
                 first_error = first_error or result
                 continue
-            if result.duplicate:
-                span.set_attribute("messaging.nats.duplicate", True)
-                if logs.debugging:
-                    log.debug(logs.MSG_DUPLICATE, to=subject, msg_id=msg_id)
-            else:
-                metrics.published(event)  # counted once: a republished duplicate is not
-            span.end()
-            acks.append(result)
+            acks.append(_acked(event, span, subject, msg_id, result))
         if first_error is not None:
             raise first_error
         return acks
+
+    async def publish_fenced(
+        self, events: Sequence[Base], fence: Mapping[str, str], *, context: Context | None = None
+    ) -> list[PubAck]:
+        """Publish `events` one after another, each with the `fence` headers (an expected last
+        sequence: `gpuorch_router.lease.fence_headers`), so the stream stores each only while
+        the fence holds. Raises `Fenced` at the first one refused for it (those before it are
+        stored, none after it is sent).
+
+        One request per message, in order, rather than `publish_async`: nats.py 2.16 leaves an
+        async publish's future pending when the server answers with an error
+        (nats-io/nats.py#985), so a refusal could not be told from a timeout."""
+        acks: list[PubAck] = []
+        for event in events:
+            subject, msg_id, span, headers = self._outgoing(event, context)
+            try:
+                ack = await self.js.publish(subject, encode(event), headers={**headers, **fence}, timeout=self.timeout)
+            except BaseException as exc:
+                _end_error(span, exc)
+                if isinstance(exc, nats.js.errors.APIError) and exc.err_code == WRONG_LAST_SEQUENCE:
+                    raise Fenced(f"{type_tag(event)} {msg_id}: {exc.description}") from None
+                raise
+            acks.append(_acked(event, span, subject, msg_id, ack))
+        return acks
+
+    def _outgoing(self, event: Base, context: Context | None) -> tuple[str, str | None, Span, dict[str, str]]:
+        """One message's subject, id, PRODUCER span and headers (its `traceparent`, its id)."""
+        subject = self.subject_for(event)
+        msg_id = self.msg_id_for(event)
+        if msg_id is None:
+            log.warning("publish.no_msg_id", subject=subject, type=type_tag(event))
+        span = telemetry.start_publish_span(subject, msg_id, context)
+        headers = {
+            CONTENT_TYPE: JSON_CONTENT_TYPE,
+            **telemetry.inject(telemetry.span_context(span, context)),
+        }
+        if msg_id:
+            headers[MSG_ID] = msg_id
+        return subject, msg_id, span, headers
 
     async def publish_raw(
         self,
@@ -237,6 +266,18 @@ class Publisher:
             raise
         span.end()
         return ack
+
+
+def _acked(event: Base, span: Span, subject: str, msg_id: str | None, ack: PubAck) -> PubAck:
+    """A stored message's ack: its span ended, counted once (a republished duplicate is not)."""
+    if ack.duplicate:
+        span.set_attribute("messaging.nats.duplicate", True)
+        if logs.debugging:
+            log.debug(logs.MSG_DUPLICATE, to=subject, msg_id=msg_id)
+    else:
+        metrics.published(event)
+    span.end()
+    return ack
 
 
 def _end_error(span: Span, exc: BaseException) -> None:

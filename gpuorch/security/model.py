@@ -9,7 +9,7 @@ Identities (`ROLES`):
 | identity | may publish | may read |
 |---|---|---|
 | `admin` | everything (creates the topology at start-up; operators) | everything |
-| `router` | `evt.*.{submitted,routed,unroutable,rejected}` | its durables `router_submit` (cmd), `router_events` (evt); snapshots |
+| `router` | `evt.*.{submitted,routed,unroutable,rejected,admission-term,...}`; KV `admission` key `leader` only | its durables `router_submit` (cmd), `router_events` (evt); snapshots; KV `admission` |
 | `dispatcher` | `evt.*.<attempt lifecycle>`, `evt.*.rejected`; KV `owners`, `staged` | its durables (evt per instance, cancel, command guard); KV `owners`, `staged` |
 | `fencer` | `evt.*.{fenced,promoted,...}`, `evt.*.rejected`; KV `fence` | its durable `fencer_events`; KV `fence` |
 | `inventory` | `inventory.<registered cluster>` | KV `staged` |
@@ -37,7 +37,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from gpuorch_proto import Names
+from gpuorch_proto import ADMISSION_LEADER_KEY, Names, kv_buckets
 
 Role = Literal["admin", "router", "dispatcher", "fencer", "inventory", "client"]
 SERVICES: tuple[Role, ...] = ("router", "dispatcher", "fencer", "inventory")
@@ -79,6 +79,8 @@ EVENT_PUBLISHERS: dict[str, Role] = {
     # preemption of checkpoint-safe work (issue 13, docs/pipelines.md): the router decides it
     "preemption-planned": "router",
     "preemption-requested": "router",
+    # admission leadership (docs/operations.md): the marker a router's admission term starts with
+    "admission-term": "router",
 }
 # `rejected`: see the module doc.
 REJECTION_PUBLISHERS: tuple[Role, ...] = ("router", "dispatcher", "fencer")
@@ -245,7 +247,7 @@ def permissions(
         _named_reader(p, names.stream_evt, others_evt, on_evt)
     if role in SERVICES:  # every service waits for the whole topology at start (`bus.await_topology`)
         _stream_info(p, names.stream_cmd, names.stream_evt, names.stream_inventory)
-        _stream_info(p, *(_kv_stream(b) for b in (names.kv_fence, names.kv_owners, names.kv_staged, names.kv_snapshots)))
+        _stream_info(p, *(_kv_stream(b) for b in kv_buckets(names)))
     if role in SNAPSHOT_OWNERS:  # its own state snapshots: read, and write only its own keys
         _kv_read(p, names.kv_snapshots)
         p.pub_allow.append(f"$KV.{names.kv_snapshots}.{role}.>")
@@ -268,4 +270,7 @@ def permissions(
         p.pub_allow += [names.cmd_submit, names.cmd_cancel]
     if role == "router":  # cancelling a pipeline cancels each of its stages (docs/pipelines.md)
         p.pub_allow.append(names.cmd_cancel)
+        # admission leadership: read the bucket, write its one key (compare-and-set; gpuorch_router.lease)
+        _kv_read(p, names.kv_admission)
+        p.pub_allow.append(f"$KV.{names.kv_admission}.{ADMISSION_LEADER_KEY}")
     return p

@@ -6,6 +6,7 @@ Pure data: msgspec Structs, subject names and codecs. See proto/EVOLUTION.md for
 from . import k8s
 from .codec import (
     ContractError,
+    decode_admission_lease,
     decode_event,
     decode_fence,
     decode_instance_lease,
@@ -32,15 +33,25 @@ from .inventory import (
     Taint,
 )
 from .routing import Check, ClusterVerdict, Estimate, RoutingDecision
-from .state import INSTANCE_KEY_PREFIX, FenceRecord, InstanceLease, OwnerRecord, instance_key
+from .state import (
+    ADMISSION_LEADER_KEY,
+    INSTANCE_KEY_PREFIX,
+    AdmissionLease,
+    FenceRecord,
+    InstanceLease,
+    OwnerRecord,
+    instance_key,
+)
 from .subjects import Names, kv_buckets, streams
 from .workload import SCHEMA_VERSION, Workload
 
 __all__ = [
+    "ADMISSION_LEADER_KEY",
     "EVENT_TYPES",
     "INSTANCE_KEY_PREFIX",
     "SCHEMA_VERSION",
     "TERMINAL_TYPES",
+    "AdmissionLease",
     "Base",
     "Check",
     "ClusterRegistryEntry",
@@ -63,6 +74,7 @@ __all__ = [
     "ShapeWait",
     "Taint",
     "Workload",
+    "decode_admission_lease",
     "decode_event",
     "decode_fence",
     "decode_instance_lease",

@@ -15,7 +15,7 @@ from .events import MESSAGE_REF_PREFIX, Base, Cancel, Event, FieldError, Submit
 from .inventory import ClusterSnapshot
 from .nesting import depth_error, yaml_depth_error
 from .policy import AdmissionPolicy, PolicyError
-from .state import FenceRecord, InstanceLease, OwnerRecord
+from .state import AdmissionLease, FenceRecord, InstanceLease, OwnerRecord
 from .subjects import valid_token
 from .validate import validate_policy, validate_workload
 from .workload import SCHEMA_VERSION, Workload
@@ -31,6 +31,7 @@ _json_snapshot = msgspec.json.Decoder(ClusterSnapshot)
 _json_fence = msgspec.json.Decoder(FenceRecord)
 _json_owner = msgspec.json.Decoder(OwnerRecord)
 _json_instance = msgspec.json.Decoder(InstanceLease)
+_json_admission = msgspec.json.Decoder(AdmissionLease)
 _json_workload = msgspec.json.Decoder(Workload)
 
 _PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
@@ -209,6 +210,11 @@ def decode_owner(data: bytes) -> OwnerRecord:
 def decode_instance_lease(data: bytes) -> InstanceLease:
     """A dispatcher instance's lease (key `instance.<id>` in the owners bucket)."""
     return _json_instance.decode(data)
+
+
+def decode_admission_lease(data: bytes) -> AdmissionLease:
+    """The admission leader's lease (key `leader` in the admission bucket)."""
+    return _json_admission.decode(data)
 
 
 _WORKLOAD_INFO = msgspec.inspect.type_info(Workload)

@@ -337,6 +337,21 @@ class PipelineFinished(Base, frozen=True, kw_only=True, tag="pipeline-finished")
     stages: dict[str, str] = {}  # stage -> completed / failed / cancelled / blocked
 
 
+#: The `workload_id` (a subject token) of an `admission-term`: about no workload. No workload id
+#: can be it: a submit's id ends in its key's digest (`workload_id_for`), a stage's contains `--`.
+ADMISSION_REF = "admission"
+
+
+class AdmissionTerm(Base, frozen=True, kw_only=True, tag="admission-term"):
+    """A router took the admission lease (docs/operations.md *Admission leadership*): from this
+    message on, only releases published expecting it as the last `admission-term` are stored
+    (`Nats-Expected-Last-Subject-Sequence`), so an earlier leader's late ones are refused by the
+    stream. `workload_id` is `ADMISSION_REF`; every workload's fold ignores it."""
+
+    term: int
+    instance: str
+
+
 # ---- preemption of checkpoint-safe work (issue 13; docs/pipelines.md) -----------------
 # Decided by the router's preemption core (`gpuorch_router.preempt.plan`).
 
@@ -411,6 +426,7 @@ Event = (
     | PipelineFinished
     | PreemptionPlanned
     | PreemptionRequested
+    | AdmissionTerm
 )
 
 EVENT_TYPES: tuple[type[Base], ...] = Event.__args__  # type: ignore[attr-defined, unused-ignore]

@@ -14,7 +14,7 @@ from .events import Event
 from .inventory import ClusterRegistryEntry, ClusterSnapshot
 from .policy import AdmissionPolicy
 from .routing import RoutingDecision
-from .state import FenceRecord, InstanceLease, OwnerRecord
+from .state import AdmissionLease, FenceRecord, InstanceLease, OwnerRecord
 from .workload import Workload
 
 EXPORTS: dict[str, Any] = {
@@ -26,6 +26,7 @@ EXPORTS: dict[str, Any] = {
     "fence-record.schema.json": FenceRecord,
     "owner-record.schema.json": OwnerRecord,
     "instance-lease.schema.json": InstanceLease,
+    "admission-lease.schema.json": AdmissionLease,
     "admission-policy.schema.json": AdmissionPolicy,
 }
 

@@ -52,3 +52,19 @@ class InstanceLease(msgspec.Struct, frozen=True, kw_only=True):
     generation: int = 1
     expires_at: float
     ended: bool = False
+
+
+#: The one key of the admission bucket (`Names.kv_admission`): the router that decides admission.
+ADMISSION_LEADER_KEY = "leader"
+
+
+class AdmissionLease(msgspec.Struct, frozen=True, kw_only=True):
+    """Which router decides admission (key `leader` in the admission bucket; docs/operations.md
+    *Admission leadership*). Written only by compare-and-set: renewed by its holder every
+    admission_ttl/3 (same `term`), taken by another router once it ran out (`term` + 1).
+    The rules are `gpuorch_router.lease`."""
+
+    schema_version: int = 1
+    instance: str
+    term: int = 1
+    expires_at: float

@@ -79,6 +79,11 @@ class Names:
         return f"{self._up}_owners"
 
     @property
+    def kv_admission(self) -> str:
+        """The admission leader's lease, one key `leader` (gpuorch_router.lease)."""
+        return f"{self._up}_admission"
+
+    @property
     def kv_staged(self) -> str:
         return f"{self._up}_staged"
 
@@ -113,4 +118,4 @@ def streams(names: Names) -> list[StreamSpec]:
 
 
 def kv_buckets(names: Names) -> list[str]:
-    return [names.kv_fence, names.kv_owners, names.kv_staged, names.kv_snapshots]
+    return [names.kv_fence, names.kv_owners, names.kv_staged, names.kv_snapshots, names.kv_admission]

@@ -87,6 +87,31 @@ def stage_ids(p: Projection, pipeline: str) -> dict[str, str]:
     return {c.stage: c.workload_id for c in view.children}
 
 
+def most_at_once(events: list[tuple[int, Event]], ids: set[str], until: int | None = None) -> tuple[int, int]:
+    """The most of `ids` released and not finished, and attempts of them running (from `running`
+    until they succeed, fail or are confirmed gone: a lost one may still run), at once in the log
+    (up to stream sequence `until`). Sets, not counters: an attempt that fails before it runs, or
+    an event seen twice, cannot hide one."""
+    released: set[str] = set()
+    running: set[str] = set()
+    most_released = most_running = 0
+    for seq, e in events:
+        if until is not None and seq > until:
+            break
+        if e.workload_id not in ids:
+            continue
+        if isinstance(e, ev.Released):
+            released.add(e.workload_id)
+        elif isinstance(e, ev.Completed | ev.WorkloadFailed | ev.Cancelled):
+            released.discard(e.workload_id)
+        elif isinstance(e, ev.Running):
+            running.add(e.attempt_id)
+        elif isinstance(e, ev.Succeeded | ev.Failed | ev.CancelConfirmed):
+            running.discard(e.attempt_id)
+        most_released, most_running = max(most_released, len(released)), max(most_running, len(running))
+    return most_released, most_running
+
+
 def first(events: list[tuple[int, Event]], wid: str, kind: str) -> int:
     seqs = [seq for seq, e in events if e.workload_id == wid and type_tag(e) == kind]
     assert seqs, f"{wid} has no {kind}"
@@ -325,26 +350,8 @@ async def test_a_200_trial_sweep_never_runs_more_than_k_and_finishes_all(system:
     assert len(trials) == 200
     done = [w for w in trials.values() if p.get(w).status == "completed"]  # type: ignore[union-attr]
     assert final.status == "completed" and len(done) == 200, (final.reason, len(done))
-    # from the events: released-and-unfinished trials, and attempts running (from `running` until
-    # they succeed, fail or are confirmed gone: a lost one may still run), never more than K at
-    # once. Sets, not counters: an attempt that fails before it runs, or an event seen twice,
-    # cannot hide one.
-    ids = set(trials.values())
-    released: set[str] = set()
-    running: set[str] = set()
-    most_released = most_running = 0
-    for _, e in events:
-        if e.workload_id not in ids:
-            continue
-        if isinstance(e, ev.Released):
-            released.add(e.workload_id)
-        elif isinstance(e, ev.Completed | ev.WorkloadFailed | ev.Cancelled):
-            released.discard(e.workload_id)
-        elif isinstance(e, ev.Running):
-            running.add(e.attempt_id)
-        elif isinstance(e, ev.Succeeded | ev.Failed | ev.CancelConfirmed):
-            running.discard(e.attempt_id)
-        most_released, most_running = max(most_released, len(released)), max(most_running, len(running))
+    # from the events: never more than K released-and-unfinished, nor running, at once
+    most_released, most_running = most_at_once(events, set(trials.values()))
     assert most_released == K, most_released  # the limit was reached, and never passed
     assert 1 <= most_running <= K, most_running
     # each trial got its own parameters

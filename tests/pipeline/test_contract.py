@@ -12,8 +12,10 @@ NEW = ["pipeline-expanded", "stage-ready", "held", "released", "stage-blocked", 
 
 
 def test_the_new_event_types_come_last_in_the_union() -> None:
-    # then the preemption events (issue 13, item 6), appended after these
-    assert [type_tag(t) for t in EVENT_TYPES[-len(NEW) - 2 :]] == [*NEW, "preemption-planned", "preemption-requested"]
+    # then the preemption events (issue 13, item 6), appended after these, then the admission
+    # leader's term marker (issue 29, item 4)
+    later = ["preemption-planned", "preemption-requested", "admission-term"]
+    assert [type_tag(t) for t in EVENT_TYPES[-len(NEW) - len(later) :]] == [*NEW, *later]
     assert [type_tag(t) for t in EVENT_TYPES[:3]] == ["submit", "cancel", "rejected"]  # the old order stands
 
 

@@ -105,6 +105,11 @@ async def world(system: System, admin: Actor, kube: dict, wid: str) -> dict[str,
             entries[key] = (e.revision, e.value)
         out[bucket] = entries
     owners = await js.key_value(names.kv_owners)
+    admission = await js.key_value(names.kv_admission)
+    out["admission"] = {}  # the lease is renewed: compare who leads which term, not revisions
+    for k in await keys_of(js, names.kv_admission):
+        doc = json.loads((await admission.get(k)).value)
+        out["admission"][k] = (doc["instance"], doc["term"])
     out["owners"] = {}
     for k in await keys_of(js, names.kv_owners):  # instance leases are renewed: compare who, not revisions
         doc = json.loads((await owners.get(k)).value)
@@ -286,6 +291,14 @@ async def test_only_the_fencer_writes_fencing_state_and_only_dispatchers_leases(
             try_publish(actors[who], f"$KV.{names.kv_owners}.{instance_key('0')}", b'{"instance": "0", "generation": 1, "expires_at": 0, "ended": true}'),
             try_publish(actors[who], f"$KV.{names.kv_staged}.alpha.x", b'{"cluster": "alpha", "ref": "forged@1", "at": 1}'),
         ]
+    await asyncio.gather(*attempts)
+
+
+async def test_only_routers_write_the_admission_lease_and_only_its_one_key(system: System, actors: dict[str, Actor], victim: str, unchanged: None) -> None:
+    names = system.settings.names
+    forged = b'{"instance": "mallory", "term": 99, "expires_at": 9999999999}'
+    attempts = [try_publish(actors[who], f"$KV.{names.kv_admission}.leader", forged) for who in ("client", "mallory", "dispatcher", "fencer", "inventory")]
+    attempts.append(try_publish(actors["router"], f"$KV.{names.kv_admission}.other", forged))  # its one key only
     await asyncio.gather(*attempts)
 
 

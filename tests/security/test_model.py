@@ -52,6 +52,14 @@ def test_only_the_fencer_writes_fencing_state_and_only_dispatchers_leases() -> N
     assert [r for r in ROLES if f"$KV.{N.kv_owners}.>" in allowed(r)] == ["dispatcher"]
 
 
+def test_only_routers_write_the_admission_lease_and_only_its_one_key() -> None:
+    on_bucket = {r: [x for x in allowed(r) if x.startswith(f"$KV.{N.kv_admission}.")] for r in ROLES if r != "admin"}
+    assert {r: rules for r, rules in on_bucket.items() if rules} == {"router": [f"$KV.{N.kv_admission}.leader"]}
+    assert f"$JS.API.DIRECT.GET.KV_{N.kv_admission}.>" in allowed("router"), "and reads it"
+    for role in ("dispatcher", "fencer", "inventory"):  # every service waits for the bucket at start
+        assert f"$JS.API.STREAM.INFO.KV_{N.kv_admission}" in allowed(role), role
+
+
 @pytest.mark.parametrize("role", [r for r in ROLES if r != "admin"])
 def test_no_identity_but_the_admin_may_change_the_topology(role: str) -> None:
     p = permissions(role, N, PK)  # type: ignore[arg-type]

@@ -131,6 +131,8 @@ def _decide(n: int, sink: Callable[[int, list[Event], dict[str, str]], None]) ->
         router.gate.confirm(events)
         router.gate.finished.clear()
         router.gate.running.clear()
+        router.gate.releasing.pop(wid, None)  # (a release is `releasing` until the log's echo, which never comes here)
+        router.gate.waiting.pop(wid, None)
         router.gate.seqs.clear()
         sink(i, [*events, created], headers)
 

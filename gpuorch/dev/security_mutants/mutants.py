@@ -249,6 +249,18 @@ MUTANTS: dict[str, Mutant] = {
         (_granting(["fencer"], lambda n: [f"$KV.{n.kv_owners}.>"]),),
         (ATTACKS + "test_only_the_fencer_writes_fencing_state_and_only_dispatchers_leases",),
     ),
+    "dispatcher-writes-admission": Mutant(
+        "only routers write the admission bucket (the admission leader's lease)",
+        ("tests",),
+        (_granting(["dispatcher"], lambda n: [f"$KV.{n.kv_admission}.>"]),),
+        (ATTACKS + "test_only_routers_write_the_admission_lease_and_only_its_one_key",),
+    ),
+    "router-writes-any-admission-key": Mutant(
+        "a router writes only the admission bucket's `leader` key",
+        ("tests",),
+        (_granting(["router"], lambda n: [f"$KV.{n.kv_admission}.>"]),),
+        (ATTACKS + "test_only_routers_write_the_admission_lease_and_only_its_one_key",),
+    ),
     # the topology belongs to the admin
     "streams-purgeable": Mutant(
         "nobody but the admin purges a stream",

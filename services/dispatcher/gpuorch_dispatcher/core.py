@@ -63,8 +63,9 @@ REQUEUE_MAX = 86400.0  # and never more (GPUORCH_REQUEUE_MAX): a safety net for 
 
 
 #: Event types the dispatcher decides nothing from (the gate's admissions and holds, preemption
-#: plans): its durable and its replay leave them out (`READS`); `released` is one per workload.
-IGNORES = frozenset({"released", "held", "preemption-planned"})
+#: plans, the admission leader's term markers): its durable and its replay leave them out
+#: (`READS`); `released` is one per workload.
+IGNORES = frozenset({"released", "held", "preemption-planned", "admission-term"})
 #: The event types the dispatcher reads (every other one of the contract's).
 READS = tuple(
     t for t in (ev.type_tag(c) for c in ev.EVENT_TYPES if c not in (ev.Submit, ev.Cancel)) if t not in IGNORES

@@ -44,7 +44,7 @@ TERMINAL = ev.TERMINAL_STATUSES
 IGNORES = frozenset({
     "released", "held", "routed", "unroutable", "route-requested", "unschedulable", "admitted",
     "running", "compute-started", "stage-ready", "stage-blocked", "pipeline-expanded",
-    "preemption-planned", "preemption-requested",
+    "preemption-planned", "preemption-requested", "admission-term",
 })  # fmt: skip
 #: The event types the fencer reads (every other one of the contract's; commands are not events).
 READS = tuple(

@@ -206,7 +206,7 @@ def load_state(data: bytes) -> RouterState:
     return s
 
 
-_GATE_NOT_FOLDED = ("unconfirmed",)  # noted by this router, not yet echoed: a full replay has none
+_GATE_NOT_FOLDED = ("unconfirmed", "releasing")  # noted by this router, not yet echoed: a full replay has none
 
 
 def dump_gate(gate: Gate) -> bytes:

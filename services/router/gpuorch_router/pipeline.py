@@ -977,6 +977,10 @@ class _Span:
 #: A stage's events that can change what its pipeline decides (readiness, blocking, outcome).
 _PROGRESS = (ev.Promoted, ev.Completed, ev.WorkloadFailed, ev.Cancelled, ev.Rejected, ev.StageBlocked)
 
+#: The event types only a gate round decides (`Gate.step`): the admission leader's, published
+#: fenced by its term (docs/operations.md *Admission leadership*).
+DECIDED = (ev.Released, ev.Held, ev.StageReady, ev.StageBlocked, ev.PipelineFinished)
+
 
 @dataclass
 class GateRound:
@@ -1001,6 +1005,13 @@ class Gate:
     once (`note`, sequence 0): the log's echo then changes nothing. The expansion of a pipeline
     is noted when the router decides it, so a child's events are never mistaken for a plain
     workload's, whatever order they are folded in.
+
+    A release is the one decision that may not be in the log after all (the admission leader's
+    term ended and the stream refused it: docs/operations.md *Admission leadership*). Noted, it
+    is `releasing`: counted against the limits at once, its workload still `waiting` (a round
+    skips it); the log's echo makes it `running`. `retract` forgets every release the log does
+    not have, so a router's counts are never above the log's for long, and a snapshot (which
+    leaves `releasing` out) holds only what the log holds.
     """
 
     pipelines: dict[str, PipelineState] = field(default_factory=dict)
@@ -1009,6 +1020,7 @@ class Gate:
     index_of: dict[str, int] = field(default_factory=dict)  # child -> its place in the pipeline
     waiting: dict[str, Candidate] = field(default_factory=dict)  # not released, not finished
     running: dict[str, Running] = field(default_factory=dict)  # released, not finished
+    releasing: dict[str, Running] = field(default_factory=dict)  # released by this router, not in the log yet
     finished: set[str] = field(default_factory=set)
     workloads: dict[str, Workload] = field(default_factory=dict)  # every submitted document, by id
     spans: dict[str, _Span] = field(default_factory=dict)  # attempt -> its GPU time
@@ -1076,7 +1088,7 @@ class Gate:
             if seq <= self.seqs.get(wid, 0):
                 return
             self.seqs[wid] = seq
-            if e.event_id and self.unconfirmed.pop(e.event_id, None) is not None:
+            if e.event_id and self.unconfirmed.pop(e.event_id, None) is not None and not isinstance(e, ev.Released):
                 if isinstance(e, ev.Submitted) and wid in self.workloads:
                     self.workloads[wid] = e.workload  # the log's copy (equal), which the projection shares
                 return  # its own decision coming back: applied when noted, and it changes nothing
@@ -1096,7 +1108,8 @@ class Gate:
                     self.workloads[wid] = e.workload
                 if pid is None and is_pipeline(e.workload):
                     self.docs.setdefault(wid, (e.workload, e.at))
-                elif pid is None and wid not in self.finished and wid not in self.running:
+                elif pid is None and not ev.is_stage_id(wid) and wid not in self.finished and wid not in self.running:
+                    # (a stage's, folded before its pipeline's expansion, is never a plain workload)
                     self.waiting.setdefault(wid, candidate(wid, e.workload, e.at))
                     self.dirty = True
             case ev.StageReady() if pid is not None:
@@ -1105,13 +1118,25 @@ class Gate:
                 sig = tuple((h.scope, h.name, h.kind) for h in e.holds)
                 ids = self.held.get(wid, ((), set()))[1]
                 self.held[wid] = (sig, ids | {e.event_id})
-            case ev.Released():
-                self.waiting.pop(wid, None)
-                if wid not in self.finished and wid not in self.running:
-                    self.running[wid] = Running(wid, sys.intern(e.queue), e.gpus, e.pipeline)
+            case ev.Released() if not seq:  # this router's release: counted, folded once the log has it
+                if wid not in self.finished and wid not in self.running and wid not in self.releasing:
+                    self.releasing[wid] = Running(wid, sys.intern(e.queue), e.gpus, e.pipeline)
                     if (t := self.__dict__.get("_tally")) is not None:
                         t.add(e.queue, e.pipeline, e.gpus)
                 self.dirty = True
+                return
+            case ev.Released():
+                self.waiting.pop(wid, None)
+                mine = self.releasing.pop(wid, None)
+                t = self.__dict__.get("_tally")
+                if wid not in self.finished and wid not in self.running:
+                    self.running[wid] = Running(wid, sys.intern(e.queue), e.gpus, e.pipeline)
+                    if t is not None:
+                        t.add(e.queue, e.pipeline, e.gpus)
+                if mine is None:
+                    self.dirty = True
+                elif t is not None:
+                    t.remove(mine)  # its own release back from the log: counted once, as running now
             case ev.Completed() | ev.WorkloadFailed() | ev.Cancelled():
                 self._finish(wid)
             case ev.Rejected() if e.decision is not None:
@@ -1157,12 +1182,28 @@ class Gate:
     def _finish(self, wid: str) -> None:
         self.finished.add(wid)
         self.waiting.pop(wid, None)
-        r = self.running.pop(wid, None)
-        if r is not None and (t := self.__dict__.get("_tally")) is not None:
-            t.remove(r)
+        for r in (self.running.pop(wid, None), self.releasing.pop(wid, None)):
+            if r is not None and (t := self.__dict__.get("_tally")) is not None:
+                t.remove(r)
         self.workloads.pop(wid, None)  # a finished workload is never released again: keep its id only
         self.held.pop(wid, None)
         self.dirty = True
+
+    def retract(self) -> list[str]:
+        """Forget this router's releases that the log does not have (yet): each counts no more
+        and its workload waits again, to be decided anew. Called when its admission term ends or
+        a new one begins (docs/operations.md *Admission leadership*); a retracted release the
+        stream did store is folded from the log like another router's. Returns their ids."""
+        gone = list(self.releasing)
+        t = self.__dict__.get("_tally")
+        for wid in gone:
+            r = self.releasing.pop(wid)
+            self.unconfirmed.pop(event_id(wid, "released"), None)  # never published again
+            if t is not None:
+                t.remove(r)
+        if gone:
+            self.dirty = True
+        return gone
 
     # -- decide ------------------------------------------------------------------------------
     def may_admit(self, force: bool = False) -> bool:
@@ -1172,11 +1213,11 @@ class Gate:
         return bool(self.dirty_pipelines) or (bool(self.waiting) and (self.dirty or force))
 
     def tally(self) -> Tally:
-        """What released, unfinished work holds (`Tally.of(running)`), kept up to date as work is
-        released and finishes. Not a field: derived, so a snapshot never carries it."""
+        """What released, unfinished work holds (`Tally.of` running and releasing), kept up to
+        date as work is released and finishes. Not a field: derived, so a snapshot never carries it."""
         t: Tally | None = self.__dict__.get("_tally")
         if t is None:
-            t = self.__dict__["_tally"] = Tally.of(self.running.values())
+            t = self.__dict__["_tally"] = Tally.of(itertools.chain(self.running.values(), self.releasing.values()))
         return t
 
     def is_child(self, wid: str) -> bool:
@@ -1238,7 +1279,7 @@ class Gate:
             self.dirty_pipelines.clear()  # what this round noted of them is decided already
             return out
         spans = self.gpu_spans(policy, now, time_scale) if has_budget(policy) else []
-        waiting = list(self.waiting.values())
+        waiting = [c for c in self.waiting.values() if c.workload_id not in self.releasing]
         verdicts = admit(policy, self.tally(), spans, waiting, now, usage, time_scale=time_scale)
         decided: list[Event] = []
         for v in verdicts:

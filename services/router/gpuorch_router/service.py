@@ -5,13 +5,16 @@ from the idempotency key, asks the pure policy for a decision and publishes it.
 Waiting work is re-evaluated whenever inventory changes, and a waiting decision is
 re-published when its reasons change (`core.reevaluation`). Exclusions of clusters where an
 attempt was lost come from the log and end (`core.exclusions`). It never talks to a cluster.
+Admission (the gate's rounds) is decided by one router at a time, the holder of the admission
+lease (`lease`; docs/operations.md *Admission leadership*).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,22 +22,36 @@ import msgspec
 import structlog
 import yaml
 from nats.js.api import DeliverPolicy
+from nats.js.errors import KeyWrongLastSequenceError
 
 from gpuorch.config import Settings, load_registry
-from gpuorch.follow import Follower, run_until_stopped
+from gpuorch.follow import Follower, every, run_until_stopped
 from gpuorch.projection import WorkloadView, same_document
-from gpuorch.runtime import bus
-from gpuorch.runtime.shell import Incoming, Publisher, Reject, Retry, consume, replay, run_service, submit_key
-from gpuorch.runtime.snapshot import Snapshots, follower_body, no_gc, restore_follower, settle_heap
+from gpuorch.runtime import bus, kv
+from gpuorch.runtime.shell import (
+    Fenced,
+    Incoming,
+    Publisher,
+    Reject,
+    Retry,
+    consume,
+    replay,
+    run_service,
+    submit_key,
+    workload_key,
+)
+from gpuorch.runtime.snapshot import Snapshots, ack_floor, follower_body, no_gc, restore_follower, settle_heap
 from gpuorch.security.bundle import load_identities
 from gpuorch.security.identity import Unauthenticated, Verifier, sign_headers
 from gpuorch.security.model import events_durable, snapshot_owner
 from gpuorch.security.receive import trusted_snapshot
 from gpuorch_proto import (
+    ADMISSION_LEADER_KEY,
     ClusterSnapshot,
     Event,
     RoutingDecision,
     Workload,
+    decode_admission_lease,
     decode_snapshot,
     encode,
     event_id,
@@ -47,7 +64,7 @@ from gpuorch_proto.codec import load_policy_yaml
 from gpuorch_proto.policy import AdmissionPolicy, PolicyError, node_constraint_errors
 from gpuorch_proto.validate import body_size_error
 
-from . import core, fairshare
+from . import core, fairshare, lease
 from . import pipeline as pl
 from .core import decision_events
 from .history import RoutingHistory, update_history
@@ -56,6 +73,25 @@ from .policy import RoutingMemo, SnapshotIndex, build_index
 log = structlog.get_logger("gpuorch.router")
 
 GATE_RESEND_AFTER = 10.0  # seconds: a gate decision not seen in the log by then is published again
+CATCH_UP_POLL = 0.05  # seconds between reads of the events durable's ack floor while a new term catches up
+
+
+def pipeline_key(msg: Any) -> str:
+    """The events consumer's order: one pipeline's events (its stages', `<pipeline>--<stage>`,
+    with its own) one after the other, other workloads' at once. So the gate folds a stage's
+    events after its pipeline's expansion also in a router that did not accept the submit (and
+    so did not note the expansion): a stage is never taken for a plain workload, whose release
+    no pipeline limit counts."""
+    return workload_key(msg).partition(ev.STAGE_SEP)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Fence:
+    """What a gate round's events are published with: the term that decided them and its
+    headers (`lease.fence_headers`; empty outside `Router.run`, where no other router decides)."""
+
+    term: int
+    headers: Mapping[str, str]
 
 
 def admission_policy_path(registry: Path) -> Path | None:
@@ -102,7 +138,14 @@ class Router:
         # pipelines and admission (docs/pipelines.md): the policy next to the cluster registry
         self.policy = load_admission_policy(settings.registry) if settings.registry else AdmissionPolicy()
         self.gate = pl.Gate()  # what may be routed yet: pipelines, held and released work, folded from the log
-        self.gate_decides = settings.tuning.instance == "0"  # one decider of admission among replicas
+        # admission leadership (`lease`): one router decides admission at a time. None outside
+        # `run` (tests, benches: no other router, it decides alone)
+        self.me = settings.tuning.instance
+        self.leadership: lease.Leadership | None = None
+        self.admission_ttl = settings.tuning.admission_ttl
+        self.margin = lease.margin(self.admission_ttl)
+        self.kv_admission: Any = None
+        self.js: Any = None
         # re-evaluation's work list (`awaiting_decision`): workloads changed since its last round,
         # and those awaiting a decision (None: not built yet, every workload is looked at)
         self.touched: set[str] = set()
@@ -128,6 +171,8 @@ class Router:
 
     def fold(self, e: Event, seq: int) -> None:
         """One event of the replay at start-up: as `on_event` folds it (and learns from it)."""
+        if isinstance(e, ev.AdmissionTerm):  # about no workload (`lead_once`)
+            return
         fresh = not seq or seq > self.state.seqs.get(e.workload_id, 0)
         self.own_id(e)
         view = self.follower.projection.apply(e, seq)
@@ -147,12 +192,27 @@ class Router:
         else:
             self.prioritized.setdefault(workload_id)
 
+    def fence(self, now: float) -> Fence | None:
+        """What this router's gate decisions are published with now; None: it decides no
+        admission now (another router leads, or its term has not folded the log up to its marker).
+        Two routers each releasing into the same free slot from a different view of the log would
+        pass a limit: only the lease's holder decides, and the stream refuses its releases once
+        a later term began (`lease`)."""
+        if self.leadership is None:
+            return Fence(0, {})
+        if not self.leadership.admits(now, self.margin):
+            return None
+        return Fence(self.leadership.term, lease.fence_headers(self.leadership.marker, self.marker_subject))
+
+    @property
+    def marker_subject(self) -> str:
+        return self.names.evt(ev.ADMISSION_REF, ev.type_tag(ev.AdmissionTerm))
+
     def gate_round(self, now: float, *, force: bool = False) -> pl.GateRound:
-        """The gate's round (`core.gate_round`), released work routed at once. With replicas, one
-        router decides admission (`gate_decides`: replica 0): two routers each releasing into the
-        same free slot from a different view of the log would pass a limit. The others fold the
-        same events, so a restarted replica 0 takes up exactly where the log is."""
-        if not self.gate_decides:
+        """The gate's round (`core.gate_round`), released work routed at once, when this router
+        decides admission (`fence`). The others fold the same events, so a router that takes the
+        lease over starts from what the log holds."""
+        if self.fence(now) is None:
             return pl.GateRound()
         usage = None  # fair share's: computed only when the round may admit (it reads every workload)
         if self.gate.may_admit(force):
@@ -166,6 +226,135 @@ class Router:
             if isinstance(e, ev.Released | ev.Held | ev.StageBlocked | ev.PipelineFinished | ev.Rejected):
                 log.info("workload.gate", workload=e.workload_id, type=ev.type_tag(e), reason=getattr(e, "reason", ""))
         return r
+
+    async def publish_round(
+        self, r: pl.GateRound, fence: Fence | None, context: Any, before: Sequence[ev.Base] = ()
+    ) -> list[ev.Base]:
+        """Publish what a handler's gate round decided (`fence`: what `fence` said for that round,
+        taken with no await in between): `before` (the submit's own events) first, then the
+        round's events (`publish_decided`), then its cancels; nothing is left to return. With no
+        publisher (tests, benches) the events are returned for the caller to publish."""
+        if not r.events and not r.cancels:
+            return list(before)
+        assert fence is not None, "a round decided without a fence"
+        if self.publisher is None:
+            return [*before, *r.events]
+        if before:
+            await self.publisher.publish(list(before), context=context)
+        if await self.publish_decided(r.events, fence, context):  # the reasons (stage-blocked, ...) before the cancels
+            await self.send_cancels(r.cancels)
+        return []
+
+    async def publish_decided(self, events: Sequence[ev.Base], fence: Fence, context: Any) -> bool:
+        """Publish gate decisions in order, with their term's fence (`lease`); False, and that
+        term ends here, when the stream refused one (a later `admission-term` is in the log)."""
+        assert self.publisher is not None
+        if not fence.headers:  # outside `run`: no other router decides
+            await self.publisher.publish(list(events), context=context)
+            return True
+        try:
+            await self.publisher.publish_fenced(events, fence.headers, context=context)
+        except Fenced as exc:
+            self.step_down(f"the stream refused a decision of term {fence.term}: {exc}", fence.term)
+            return False
+        return True
+
+    def step_down(self, why: str, term: int) -> None:
+        """Term `term` of this router ends (if it is the one it leads): it releases nothing until
+        it takes the lease again, and its releases the log does not have are forgotten
+        (`Gate.retract`): decided again by whoever leads, from the log."""
+        if self.leadership is None or term == 0 or self.leadership.term != term:
+            return
+        retracted = self.gate.retract()
+        self.leadership = lease.Leadership()
+        log.warning("admission.term_ended", instance=self.me, term=term, why=why, retracted=len(retracted))
+
+    async def lead(self, stop: asyncio.Event) -> None:
+        await every(stop, self.admission_ttl / 3, self.lead_once, name="admission")
+
+    async def lead_once(self) -> None:
+        """One pass of admission leadership (`lease`): renew or take the lease by compare-and-set;
+        a new term publishes its `admission-term` marker first, then releases nothing before the
+        events durable's ack floor has reached the marker (every release the stream stored before
+        it is folded into the gate's counts). That wait is polled within the pass, up to the next
+        renewal."""
+        assert self.leadership is not None
+        now = time.time()
+        await self.claim_lease(now)
+        if self.leadership.lease is not None and self.leadership.marker == 0:
+            await self.begin_term()
+        due = now + self.admission_ttl / 3
+        durable = events_durable(self.names, "router", self.me)
+        while (held := self.leadership).lease is not None and held.marker and not held.caught_up:
+            folded = await ack_floor(self.js, self.names.stream_evt, durable)
+            if self.leadership is not held:  # the term ended meanwhile
+                return
+            self.leadership = dataclasses.replace(held, folded=folded)
+            if self.leadership.caught_up:
+                log.info("admission.leading", instance=self.me, term=held.term, marker=held.marker, folded=folded)
+                self.gate.dirty = True  # the first round looks at everything waiting
+                self.inventory_changed.set()  # and runs now (`reevaluate`)
+                return
+            if time.time() >= due:
+                return
+            await asyncio.sleep(CATCH_UP_POLL)
+
+    async def claim_lease(self, now: float) -> None:
+        """Read the `leader` record and write what `lease.claim` says (compare-and-set); a term
+        this router held ends when another router holds the lease or wrote it first."""
+        assert self.leadership is not None
+        value, rev = await kv.read(self.kv_admission, ADMISSION_LEADER_KEY)
+        current = decode_admission_lease(value) if value is not None else None
+        term = self.leadership.term
+        want = lease.claim(current, self.me, term, now, self.admission_ttl, self.margin)
+        if want is None:
+            if current is not None:
+                self.step_down(f"router {current.instance} holds term {current.term}", term)
+            return
+        try:
+            await (
+                self.kv_admission.create(ADMISSION_LEADER_KEY, encode(want))
+                if rev == 0
+                else self.kv_admission.update(ADMISSION_LEADER_KEY, encode(want), last=rev)
+            )
+        except KeyWrongLastSequenceError:
+            self.step_down("another router wrote the lease first", term)
+            return
+        if want.term != term:
+            self.step_down(f"term {want.term} begins", term)
+        self.leadership = self.leadership.written(want)
+
+    async def begin_term(self) -> None:
+        """Publish the term's `admission-term` marker (its id the term's: a retry is the same
+        message) and note its stream sequence; first forget this router's releases of an earlier
+        term that the log does not have (those the stream stored before the marker are folded
+        from the log; after it, the stream refuses them)."""
+        assert self.leadership is not None and self.publisher is not None
+        held = self.leadership
+        assert held.lease is not None
+        retracted = self.gate.retract()
+        marker = ev.AdmissionTerm(
+            event_id=event_id(ev.ADMISSION_REF, ev.type_tag(ev.AdmissionTerm), held.term),
+            workload_id=ev.ADMISSION_REF, at=time.time(), term=held.term, instance=self.me,
+        )  # fmt: skip
+        ack = (await self.publisher.publish([marker]))[0]
+        if self.leadership is held:
+            self.leadership = dataclasses.replace(held, marker=int(ack.seq))
+            log.info("admission.term", instance=self.me, term=held.term, marker=ack.seq, retracted=len(retracted))
+
+    async def resign(self) -> None:
+        """At a clean stop: the lease ends now (compare-and-set), so another router need not wait
+        for it to run out."""
+        held = self.leadership.lease if self.leadership is not None else None
+        if held is None or self.kv_admission is None:
+            return
+        try:
+            value, rev = await kv.read(self.kv_admission, ADMISSION_LEADER_KEY)
+            if value is not None and decode_admission_lease(value) == held:
+                await self.kv_admission.update(ADMISSION_LEADER_KEY, encode(lease.resigned(held)), last=rev)
+                log.info("admission.resigned", instance=self.me, term=held.term)
+        except Exception as exc:  # it runs out by itself
+            log.warning("admission.resign_failed", error=type(exc).__name__)
 
     async def send_cancels(self, cancels: Sequence[ev.Cancel]) -> None:
         """The cancels of a pipeline's stages, signed as the router (the dispatcher checks who
@@ -259,15 +448,16 @@ class Router:
             return accepted
         if len(accepted) > 1:
             log.info("pipeline.expanded", workload=wid, children=len(accepted) - 2)
+        fence = self.fence(now)  # (the round's, taken with it: no await in between)
         r = self.gate_round(now)
-        if r.cancels:  # the reasons (stage-blocked, ...) go on record before the cancels they explain
-            await self.publisher.publish([*accepted, *r.events], context=msg.context)  # type: ignore[union-attr]
-            await self.send_cancels(r.cancels)
-            return []
-        return [*accepted, *r.events]
+        return await self.publish_round(r, fence, msg.context, before=accepted)
 
     async def on_event(self, msg: Incoming) -> Sequence[ev.Base]:
         e = msg.event
+        if isinstance(e, ev.AdmissionTerm):  # a term began: if not this router's, its own has ended
+            if self.leadership is not None and self.leadership.superseded_by(msg.stream_seq, e.term, e.instance):
+                self.step_down(f"router {e.instance} began term {e.term}", self.leadership.term)
+            return []
         before = self.follower.projection.get(e.workload_id)
         fresh = before is None or msg.stream_seq > before.last_seq  # per workload: folded out of global order
         self.own_id(e)
@@ -279,14 +469,12 @@ class Router:
         self.gate.apply(e, msg.stream_seq)
         if isinstance(e, ev.Completed) and fresh and view is not None:
             self.learn(view)
-        r = self.gate_round(time.time())  # level-triggered: a slot freed, a stage promoted, ...
-        # what the round decided goes out with this event's outputs; if this handler fails, the
-        # gate still has it as unconfirmed and the re-evaluation loop publishes it (same ids)
-        if r.cancels:  # the reasons (stage-blocked, ...) go on record before the cancels they explain
-            await self.publisher.publish(list(r.events), context=msg.context)  # type: ignore[union-attr]
-            await self.send_cancels(r.cancels)
-            return self.on_route_requested(e)
-        return [*r.events, *self.on_route_requested(e)]
+        now = time.time()
+        fence = self.fence(now)
+        r = self.gate_round(now)  # level-triggered: a slot freed, a stage promoted, ...
+        # what the round decided goes out now; if this handler fails, the gate still has it as
+        # unconfirmed and the re-evaluation loop publishes it (same ids)
+        return [*await self.publish_round(r, fence, msg.context), *self.on_route_requested(e)]
 
     def on_route_requested(self, e: Event) -> list[ev.Base]:
         if not isinstance(e, ev.RouteRequested):
@@ -318,18 +506,28 @@ class Router:
 
     async def gate_once(self) -> None:
         """The gate's periodic round: budget windows move with time (a forced round when a queue
-        has a budget), and what a failed handler decided but never published is published again."""
+        has a budget), and what a failed handler decided but never published is published again
+        (the gate's own decisions only by the router that decides admission now, fenced)."""
         assert self.publisher is not None
         now = time.time()
+        fence = self.fence(now)
         r = self.gate_round(now, force=pl.has_budget(self.policy))
-        late = [e for e in self.gate.overdue(now, GATE_RESEND_AFTER) if e.event_id not in {x.event_id for x in (*r.events, *r.cancels)}]
-        cancels = [*r.cancels, *(e for e in late if isinstance(e, ev.Cancel))]
-        events = [*(e for e in late if not isinstance(e, ev.Cancel)), *r.events]
+        decided = {x.event_id for x in (*r.events, *r.cancels)}
+        late = [e for e in self.gate.overdue(now, GATE_RESEND_AFTER) if e.event_id not in decided]
+        if fence is None:  # not deciding admission: the gate's decisions wait for a term of this router
+            late = [e for e in late if not isinstance(e, pl.DECIDED)]
         if late:
             log.warning("gate.resend", events=len(late))
-        for e in events:  # one at a time, each in its workload's trace; before the cancels they explain
-            await self.publisher.publish([e], context=self.follower.context(e.workload_id))
-        await self.send_cancels(cancels)
+        # one at a time, each in its workload's trace; the accepted submits as they are, the
+        # gate's decisions fenced; before the cancels they explain
+        for e in late:
+            if not isinstance(e, ev.Cancel | pl.DECIDED):
+                await self.publisher.publish([e], context=self.follower.context(e.workload_id))
+        for e in [*(e for e in late if isinstance(e, pl.DECIDED)), *r.events]:
+            assert fence is not None
+            if not await self.publish_decided([e], fence, self.follower.context(e.workload_id)):
+                return
+        await self.send_cancels([*r.cancels, *(e for e in late if isinstance(e, ev.Cancel))])
 
     async def reevaluate_once(self) -> int:
         """One round over the work awaiting a decision: publish what `core.reevaluation` says
@@ -399,9 +597,11 @@ class Router:
     async def run(self, stop: asyncio.Event) -> None:
         nc = await bus.connect_as(self.settings, "gpuorch-router")  # its own identity (GPUORCH_NATS_CREDS)
         try:
-            js = nc.jetstream()
+            js = self.js = nc.jetstream()
             await bus.await_topology(js, self.names)  # created by the admin identity
             self.publisher = Publisher(js, self.names)
+            self.kv_admission = await js.key_value(self.names.kv_admission)
+            self.leadership = lease.Leadership()  # on the bus: admission only in a term of its own
             me = self.settings.tuning.instance  # a replica folds every event through its own durable
             snapshots = Snapshots(js, self.names, snapshot_owner("router", me), events_durable(self.names, "router", me), self.dump_snapshot, interval=self.settings.tuning.snapshot_interval, inputs=[(self.names.stream_cmd, self.names.durable("router", "submit"))])
             start, folded = await restore_follower(snapshots, self.follower, core.load_router)
@@ -417,10 +617,12 @@ class Router:
             )
             await run_until_stopped("router", stop, [
                 consume(js, stream=self.names.stream_cmd, durable=self.names.durable("router", "submit"), filter_subject=self.names.cmd_submit, handler=self.on_command, publisher=self.publisher, names=self.names, stop=stop, concurrency=self.concurrency, key=submit_key),
-                consume(js, stream=self.names.stream_evt, durable=events_durable(self.names, "router", me), filter_subject=self.names.evt_all, handler=self.on_event, publisher=self.publisher, names=self.names, stop=stop, concurrency=self.concurrency),
+                consume(js, stream=self.names.stream_evt, durable=events_durable(self.names, "router", me), filter_subject=self.names.evt_all, handler=self.on_event, publisher=self.publisher, names=self.names, stop=stop, concurrency=self.concurrency, key=pipeline_key),
                 self.reevaluate(stop),
+                self.lead(stop),
                 snapshots.run(stop),
             ])
+            await self.resign()
             await snapshots.final()  # the consumers have drained: what they folded is acked
             await sub.unsubscribe()
         finally:
