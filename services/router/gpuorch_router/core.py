@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from gpuorch.projection import WorkloadView
+from gpuorch.projection import Projection, WorkloadView
 from gpuorch_proto import ClusterSnapshot, Event, RoutingDecision, Workload, event_id
 from gpuorch_proto import events as ev
 from gpuorch_proto.policy import AdmissionPolicy
@@ -38,7 +38,7 @@ from gpuorch_proto.resume import CheckpointRef
 
 from . import preempt
 from .fairshare import Usage
-from .history import RoutingHistory
+from .history import MeasuredTimeline, RoutingHistory, update_history
 from .pipeline import Gate, GateRound, with_stage_inputs
 from .policy import RoutingMemo, SnapshotIndex, route
 
@@ -373,6 +373,90 @@ def reevaluation(
         if now - last.at < min_interval:
             return []  # changed, but re-published a moment ago: the next round publishes it
     return decision_events(wid, decision, attempt_number, now, republish=state.unroutable_count(wid) + 1)
+
+
+def learnt(
+    history: RoutingHistory | None, view: WorkloadView, snapshots: Mapping[str, ClusterSnapshot], time_scale: float
+) -> RoutingHistory | None:
+    """The routing history after a completed workload: its promoted attempt's measured timeline
+    (`history.update_history`), in simulated seconds (by its cluster's latest snapshot, when the
+    router has one; else the registry's `time_scale`, and no GPU model). Unchanged when it has none."""
+    if view.workload is None or view.promoted_attempt is None:
+        return history
+    a = view.attempts.get(view.promoted_attempt)
+    if a is None:
+        return history
+    snapshot = snapshots.get(a.cluster)
+    scale = snapshot.time_scale if snapshot else time_scale  # estimates are in simulated seconds
+    products = {n.gpu_product for n in snapshot.nodes if n.gpu_product} if snapshot else set()
+    staged = False
+    if view.decision is not None:
+        for v in view.decision.verdicts:
+            if v.cluster == a.cluster and v.estimate is not None:
+                staged = v.estimate.data_staging > 0 or v.estimate.image_staging > 0
+
+    def sim(key: str, times: Mapping[str, float]) -> float | None:
+        t = times.get(key)
+        return t * scale if t is not None else None
+
+    return update_history(history, MeasuredTimeline(
+        cluster=a.cluster,
+        workload_key=view.workload.metadata.workload_class or view.workload.metadata.name,
+        gpu_product=next(iter(products)) if len(products) == 1 else None,
+        routed_at=sim("routed", view.times),
+        admitted_at=sim("admitted", a.times),
+        staging_started_at=sim("admitted", a.times) if staged else None,
+        staging_finished_at=sim("running", a.times) if staged else None,
+        compute_started_at=sim("running", a.times),
+        finished_at=sim("finished", a.times),
+        promoted_at=sim("promoted", a.times),
+    ))  # fmt: skip
+
+
+def fold(
+    projection: Projection,
+    state: RouterState,
+    history: RoutingHistory | None,
+    e: Event,
+    seq: int,
+    snapshots: Mapping[str, ClusterSnapshot],
+    time_scale: float,
+) -> tuple[WorkloadView | None, RoutingHistory | None]:
+    """One event of the log into what routing reads: the projection, `RouterState`, and the
+    routing history (learnt from a workload completed by an event not folded before). Returns
+    the workload's view and the history. The router's replay folds with this (`Router.fold`),
+    and so does `replay`."""
+    fresh = not seq or seq > state.seqs.get(e.workload_id, 0)
+    view = projection.apply(e, seq)
+    state.apply(e, seq)
+    if isinstance(e, ev.Completed) and fresh and view is not None:
+        history = learnt(history, view, snapshots, time_scale)
+    return view, history
+
+
+@dataclass
+class Replayed:
+    """What routing reads, folded from the log (`replay`)."""
+
+    projection: Projection
+    state: RouterState = field(default_factory=RouterState)
+    history: RoutingHistory | None = None
+
+
+def replay(
+    events: Iterable[tuple[int, Event]],
+    projection: Projection,
+    snapshots: Mapping[str, ClusterSnapshot],
+    time_scale: float = 1.0,
+) -> Replayed:
+    """The log folded as the router folds it (`Router.fold`: every event through `fold`) into
+    `projection` (empty, built as the router builds its own: `Follower.of(tuning)`), learning
+    from completed workloads with `snapshots` at hand, as a router that ran while they completed
+    had its clusters' snapshots."""
+    out = Replayed(projection)
+    for seq, e in events:
+        _, out.history = fold(out.projection, out.state, out.history, e, seq, snapshots, time_scale)
+    return out
 
 
 def pending_attempt(view: WorkloadView | None) -> int | None:

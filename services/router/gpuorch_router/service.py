@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,7 @@ from gpuorch_proto.validate import body_size_error
 from . import core, fairshare
 from . import pipeline as pl
 from .core import decision_events
-from .history import MeasuredTimeline, RoutingHistory, update_history
+from .history import RoutingHistory
 from .policy import RoutingMemo, SnapshotIndex, build_index
 
 log = structlog.get_logger("gpuorch.router")
@@ -121,16 +121,13 @@ class Router:
                 msgspec.structs.force_setattr(e, "workload_id", held.workload_id)
 
     def fold(self, e: Event, seq: int) -> None:
-        """One event of the replay at start-up: as `on_event` folds it (and learns from it)."""
-        fresh = not seq or seq > self.state.seqs.get(e.workload_id, 0)
+        """One event of the replay at start-up: as `on_event` folds it (and learns from it), by
+        `core.fold` (which `gpuorch submit --dry-run` replays with too: `core.replay`)."""
         self.own_id(e)
-        view = self.follower.projection.apply(e, seq)
+        view, self.history = core.fold(self.follower.projection, self.state, self.history, e, seq, self.snapshots, self.time_scale)
         self.touched.add(e.workload_id)
         self.note_priority(e.workload_id, view)
-        self.state.apply(e, seq)
         self.gate.apply(e, seq)
-        if isinstance(e, ev.Completed) and fresh and view is not None:
-            self.learn(view)
 
     def note_priority(self, workload_id: str, view: WorkloadView | None) -> None:
         """Keep `prioritized` (what preemption looks at) as the workload's view now stands."""
@@ -175,37 +172,8 @@ class Router:
             log.info("workload.cancel_sent", workload=c.workload_id, reason=c.reason)
 
     def learn(self, view: WorkloadView) -> None:
-        """Fold a completed workload's promoted attempt into the routing history."""
-        if view.workload is None or view.promoted_attempt is None:
-            return
-        a = view.attempts.get(view.promoted_attempt)
-        if a is None:
-            return
-        snap = self.snapshots.get(a.cluster)
-        scale = snap.time_scale if snap else self.time_scale  # estimates are in simulated seconds
-        products = {n.gpu_product for n in snap.nodes if n.gpu_product} if snap else set()
-        staged = False
-        if view.decision is not None:
-            for v in view.decision.verdicts:
-                if v.cluster == a.cluster and v.estimate is not None:
-                    staged = v.estimate.data_staging > 0 or v.estimate.image_staging > 0
-
-        def sim(key: str, times: Mapping[str, float]) -> float | None:
-            t = times.get(key)
-            return t * scale if t is not None else None
-
-        self.history = update_history(self.history, MeasuredTimeline(
-            cluster=a.cluster,
-            workload_key=view.workload.metadata.workload_class or view.workload.metadata.name,
-            gpu_product=next(iter(products)) if len(products) == 1 else None,
-            routed_at=sim("routed", view.times),
-            admitted_at=sim("admitted", a.times),
-            staging_started_at=sim("admitted", a.times) if staged else None,
-            staging_finished_at=sim("running", a.times) if staged else None,
-            compute_started_at=sim("running", a.times),
-            finished_at=sim("finished", a.times),
-            promoted_at=sim("promoted", a.times),
-        ))
+        """Fold a completed workload's promoted attempt into the routing history (`core.learnt`)."""
+        self.history = core.learnt(self.history, view, self.snapshots, self.time_scale)
 
     def awaiting_decision(self) -> list[str]:
         """The workloads waiting for a routing decision (`pending_attempt` not None), kept as a
