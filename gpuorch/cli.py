@@ -174,24 +174,43 @@ async def _wait_with_progress(c: Client, wid: str, timeout: float, show: bool) -
 
 
 async def _submit_dry_run(ns: argparse.Namespace, s: Settings, wl: Any) -> int:
-    """The routing decision the router would make now, from the current snapshots; nothing is published."""
+    """The routing decision the router would make now, by its own path (`gpuorch_router.dryrun`:
+    the log folded as the router folds it, snapshots taken as it takes them, `core.decide`);
+    nothing is published."""
+    from gpuorch.config import load_registry
+    from gpuorch.follow import Follower
+    from gpuorch_router.dryrun import dry_run, trusted_snapshots
     from gpuorch_router.explain import render_explain
-    from gpuorch_router.policy import build_index, route
 
+    try:
+        registry = load_registry(s.registry) if s.registry else None  # the router's own (GPUORCH_REGISTRY)
+    except (OSError, ValueError) as exc:
+        print(f"gpuorch submit --dry-run: cluster registry {s.registry}: {exc}", file=sys.stderr)
+        return 2
     async with Client(s.nats_url, s.names, creds=s.nats_creds) as c:
-        snaps = await c.snapshots()
+        messages = await c.snapshot_messages()
+        events = await c.events() if messages else []
+    snaps = trusted_snapshots(messages, s.names, registry.clusters if registry else None)
     if not snaps:
-        print("gpuorch submit --dry-run: no capacity snapshot yet (is the inventory service running? `gpuorch status`)",
-              file=sys.stderr)
+        why = (f"none of the {len(messages)} cluster snapshots is of a cluster in the registry {s.registry}" if messages
+               else "no capacity snapshot yet (is the inventory service running? `gpuorch status`)")
+        print(f"gpuorch submit --dry-run: {why}", file=sys.stderr)
         return 1
     wid = workload_id_for(ns.key or "dry-run", wl.metadata.name)
-    decision = route(wl, wid, {n: build_index(sn) for n, sn in snaps.items()}, time.time())
+    r = dry_run(wl, wid, events, snaps, time.time(), projection=Follower.of(s.tuning).projection,
+                time_scale=registry.time_scale if registry else 1.0)
+    decision = r.decision
     if ns.output == "json":
-        print(json.dumps({"dry_run": True, "decision": msgspec.to_builtins(decision)}, indent=2))
+        print(json.dumps({"dry_run": True, "workload_id": wid, "attempt": r.attempt, "note": r.note,
+                          "decision": msgspec.to_builtins(decision) if decision else None}, indent=2))
     else:
-        print(f"dry run: nothing submitted ({len(snaps)} cluster snapshots)\n")
-        print(render_explain(decision))
-    return 0 if decision.outcome != "rejected" else 1
+        print(f"dry run: nothing submitted ({len(snaps)} cluster snapshots)\n{r.note}\n")
+        if decision is not None:
+            print(render_explain(decision))
+    if r.refused:
+        print(f"gpuorch submit --dry-run: {r.note}", file=sys.stderr)
+        return 2
+    return 0 if decision is None or decision.outcome != "rejected" else 1
 
 
 async def cmd_get(ns: argparse.Namespace, s: Settings) -> int:
@@ -554,7 +573,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--key", default=None, help="idempotency key, sent as Nats-Msg-Id (default: random); the same key names the same workload")
     p.add_argument("--timeout", type=float, default=600, help="seconds --wait waits (default 600)")
     p.add_argument("--dry-run", action="store_true",
-                   help="print the routing decision it would get now (every cluster's verdict and estimate, as explain does); submit nothing")
+                   help="print the routing decision the router would make now, by its own path (with --key: an existing workload's pending attempt, its exclusions and checkpoint); submit nothing")
     out(sub.add_parser("get", help="one workload")).add_argument("id")
     p = out(sub.add_parser("result", help="a workload's result: the attempt that published it, its objects (or one object's bytes)"))
     p.add_argument("id")

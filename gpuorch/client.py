@@ -187,7 +187,12 @@ class Client:
         return await asyncio.wait_for(run(), timeout)
 
     async def snapshots(self) -> dict[str, ClusterSnapshot]:
-        out: dict[str, ClusterSnapshot] = {}
+        return {snap.cluster: snap for _subject, snap in await self.snapshot_messages()}
+
+    async def snapshot_messages(self) -> list[tuple[str, ClusterSnapshot]]:
+        """The latest snapshot on each inventory subject, with its subject (what the router checks
+        a snapshot against: `gpuorch.security.receive.trusted_snapshot`)."""
+        out: list[tuple[str, ClusterSnapshot]] = []
         try:
             info = await self.js.stream_info(self.names.stream_inventory)
         except Exception:
@@ -198,8 +203,7 @@ class Client:
         try:
             for _ in range(info.state.messages):
                 msg = await sub.next_msg(timeout=2)
-                snap = decode_snapshot(msg.data)
-                out[snap.cluster] = snap
+                out.append((msg.subject, decode_snapshot(msg.data)))
         except Exception:
             pass
         finally:

@@ -71,6 +71,39 @@ def test_cli_submit_get_list_explain_events_clusters(system: System, tmp_path: P
     assert missing.returncode == 1 and "no workload" in missing.stderr
 
 
+def test_cli_dry_run_decides_by_the_routers_path(system: System, tmp_path: Path) -> None:
+    """`submit --dry-run` folds the log and takes the snapshots as the router does, then decides
+    by `core.decide`: a new workload's decision is the one the router then makes (the same
+    cluster, eligibility and learnt run time); with the key of a workload that waits for no
+    decision it says so; another document under that key is refused, as the router refuses it."""
+    system.save()
+    f = tmp_path / "dry.yaml"
+    f.write_text(yaml.safe_dump(workload_to_builtins(train("dry", steps=3))))
+    dry = gpuorch(system, "submit", str(f), "--dry-run", "--key", "dry-1", "-o", "json")
+    assert dry.returncode == 0, dry.stderr
+    got = json.loads(dry.stdout)
+    assert got["attempt"] == 1 and "a new workload" in got["note"] and got["decision"]["outcome"] == "routed", got
+    text = gpuorch(system, "submit", str(f), "--dry-run", "--key", "dry-1")
+    assert text.returncode == 0 and "dry run: nothing submitted" in text.stdout and got["decision"]["cluster"] in text.stdout
+    out = gpuorch(system, "submit", str(f), "--key", "dry-1", "--wait", "-o", "json")
+    assert out.returncode == 0, out.stderr
+    wid = json.loads(out.stdout)["id"]
+    assert wid == got["workload_id"]
+    routed = json.loads(gpuorch(system, "explain", wid, "-o", "json").stdout)["decision"]
+
+    def seen(d: dict) -> list[tuple[str, bool, float | None]]:  # type: ignore[type-arg]
+        return [(v["cluster"], v["eligible"], v["estimate"]["run"] if v["estimate"] else None) for v in d["verdicts"]]
+
+    assert routed["cluster"] == got["decision"]["cluster"] and seen(routed) == seen(got["decision"]), (routed["summary"], got["decision"]["summary"])
+    done = gpuorch(system, "submit", str(f), "--dry-run", "--key", "dry-1", "-o", "json")
+    assert done.returncode == 0 and json.loads(done.stdout)["decision"] is None, done.stdout
+    assert "waits for no routing decision" in json.loads(done.stdout)["note"]
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump(workload_to_builtins(train("dry", steps=4))))
+    refused = gpuorch(system, "submit", str(other), "--dry-run", "--key", "dry-1")
+    assert refused.returncode == 2 and "exists with a different body" in refused.stderr, refused.stderr
+
+
 async def test_cli_logs_of_the_running_attempt_and_a_cluster_that_does_not_answer(system: System, client: Client) -> None:
     """`gpuorch logs`: the trainer's output through its cluster's API (the attempt's pods only);
     what cannot be shown says why; a partitioned cluster is reported, not waited on."""

@@ -35,7 +35,10 @@ from .index import VOLATILE_LABELS, NodeClass, SnapshotIndex, node_classes, plur
 
 __all__ = [
     "EXCLUDED",
+    "NODE_PARTS",
     "Chain",
+    "NodePart",
+    "NodeParts",
     "Staging",
     "cpu_memory_step",
     "data_staging",
@@ -407,16 +410,56 @@ def node_prelude(
     return classes, None
 
 
-def node_checks(idx: SnapshotIndex, d: Demand) -> tuple[list[Check], list[NodeClass]]:
-    """Node-level checks; returns the checks and the suitable classes."""
+#: Checks and the classes they leave (or, after the shape checks, the suitable classes).
+NodePart = tuple[tuple[Check, ...], tuple[NodeClass, ...]]
+
+
+class NodeParts:
+    """The two parts of the node checks that read few demand fields, each computed here.
+
+    :func:`node_checks` composes them (with the prelude and CPU_MEMORY between): the one
+    composition. The fast path subclasses this (``fastpath._Cached``) to look each part up by
+    the fields it reads, so its node checks are this composition's, with cached parts.
+    """
+
+    __slots__ = ()
+
+    def filtered(self, idx: SnapshotIndex, classes: Sequence[NodeClass], d: Demand) -> NodePart:
+        """POOL .. GPU_SHARED over `classes` (:func:`node_filter`): the checks, the classes left."""
+        chain = Chain(classes)
+        node_filter(chain, d)
+        return tuple(chain.checks), tuple(chain.left)
+
+    def shaped(
+        self, idx: SnapshotIndex, classes: Sequence[NodeClass], left: tuple[NodeClass, ...], d: Demand
+    ) -> NodePart:
+        """GPU_SHAPE, GANG_SPLIT, GPU_CAPACITY (:func:`shape_checks`) over the classes `left` by the
+        earlier checks: these checks and the suitable classes."""
+        chain = Chain(classes)
+        chain.left = list(left)
+        suitable = shape_checks(chain, d, classes, idx.node_count)
+        return tuple(chain.checks), tuple(suitable)
+
+
+#: The node parts computed afresh (the reference).
+NODE_PARTS: Final = NodeParts()
+
+
+def node_checks(
+    idx: SnapshotIndex, d: Demand, parts: NodeParts = NODE_PARTS
+) -> tuple[list[Check], list[NodeClass]]:
+    """Node-level checks; returns the checks and the suitable classes (`parts`: where the two
+    parts come from; the fast path passes its cached ones)."""
     classes, done = node_prelude(idx, d)
     if done is not None:
         return done
+    checks, left = parts.filtered(idx, classes, d)
     chain = Chain(classes)
-    node_filter(chain, d)
+    chain.checks, chain.left = list(checks), list(left)
     cpu_memory_step(chain, d, idx.cpu_reported)
-    suitable = shape_checks(chain, d, classes, idx.node_count)
-    return chain.checks, suitable
+    tail, suitable = parts.shaped(idx, classes, tuple(chain.left), d)
+    chain.checks.extend(tail)
+    return chain.checks, list(suitable)
 
 
 def eligible_nodes(workload: Workload, snapshot: SnapshotIndex) -> frozenset[str]:

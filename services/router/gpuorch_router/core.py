@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from gpuorch.projection import WorkloadView
+from gpuorch.projection import Projection, WorkloadView
 from gpuorch_proto import ClusterSnapshot, Event, RoutingDecision, Workload, event_id
 from gpuorch_proto import events as ev
 from gpuorch_proto.policy import AdmissionPolicy
@@ -47,6 +47,7 @@ from .history import (
     RunSample,
     history_from,
     history_parts,
+    update_history,
 )
 from .pipeline import Gate, GateRound, with_stage_inputs
 from .policy import RoutingMemo, SnapshotIndex, route
@@ -426,6 +427,59 @@ def reevaluation(
         if now - last.at < min_interval:
             return []  # changed, but re-published a moment ago: the next round publishes it
     return decision_events(wid, decision, attempt_number, now, republish=state.unroutable_count(wid) + 1)
+
+
+def learnt(history: RoutingHistory | None, view: WorkloadView, time_scale: float) -> RoutingHistory | None:
+    """The routing history after a completed workload: its promoted attempt's measured timeline
+    (`measured_timeline`, from the log alone) folded in (`history.update_history`). Unchanged
+    when nothing was promoted."""
+    measured = measured_timeline(view, time_scale)
+    return history if measured is None else update_history(history, measured)
+
+
+def fold(
+    projection: Projection,
+    state: RouterState,
+    history: RoutingHistory | None,
+    e: Event,
+    seq: int,
+    time_scale: float,
+) -> tuple[WorkloadView | None, RoutingHistory | None]:
+    """One event of the log into what routing reads: the projection, `RouterState`, and the
+    routing history (learnt from a workload completed by an event not folded before). Returns
+    the workload's view and the history. The router's replay folds with this (`Router.fold`),
+    and so does `replay`."""
+    if isinstance(e, ev.AdmissionTerm):  # about no workload: which router leads (`lease`)
+        return None, history
+    fresh = not seq or seq > state.seqs.get(e.workload_id, 0)
+    view = projection.apply(e, seq)
+    state.apply(e, seq)
+    if isinstance(e, ev.Completed) and fresh and view is not None:
+        history = learnt(history, view, time_scale)
+    return view, history
+
+
+@dataclass
+class Replayed:
+    """What routing reads, folded from the log (`replay`)."""
+
+    projection: Projection
+    state: RouterState = field(default_factory=RouterState)
+    history: RoutingHistory | None = None
+
+
+def replay(
+    events: Iterable[tuple[int, Event]],
+    projection: Projection,
+    time_scale: float = 1.0,
+) -> Replayed:
+    """The log folded as the router folds it (`Router.fold`: every event through `fold`) into
+    `projection` (empty, built as the router builds its own: `Follower.of(tuning)`), learning
+    from completed workloads as the router does (from the log alone)."""
+    out = Replayed(projection)
+    for seq, e in events:
+        _, out.history = fold(out.projection, out.state, out.history, e, seq, time_scale)
+    return out
 
 
 def pending_attempt(view: WorkloadView | None) -> int | None:

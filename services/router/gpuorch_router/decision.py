@@ -2,8 +2,10 @@
 
 :func:`route` is the plain reference implementation of the whole policy: parse the demand once,
 then for every cluster (in name order) its checks (:func:`eligibility`), freshness at ``now``, an
-estimate when eligible, and its verdict; then :func:`decide`. No memoisation anywhere: the fast path
-(:mod:`gpuorch_router.fastpath`) must give records equal to these, and a property test says so.
+estimate when eligible, and its verdict; then :func:`decide`. No memoisation anywhere. The fast
+path (:mod:`gpuorch_router.fastpath`) re-implements none of it: it calls :func:`eligibility` with
+cached :class:`Parts`, :func:`evaluate`, :func:`standing`, :func:`ineligible_verdict` and
+:func:`decide`, and caches their results; property tests say its records equal these.
 
 Outcome: ``routed`` to the lowest (score, name); else ``waiting`` when some candidate fails only
 capacity-only checks; else ``rejected`` with every candidate's permanent reasons. A pinned target
@@ -13,17 +15,20 @@ capacity-only checks; else ``rejected`` with every candidate's permanent reasons
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from gpuorch_proto.inventory import ClusterSnapshot
 from gpuorch_proto.placement import placement_for
-from gpuorch_proto.resume import CheckpointRef
+from gpuorch_proto.resume import CheckpointRef, ResumeVerdict
 from gpuorch_proto.routing import Check, ClusterVerdict, Estimate, RoutingDecision
 from gpuorch_proto.workload import Workload
 
 from .checks import (
     EXCLUDED,
+    NodeParts,
+    Staging,
     cluster_allowed,
     data_staging,
     dur,
@@ -36,22 +41,33 @@ from .checks import (
 from .demand import Demand, parse_demand
 from .estimate import Elig, build_terms, estimate, placement_terms
 from .history import RoutingHistory
-from .index import SnapshotIndex
+from .index import NodeClass, SnapshotIndex
 
 __all__ = [
+    "PARTS",
     "Evaluation",
+    "Parts",
     "Snapshots",
     "best_two",
     "decide",
     "eligibility",
     "evaluate",
+    "ineligible_verdict",
+    "is_stale",
     "pin_verdicts",
     "reasons",
     "route",
     "shown_age",
+    "standing",
 ]
 
 Snapshots = Mapping[str, ClusterSnapshot | SnapshotIndex]
+
+#: Registry part: data staging, the resume verdict, the registry checks, the owner's queues.
+RegistryPart = tuple[Staging, ResumeVerdict | None, tuple[Check, ...], tuple[str, ...]]
+#: Placement part: queue wait, queue, GPU model assumed, pools of the suitable nodes, is that model
+#: the only suitable one, what the wait is (`estimate.placement_terms`).
+PlacementPart = tuple[float, str, str | None, frozenset[str], bool, str]
 
 
 @dataclass(slots=True, eq=False)
@@ -67,18 +83,47 @@ class Evaluation:
 Candidate = tuple[float, str, Evaluation]  # (score, cluster, evaluation) of an eligible cluster
 
 
-def eligibility(idx: SnapshotIndex, d: Demand) -> Elig:
-    """Every check but freshness, in the verdict's order, with what the estimate needs."""
+class Parts(NodeParts):
+    """Every part of a cluster's eligibility that reads only some demand fields, computed here.
+
+    :func:`eligibility` composes them: the one composition of the checks. The fast path
+    (``fastpath._Cached``) overrides each part to look it up by the fields it reads, so a
+    memoised cluster's checks are this composition's by construction.
+    """
+
+    __slots__ = ()
+
+    def registry(self, idx: SnapshotIndex, d: Demand) -> RegistryPart:
+        """Data staging, the resume verdict, then the registry checks (which read both)."""
+        staging = data_staging(idx, d)
+        resume = resume_verdict(idx, d)
+        reg_list, queues = registry_checks(idx, d, staging, resume)
+        return staging, resume, tuple(reg_list), tuple(queues)
+
+    def placed(
+        self, idx: SnapshotIndex, d: Demand, suitable: Sequence[NodeClass], queues: tuple[str, ...]
+    ) -> PlacementPart:
+        """Where an eligible cluster would place it (`estimate.placement_terms`)."""
+        return placement_terms(idx, d, suitable, queues)
+
+
+#: The parts computed afresh (the reference).
+PARTS: Final = Parts()
+
+
+def eligibility(idx: SnapshotIndex, d: Demand, parts: Parts = PARTS, make: type[Elig] = Elig) -> Elig:
+    """Every check but freshness, in the verdict's order, with what the estimate needs.
+
+    `parts` gives the parts (the fast path passes its cached ones), `make` the record type (the
+    fast path's keeps the verdicts built from it)."""
     checks: list[Check] = [cluster_allowed(idx, d)]
-    node_list, suitable = node_checks(idx, d)
+    node_list, suitable = node_checks(idx, d, parts)
     checks.extend(node_list)
-    staging = data_staging(idx, d)
-    resume = resume_verdict(idx, d)
-    reg_list, queues = registry_checks(idx, d, staging, resume)
+    staging, resume, reg_list, queues = parts.registry(idx, d)
     checks.extend(reg_list)
-    elig = Elig(checks=checks, ok=all(c.ok for c in checks), staging=staging, resume=resume)
+    elig = make(checks=checks, ok=all(c.ok for c in checks), staging=staging, resume=resume)
     if elig.ok:
-        (elig.queue_wait, elig.queue, elig.product, elig.pools, elig.only_model, elig.queue_basis) = placement_terms(
+        (elig.queue_wait, elig.queue, elig.product, elig.pools, elig.only_model, elig.queue_basis) = parts.placed(
             idx, d, suitable, queues
         )
         # what the checks accepted, as the Job's constraints: the products are this cluster's own
@@ -86,11 +131,19 @@ def eligibility(idx: SnapshotIndex, d: Demand) -> Elig:
     return elig
 
 
-def evaluate(idx: SnapshotIndex, d: Demand) -> Evaluation:
-    elig = eligibility(idx, d)
-    ev = Evaluation(elig=elig)
+def evaluate(
+    idx: SnapshotIndex,
+    d: Demand,
+    elig: Elig | None = None,
+    speed: float | None = None,
+    make: type[Evaluation] = Evaluation,
+) -> Evaluation:
+    """The cluster's checks (`elig`, or :func:`eligibility`) and, when they pass, its estimate
+    (`speed`: the GPU model's relative speed, when the caller has it)."""
+    elig = eligibility(idx, d) if elig is None else elig
+    ev = make(elig=elig)
     if elig.ok:
-        ev.estimate = estimate(idx, d, elig)
+        ev.estimate = estimate(idx, d, elig, speed)
         ev.score = ev.estimate.score
         ev.queue = elig.queue or None
     return ev
@@ -102,22 +155,47 @@ def shown_age(now: float, observed_at: float) -> float:
     return float(math.ceil(age)) if age > 0 else 0.0
 
 
+def standing(ok: bool, reachable: bool, age: float, excluded: bool, max_age: float) -> tuple[bool, bool]:
+    """(stale, eligible) of a cluster whose checks gave `ok`, its snapshot `age` seconds old.
+
+    Stale: its cluster unreachable, or observed more than `max_age` seconds ago (CLUSTER_UNREACHABLE
+    fails, capacity-only; :func:`checks.freshness` words it). Eligible: its checks pass, it is not
+    stale and the caller does not exclude it for now. The rule of every verdict (the reference's
+    and the fast path's), here only."""
+    stale = not reachable or age > max_age
+    return stale, ok and not stale and not excluded
+
+
+def is_stale(reachable: bool, age: float, max_age: float) -> bool:
+    """Whether a snapshot `age` seconds old is stale (:func:`standing`)."""
+    return standing(True, reachable, age, False, max_age)[0]
+
+
+def ineligible_verdict(
+    name: str, shown: float, fresh: Check, checks: Sequence[Check], excluded: bool
+) -> ClusterVerdict:
+    """The verdict of a cluster that may not run it now: failed checks, a stale or unreachable
+    snapshot (`fresh`, listed first), or excluded for now (its CLUSTER_NOT_ALLOWED, right after
+    freshness, then says so). No estimate: shared by every workload with these checks."""
+    listed = [fresh, *checks]
+    if excluded:
+        listed[1] = EXCLUDED
+    return ClusterVerdict(cluster=name, eligible=False, checks=listed, snapshot_age=shown)
+
+
 def verdict(
     name: str, idx: SnapshotIndex, ev: Evaluation, now: float, excluded: bool, max_age: float
 ) -> tuple[ClusterVerdict, bool]:
     """The cluster's verdict at `now`, and whether it is eligible."""
     shown = shown_age(now, idx.observed_at)
-    stale = not idx.reachable or now - idx.observed_at > max_age
+    stale, eligible = standing(ev.elig.ok, idx.reachable, now - idx.observed_at, excluded, max_age)
     fresh = freshness(idx, shown, stale, max_age)
-    if ev.elig.ok and not stale and not excluded:
+    if eligible:
         v = ClusterVerdict(
             cluster=name, eligible=True, checks=[fresh, *ev.elig.checks], estimate=ev.estimate, snapshot_age=shown
         )
         return v, True
-    checks = [fresh, *ev.elig.checks]
-    if excluded:
-        checks[1] = EXCLUDED  # CLUSTER_NOT_ALLOWED comes right after freshness
-    return ClusterVerdict(cluster=name, eligible=False, checks=checks, snapshot_age=shown), False
+    return ineligible_verdict(name, shown, fresh, ev.elig.checks, excluded), False
 
 
 def pin_verdicts(d: Demand, names: Collection[str], known: Collection[str]) -> dict[str, ClusterVerdict]:

@@ -21,6 +21,12 @@ evaluation reads (``docs/routing.md`` lists them):
 
 Caches are bounded (``memo_size`` entries each, cleared when full: ids keep counting, so an old
 id never names another signature).
+
+What it caches are the reference's own results: a cluster's checks are
+``decision.eligibility`` (the one composition) over parts looked up in these memos (:class:`_Cached`,
+a ``decision.Parts``), its estimate ``decision.evaluate``, and whether it is stale and eligible
+``decision.standing``; an ineligible verdict is ``decision.ineligible_verdict``. What is its own:
+which results to keep, for how long (the intervals of ``now``), and sharing records between them.
 """
 
 from __future__ import annotations
@@ -29,35 +35,34 @@ import bisect
 import itertools
 import math
 import operator
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, TypeVar
 
 import msgspec
 
 from gpuorch_proto.inventory import ClusterSnapshot
-from gpuorch_proto.placement import placement_for
-from gpuorch_proto.resume import CheckpointRef, ResumeVerdict
+from gpuorch_proto.resume import CheckpointRef
 from gpuorch_proto.routing import Check, ClusterVerdict, RoutingDecision
 from gpuorch_proto.workload import Workload
 
-from .checks import (
-    EXCLUDED,
-    Chain,
-    Staging,
-    cluster_allowed,
-    cpu_memory_step,
-    data_staging,
-    freshness,
-    node_filter,
-    node_prelude,
-    registry_checks,
-    resume_verdict,
-    shape_checks,
+from .checks import NodePart, freshness
+from .decision import (
+    Evaluation,
+    Parts,
+    PlacementPart,
+    RegistryPart,
+    decide,
+    eligibility,
+    evaluate,
+    ineligible_verdict,
+    is_stale,
+    pin_verdicts,
+    shown_age,
+    standing,
 )
-from .decision import Evaluation, decide, pin_verdicts
 from .demand import Demand, checkpoint_store, parse_demand
-from .estimate import Elig, build_terms, estimate, placement_terms, relative_speed
+from .estimate import Elig, build_terms, relative_speed
 from .history import RoutingHistory, key_label, workload_key
 from .index import NodeClass, SnapshotIndex
 
@@ -65,7 +70,6 @@ __all__ = ["RoutingMemo"]
 
 _EPS: Final = 1e-6
 _NO_EXCLUDE: Final[frozenset[str]] = frozenset()
-_CHECK_OK: Final = operator.attrgetter("ok")
 
 VerdictKey = tuple[str, float, bool, bool, float]  # (cluster, shown age, stale, excluded, max age)
 
@@ -104,9 +108,6 @@ class _Eval(Evaluation):
     verdict: ClusterVerdict | None = None
 
 
-NodePart = tuple[tuple[Check, ...], tuple[NodeClass, ...]]
-
-
 @dataclass(slots=True, eq=False)
 class _IndexMemo:
     """The memos of one index (they read that snapshot only)."""
@@ -115,12 +116,55 @@ class _IndexMemo:
     elig: dict[int, _Elig] = field(default_factory=dict)  # eligibility signature -> checks
     node: dict[tuple[object, ...], NodePart] = field(default_factory=dict)  # node_key -> filter prefix
     shape: dict[tuple[object, ...], NodePart] = field(default_factory=dict)  # classes left + shape -> tail
-    place: dict[tuple[object, ...], tuple[float, str, str | None, frozenset[str], bool, str]] = field(
-        default_factory=dict
-    )
-    reg: dict[tuple[object, ...], tuple[Staging, ResumeVerdict | None, tuple[Check, ...], tuple[str, ...]]] = field(
-        default_factory=dict
-    )
+    place: dict[tuple[object, ...], PlacementPart] = field(default_factory=dict)  # -> queue, model, pools
+    reg: dict[tuple[object, ...], RegistryPart] = field(default_factory=dict)  # reg_key -> registry part
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def _put(cache: dict[K, V], key: K, value: V, size: int) -> V:
+    """Keep `value` under `key` in a cache bounded to `size` entries (cleared when full)."""
+    if len(cache) >= size:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
+class _Cached(Parts):
+    """The reference's parts of eligibility (``decision.Parts``), each looked up first in one
+    index's memos by the demand fields it reads (the keys are the signature's, `_Sig`)."""
+
+    __slots__ = ("im", "s", "size")
+
+    def __init__(self, im: _IndexMemo, s: _Sig, size: int) -> None:
+        self.im, self.s, self.size = im, s, size
+
+    def filtered(self, idx: SnapshotIndex, classes: Sequence[NodeClass], d: Demand) -> NodePart:
+        if classes is not idx.classes:  # regrouped by a hostname selector: not memoised
+            return super().filtered(idx, classes, d)
+        # the node-filter prefix (pool .. sharing) reads only these demand fields: memoised on
+        # them, so a new CPU request, GPU count or registry need reuses it
+        got = self.im.node.get(self.s.node_key)
+        return got if got is not None else _put(self.im.node, self.s.node_key, super().filtered(idx, classes, d), self.size)
+
+    def shaped(self, idx: SnapshotIndex, classes: Sequence[NodeClass], left: tuple[NodeClass, ...], d: Demand) -> NodePart:
+        if classes is not idx.classes:
+            return super().shaped(idx, classes, left, d)
+        # the rest reads the classes left so far and the gang's shape only
+        key = (left, d.per_worker, d.per_node, d.units, d.workers, d.same_node)
+        got = self.im.shape.get(key)
+        return got if got is not None else _put(self.im.shape, key, super().shaped(idx, classes, left, d), self.size)
+
+    def registry(self, idx: SnapshotIndex, d: Demand) -> RegistryPart:
+        got = self.im.reg.get(self.s.reg_key)
+        return got if got is not None else _put(self.im.reg, self.s.reg_key, super().registry(idx, d), self.size)
+
+    def placed(self, idx: SnapshotIndex, d: Demand, suitable: Sequence[NodeClass], queues: tuple[str, ...]) -> PlacementPart:
+        key = (tuple(suitable), queues, d.per_node, d.units, d.per_worker, d.workers)
+        got = self.im.place.get(key)
+        return got if got is not None else _put(self.im.place, key, super().placed(idx, d, suitable, queues), self.size)
 
 
 # name, index, its memos, their evaluation memo (looked up once per cluster: the hot loop), observed_at, reachable, error
@@ -314,87 +358,14 @@ class RoutingMemo:
 
     # ---- per-cluster evaluation ----------------------------------------------------------------
 
-    def _node_checks(self, idx: SnapshotIndex, im: _IndexMemo, s: _Sig) -> tuple[list[Check], list[NodeClass]]:
-        """``checks.node_checks``, its filter prefix and shape tail memoised per index."""
-        d = s.d
-        classes, done = node_prelude(idx, d)
-        if done is not None:
-            return done
-        if classes is not idx.classes:  # regrouped by a hostname selector: not memoised
-            chain = Chain(classes)
-            node_filter(chain, d)
-            cpu_memory_step(chain, d, idx.cpu_reported)
-            return chain.checks, shape_checks(chain, d, classes, idx.node_count)
-        # the node-filter prefix (pool .. sharing) reads only these demand fields: memoised on
-        # them, so a new CPU request, GPU count or registry need reuses it
-        prefix = im.node.get(s.node_key)
-        if prefix is None:
-            chain = Chain(classes)
-            node_filter(chain, d)
-            prefix = (tuple(chain.checks), tuple(chain.left))
-            if len(im.node) >= self.memo_size:
-                im.node.clear()
-            im.node[s.node_key] = prefix
-        chain = Chain(classes)
-        chain.checks = list(prefix[0])
-        chain.left = list(prefix[1])
-        cpu_memory_step(chain, d, idx.cpu_reported)
-        # the rest reads the classes left so far and the gang's shape only
-        shape_key = (tuple(chain.left), d.per_worker, d.per_node, d.units, d.workers, d.same_node)
-        tail = im.shape.get(shape_key)
-        if tail is None:
-            n0 = len(chain.checks)
-            suitable = shape_checks(chain, d, classes, idx.node_count)
-            tail = (tuple(chain.checks[n0:]), tuple(suitable))
-            if len(im.shape) >= self.memo_size:
-                im.shape.clear()
-            im.shape[shape_key] = tail
-            return chain.checks, suitable
-        chain.checks.extend(tail[0])
-        return chain.checks, list(tail[1])
-
-    def _eligibility(self, idx: SnapshotIndex, im: _IndexMemo, s: _Sig) -> _Elig:
-        """``decision.eligibility`` with its parts memoised."""
-        d = s.d
-        checks: list[Check] = [cluster_allowed(idx, d)]
-        node_list, suitable = self._node_checks(idx, im, s)
-        checks.extend(node_list)
-        reg = im.reg.get(s.reg_key)
-        if reg is None:
-            staging = data_staging(idx, d)
-            resume = resume_verdict(idx, d)
-            reg_list, queue_list = registry_checks(idx, d, staging, resume)
-            reg = (staging, resume, tuple(reg_list), tuple(queue_list))
-            if len(im.reg) >= self.memo_size:
-                im.reg.clear()
-            im.reg[s.reg_key] = reg
-        staging, resume, reg_checks, queues = reg
-        checks.extend(reg_checks)
-        elig = _Elig(checks=checks, ok=all(map(_CHECK_OK, checks)), staging=staging, resume=resume)
-        if elig.ok:
-            key = (tuple(suitable), queues, d.per_node, d.units, d.per_worker, d.workers)
-            placed = im.place.get(key)
-            if placed is None:
-                placed = placement_terms(idx, d, suitable, queues)
-                if len(im.place) >= self.memo_size:
-                    im.place.clear()
-                im.place[key] = placed
-            elig.queue_wait, elig.queue, elig.product, elig.pools, elig.only_model, elig.queue_basis = placed
-            elig.placement = placement_for(d.resources, d.requirements, (c.product for c in idx.classes))
-        return elig
-
     def _evaluate(self, idx: SnapshotIndex, im: _IndexMemo, s: _Sig) -> _Eval:
+        """``decision.evaluate`` with the checks from the eligibility memo, their parts cached."""
         elig = im.elig.get(s.elig_sig)
         if elig is None:
-            elig = self._eligibility(idx, im, s)
-            if len(im.elig) >= self.memo_size:
-                im.elig.clear()
-            im.elig[s.elig_sig] = elig
+            made: _Elig = eligibility(idx, s.d, _Cached(im, s, self.memo_size), _Elig)  # type: ignore[assignment]
+            elig = _put(im.elig, s.elig_sig, made, self.memo_size)
         if elig.ok:
-            ev = _Eval(elig=elig)
-            ev.estimate = estimate(idx, s.d, elig, self._speed(elig.product))
-            ev.score = ev.estimate.score
-            ev.queue = elig.queue or None
+            ev: _Eval = evaluate(idx, s.d, elig, self._speed(elig.product), _Eval)  # type: ignore[assignment]
         else:  # no estimate: one evaluation serves every full signature with these checks
             ev = elig.ineligible or _Eval(elig=elig)
             elig.ineligible = ev
@@ -483,11 +454,11 @@ class RoutingMemo:
                 t = limit + _EPS
                 if t > lo:
                     lo = t
-            stale = not reachable or age > max_age
             excluded = name in ex if ex else False
-            key = (name, shown, stale, excluded, max_age)
             elig: _Elig = ev.elig  # type: ignore[assignment]  # this memo builds only _Elig
-            if elig.ok and not stale and not excluded:  # eligible: the verdict carries the estimate
+            stale, now_eligible = standing(elig.ok, reachable, age, excluded, max_age)
+            key = (name, shown, stale, excluded, max_age)
+            if now_eligible:  # the verdict carries the estimate
                 verdict = ev.verdict
                 if verdict is None or ev.verdict_key != key:
                     fresh = fresh_get((reachable, error, shown, False, max_age))
@@ -508,12 +479,7 @@ class RoutingMemo:
                     fresh = fresh_get((reachable, error, shown, stale, max_age))
                     if fresh is None:
                         fresh = self._fresh_check(idx, shown, stale, max_age)
-                    checks = [fresh, *elig.checks]
-                    if excluded:
-                        checks[1] = EXCLUDED  # CLUSTER_NOT_ALLOWED comes right after freshness
-                    verdict = elig.verdict = ClusterVerdict(
-                        cluster=name, eligible=False, checks=checks, snapshot_age=shown
-                    )
+                    verdict = elig.verdict = ineligible_verdict(name, shown, fresh, elig.checks, excluded)
                     elig.verdict_key = key
                 append(verdict)
         return verdicts, eligible, lo, hi
@@ -565,7 +531,8 @@ class RoutingMemo:
             ev = memo.get(sig)
             if ev is None:
                 ev = self._evaluate(idx, im, s)
-            stale = not reachable or now - base > max_age
+            excluded = name in ex if ex else False
+            stale, now_eligible = standing(ev.elig.ok, reachable, now - base, excluded, max_age)
             if reachable:
                 if stale:
                     old = plan.stale_youngest
@@ -573,21 +540,20 @@ class RoutingMemo:
                 else:
                     old = plan.fresh_oldest
                     plan.fresh_oldest = base if old is None else min(old, base)
-            excluded = name in ex if ex else False
             fam_key = (reachable, error, stale, max_age)
             fam = self.families.get(fam_key)
             if fam is None:
                 if len(self.families) >= self.memo_size:
                     self.families.clear()
                 fam = self.families[fam_key] = {}
-            tail = list(ev.elig.checks)
-            if ev.elig.ok and not stale and not excluded:
+            if now_eligible:
                 verdict = ClusterVerdict(cluster=name, eligible=True, estimate=ev.estimate)
+                tail = list(ev.elig.checks)
                 plan.eligible.append((ev.score, name, ev))
-            else:
-                if excluded:
-                    tail[0] = EXCLUDED  # CLUSTER_NOT_ALLOWED comes right after freshness
-                verdict = ClusterVerdict(cluster=name, eligible=False)
+            else:  # its verdict at `now`: a decision at another age replaces its age and freshness
+                shown = shown_age(now, base)
+                verdict = ineligible_verdict(name, shown, freshness(idx, shown, stale, max_age), ev.elig.checks, excluded)
+                tail = verdict.checks[1:]
             plan.bases.append(base)
             plan.templates.append(verdict)
             plan.tails.append(tail)
@@ -694,8 +660,9 @@ class RoutingMemo:
                 and plan.exclude == ex
                 and plan.max_age == max_snapshot_age
                 and now > plan.floor
-                and (plan.fresh_oldest is None or now - plan.fresh_oldest <= max_snapshot_age)
-                and (plan.stale_youngest is None or now - plan.stale_youngest > max_snapshot_age)
+                # no reachable cluster's staleness flipped (`decision.standing`; monotonic in age)
+                and (plan.fresh_oldest is None or not is_stale(True, now - plan.fresh_oldest, max_snapshot_age))
+                and (plan.stale_youngest is None or is_stale(True, now - plan.stale_youngest, max_snapshot_age))
             ):
                 decision, verdicts, lo, hi = self._planned(s, plan, workload_id, now)
             else:

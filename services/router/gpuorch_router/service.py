@@ -67,7 +67,7 @@ from gpuorch_proto.validate import body_size_error
 from . import core, fairshare, lease
 from . import pipeline as pl
 from .core import decision_events
-from .history import RoutingHistory, update_history
+from .history import RoutingHistory
 from .policy import RoutingMemo, SnapshotIndex, build_index
 
 log = structlog.get_logger("gpuorch.router")
@@ -170,18 +170,15 @@ class Router:
                 msgspec.structs.force_setattr(e, "workload_id", held.workload_id)
 
     def fold(self, e: Event, seq: int) -> None:
-        """One event of the replay at start-up: as `on_event` folds it (and learns from it)."""
+        """One event of the replay at start-up: as `on_event` folds it (and learns from it), by
+        `core.fold` (which `gpuorch submit --dry-run` replays with too: `core.replay`)."""
         if isinstance(e, ev.AdmissionTerm):  # about no workload (`lead_once`)
             return
-        fresh = not seq or seq > self.state.seqs.get(e.workload_id, 0)
         self.own_id(e)
-        view = self.follower.projection.apply(e, seq)
+        view, self.history = core.fold(self.follower.projection, self.state, self.history, e, seq, self.time_scale)
         self.touched.add(e.workload_id)
         self.note_priority(e.workload_id, view)
-        self.state.apply(e, seq)
         self.gate.apply(e, seq)
-        if isinstance(e, ev.Completed) and fresh and view is not None:
-            self.learn(view)
 
     def note_priority(self, workload_id: str, view: WorkloadView | None) -> None:
         """Keep `prioritized` (what preemption looks at) as the workload's view now stands."""
@@ -370,11 +367,8 @@ class Router:
             log.info("workload.cancel_sent", workload=c.workload_id, reason=c.reason)
 
     def learn(self, view: WorkloadView) -> None:
-        """Fold a completed workload's promoted attempt into the routing history (from the log
-        alone: `core.measured_timeline`)."""
-        measured = core.measured_timeline(view, self.time_scale)
-        if measured is not None:
-            self.history = update_history(self.history, measured)
+        """Fold a completed workload's promoted attempt into the routing history (`core.learnt`)."""
+        self.history = core.learnt(self.history, view, self.time_scale)
 
     def awaiting_decision(self) -> list[str]:
         """The workloads waiting for a routing decision (`pending_attempt` not None), kept as a
