@@ -45,10 +45,20 @@ class Prometheus:
         self.interval = scrape_interval
         self.proc: subprocess.Popen[bytes] | None = None
 
+    def _configure(self, jobs: list[dict[str, Any]]) -> None:
+        self.jobs = list(jobs)
+        config = {"global": {"scrape_interval": self.interval, "scrape_timeout": self.interval}, "scrape_configs": self.jobs}
+        (self.dir / "prometheus.yml").write_text(yaml.safe_dump(config))
+
+    def add_jobs(self, jobs: list[dict[str, Any]]) -> None:
+        """Scrape these too: the configuration rewritten and reloaded (`POST /-/reload`)."""
+        self._configure([*self.jobs, *jobs])
+        with urllib.request.urlopen(urllib.request.Request(f"{self.url}/-/reload", method="POST"), timeout=30) as r:
+            assert r.status == 200, r.status
+
     def start(self, jobs: list[dict[str, Any]], timeout: float = 60.0) -> Prometheus:
         self.dir.mkdir(parents=True, exist_ok=True)
-        config = {"global": {"scrape_interval": self.interval, "scrape_timeout": self.interval}, "scrape_configs": jobs}
-        (self.dir / "prometheus.yml").write_text(yaml.safe_dump(config))
+        self._configure(jobs)
         log = (self.dir / "prometheus.log").open("wb")
         self.proc = subprocess.Popen([
             binary(), f"--config.file={self.dir / 'prometheus.yml'}", f"--storage.tsdb.path={self.dir / 'data'}",
