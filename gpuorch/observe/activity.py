@@ -51,6 +51,11 @@ IDLE_ALLOCATION_SHARE: Final = 0.25
 MIN_SAMPLES: Final = 3
 #: how many attempts the report names as worst offenders
 WORST: Final = 5
+#: the exported metrics name this many owners and stages (by allocated GPU-hours); the rest are `OTHER`
+TOP_OWNERS: Final = 10
+TOP_STAGES: Final = 10
+OTHER: Final = "other"
+NO_STAGE: Final = "-"  # the stage of a workload that is not a pipeline stage
 
 Case = Literal["shape", "never-used", "data-bound", "idle-allocation", "healthy", "waiting", "no-gpu", "unknown"]
 LETTERS: Final[Mapping[str, str]] = {
@@ -360,20 +365,50 @@ def diagnose(f: AttemptFacts, time_scale: float = 1.0) -> Diagnosis:
     )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Judged:
+    """One attempt with its figures and its verdict, computed once for every view of it."""
+
+    facts: AttemptFacts
+    work: Work
+    diagnosis: Diagnosis
+
+
+def judge(facts: Iterable[AttemptFacts], time_scale: float = 1.0) -> list[Judged]:
+    return [Judged(f, work_of(f, time_scale), diagnose(f, time_scale)) for f in facts]
+
+
+def work_line(w: Work) -> str | None:
+    """The useful-work line `explain` and the web view show (None: the program reported nothing)."""
+    if w.steps is None:
+        return None
+    per = f"; {w.gpu_hours_per_1k_steps:.3f} GPU-hours per 1,000 steps" if w.gpu_hours_per_1k_steps else ""
+    rate = f" ({w.steps_per_hour:.0f} steps/h, {w.samples_per_hour:.0f} samples/h)" if w.steps_per_hour and w.samples_per_hour else ""
+    return f"useful work: {w.steps} steps, {w.samples} samples{rate}{per}"
+
+
+def account(j: Judged) -> dict[str, Any]:
+    """One attempt's section as `explain -o json` (`activity`) and the web view give it: who, the
+    figures, the verdict and the useful-work line."""
+    f, d = j.facts, j.diagnosis
+    return {
+        "workload_id": f.workload_id, "attempt_id": f.attempt_id, "cluster": f.cluster, "stage": f.stage,
+        "outcome": f.outcome, "work": j.work.as_dict(), "diagnosis": d.as_dict(), "work_line": work_line(j.work),
+        "also_titles": [TITLES[c] for c in d.also],
+    }  # fmt: skip
+
+
 def render(facts: Sequence[AttemptFacts], time_scale: float = 1.0) -> list[str]:
     """`gpuorch explain`'s section: per attempt, allocation vs activity vs useful work, and the verdict."""
     lines = ["Allocated vs productive (docs/activity.md):"]
-    for f in facts:
-        d = diagnose(f, time_scale)
-        w = work_of(f, time_scale)
+    for j in judge(facts, time_scale):
+        f, d = j.facts, j.diagnosis
         tag = f"({d.letter}) " if d.letter else ""
         lines.append(f"  {f.attempt_id} on {f.cluster} [{f.outcome}]: {tag}{d.title}")
         lines.append(f"    {d.summary}")
         lines += [f"    - {e}" for e in d.evidence]
-        if w.steps is not None:
-            per = f"; {w.gpu_hours_per_1k_steps:.3f} GPU-hours per 1,000 steps" if w.gpu_hours_per_1k_steps else ""
-            rate = f" ({w.steps_per_hour:.0f} steps/h, {w.samples_per_hour:.0f} samples/h)" if w.steps_per_hour and w.samples_per_hour else ""
-            lines.append(f"    - useful work: {w.steps} steps, {w.samples} samples{rate}{per}")
+        if (line := work_line(j.work)) is not None:
+            lines.append(f"    - {line}")
         lines.append(f"    -> {d.suggestion}")
         if d.also:
             lines.append("    also: " + "; ".join(TITLES[c] for c in d.also))
@@ -382,7 +417,9 @@ def render(facts: Sequence[AttemptFacts], time_scale: float = 1.0) -> list[str]:
 
 
 @dataclass
-class _Group:
+class Group:
+    """The sums of a set of attempts (a report row, a metrics cell); GPU-hours in the clusters' time."""
+
     attempts: int = 0
     allocated: float = 0.0
     active: float = 0.0
@@ -427,12 +464,17 @@ def report(facts: Iterable[AttemptFacts], time_scale: float = 1.0) -> dict[str, 
     """Per destination, owner and pipeline stage: allocated vs active GPU-hours, useful
     throughput, GPU-hours per 1,000 steps and per result, the verdicts' counts; and the worst
     offenders (most GPU-hours held without activity)."""
-    groups: dict[str, dict[str, _Group]] = {"destination": {}, "owner": {}, "stage": {}}
+    return report_of(judge(facts, time_scale))
+
+
+def report_of(judged: Iterable[Judged]) -> dict[str, Any]:
+    """`report` of attempts already judged (the web view judges each attempt once per round)."""
+    groups: dict[str, dict[str, Group]] = {"destination": {}, "owner": {}, "stage": {}}
     offenders = []
-    for f in facts:
-        w, d = work_of(f, time_scale), diagnose(f, time_scale)
-        for by, key in (("destination", f.cluster), ("owner", f.owner), ("stage", f.stage or "-")):
-            groups[by].setdefault(key, _Group()).add(f, w, d)
+    for j in judged:
+        f, w, d = j.facts, j.work, j.diagnosis
+        for by, key in (("destination", f.cluster), ("owner", f.owner), ("stage", f.stage or NO_STAGE)):
+            groups[by].setdefault(key, Group()).add(f, w, d)
         wasted = w.allocated_gpu_hours - w.active_gpu_hours if w.active_gpu_hours is not None else None
         if d.case not in ("healthy", "no-gpu") and w.allocated_gpu_hours > 0:
             offenders.append({
@@ -440,6 +482,7 @@ def report(facts: Iterable[AttemptFacts], time_scale: float = 1.0) -> dict[str, 
                 "stage": f.stage, "case": d.case, "letter": d.letter or None, "summary": d.summary,
                 "allocated_gpu_hours": w.allocated_gpu_hours, "idle_gpu_hours": wasted, "suggestion": d.suggestion,
             })  # fmt: skip
+
     def badness(o: Mapping[str, Any]) -> tuple[float, str]:
         idle = o["idle_gpu_hours"] if o["idle_gpu_hours"] is not None else o["allocated_gpu_hours"]
         return (-float(idle), str(o["attempt_id"]))
@@ -449,6 +492,40 @@ def report(facts: Iterable[AttemptFacts], time_scale: float = 1.0) -> dict[str, 
         **{f"by_{by}": [g.as_dict(k) for k, g in sorted(gs.items())] for by, gs in groups.items()},
         "worst": offenders[:WORST],
     }
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One (destination, owner, stage) of the metrics gpuorch exports (`gpuorch.observe.metrics`)."""
+
+    destination: str
+    owner: str
+    stage: str
+    group: Group
+
+
+def cells(judged: Iterable[Judged], top_owners: int = TOP_OWNERS, top_stages: int = TOP_STAGES) -> list[Cell]:
+    """The figures per (destination, owner, stage), for labelled metrics with a bounded number of
+    series: the `top_owners` owners and `top_stages` stages with the most allocated GPU-hours keep
+    their names, the others are summed as `OTHER` (destinations are the registry's clusters)."""
+    js = list(judged)
+    alloc_owner: dict[str, float] = {}
+    alloc_stage: dict[str, float] = {}
+    for j in js:
+        alloc_owner[j.facts.owner] = alloc_owner.get(j.facts.owner, 0.0) + j.work.allocated_gpu_hours
+        stage = j.facts.stage or NO_STAGE
+        alloc_stage[stage] = alloc_stage.get(stage, 0.0) + j.work.allocated_gpu_hours
+
+    def top(alloc: Mapping[str, float], n: int) -> set[str]:
+        return {k for k, _ in sorted(alloc.items(), key=lambda kv: (-kv[1], kv[0]))[:n]}
+
+    owners, stages = top(alloc_owner, top_owners), top(alloc_stage, top_stages) | {NO_STAGE}
+    out: dict[tuple[str, str, str], Group] = {}
+    for j in js:
+        stage = j.facts.stage or NO_STAGE
+        key = (j.facts.cluster, j.facts.owner if j.facts.owner in owners else OTHER, stage if stage in stages else OTHER)
+        out.setdefault(key, Group()).add(j.facts, j.work, j.diagnosis)
+    return [Cell(d, o, s, g) for (d, o, s), g in sorted(out.items())]
 
 
 def render_report(r: Mapping[str, Any]) -> list[str]:

@@ -49,38 +49,18 @@ def add_web_arguments(p: argparse.ArgumentParser) -> None:
 
 
 async def activity_facts(s: Settings, views: list[Any], snapshots: dict[str, Any]) -> list[Any]:
-    """Every attempt's facts for the activity diagnosis (`gpuorch.observe.devices.gather`), read
+    """Every attempt's facts for the activity diagnosis (`gpuorch.observe.facts.Sources`), read
     from the registry's metrics sources, the stores and `snapshots`; what cannot be read is
     "unknown" with its reason, never an error here."""
-    from gpuorch.stores import stores_of
+    from .facts import Sources
 
-    from .devices import Reader, gather
-
-    try:
-        registry = load_registry(s.registry) if s.registry else None
-    except (OSError, ValueError):
-        registry = None  # every cluster's metrics then say: not in the registry
-    kube: dict[str, Any] = {}
-    if s.kubeconfig is not None and registry is not None and any(
-        e.metrics is not None and e.metrics.exporter is not None for e in registry.clusters.values()
-    ):
-        from gpuorch.kube import make_clients
-
-        try:
-            kube = dict(make_clients(s.kubeconfig))
-        except (OSError, ValueError):
-            kube = {}
-    reader, stores, now = Reader(registry, kube), stores_of(s, registry), time.time()
-    out: list[Any] = []
-    for v in views:
-        out += await gather(v, reader, stores, snapshots, now)
-    return out
+    return await Sources.of(s).facts(views, snapshots, time.time())
 
 
 async def explain_activity(s: Settings, c: Any, v: Any) -> tuple[list[str], list[dict[str, Any]]]:
     """`gpuorch explain`'s activity part: lines, and the JSON (`-o json`'s `activity`): the
     workload's attempts, or each stage's of a pipeline."""
-    from .activity import diagnose, render, work_of
+    from .activity import account, judge, render
 
     views = [v]
     if v.children:  # every stage's view from one read of the pipeline's events
@@ -90,8 +70,8 @@ async def explain_activity(s: Settings, c: Any, v: Any) -> tuple[list[str], list
         views = [w for w in (family.get(ch.workload_id) for ch in v.children) if w is not None]
     facts = await activity_facts(s, [w for w in views if w.attempts], await c.snapshots())
     k = time_scale(s)
-    doc = [{"workload_id": f.workload_id, "attempt_id": f.attempt_id, "cluster": f.cluster, "stage": f.stage,
-            "work": work_of(f, k).as_dict(), "diagnosis": diagnose(f, k).as_dict()} for f in facts]  # fmt: skip
+    keys = ("workload_id", "attempt_id", "cluster", "stage", "work", "diagnosis")
+    doc = [{key: acc[key] for key in keys} for acc in map(account, judge(facts, k))]
     return (render(facts, k) if facts else []), doc
 
 

@@ -13,8 +13,8 @@
   here).
 
 Whatever cannot be read becomes `Unknown(reason)`; nothing here raises to its caller, and
-nothing here is on the path of routing or promotion (only `gpuorch explain` and `gpuorch report`
-call it).
+nothing here is on the path of routing or promotion (only `gpuorch explain`, `gpuorch report`
+and `gpuorch web` call it, through `gpuorch.observe.facts`).
 """
 
 from __future__ import annotations
@@ -266,36 +266,34 @@ def shape_of(view: WorkloadView, a: AttemptView, snapshot: ClusterSnapshot | Non
     )  # fmt: skip
 
 
-async def gather(
-    view: WorkloadView, reader: Reader, stores: Any, snapshots: Mapping[str, ClusterSnapshot], now: float
-) -> list[AttemptFacts]:
-    """The facts of each attempt of a workload (oldest first)."""
+async def attempt_facts(
+    view: WorkloadView, a: AttemptView, reader: Reader, stores: Any, snapshots: Mapping[str, ClusterSnapshot], now: float
+) -> AttemptFacts:
+    """One attempt's facts: its allocation (the timeline), its progress, its devices' use over the
+    time its pods held them and while its program stepped, and its shape while unplaced."""
     from gpuorch.observe.timeline import attempt_timeline
 
     owner = view.workload.metadata.owner if view.workload else ""
+    t = attempt_timeline(view, a, None, None, now)
+    progress = await progress_of(stores, a) if a.output_path else Unknown("no attempt prefix yet")
+    p = progress if isinstance(progress, Progress) else None
+    live = t.outcome == "live"
+    stepping: tuple[float, float] | None = None
+    if p is not None and p.first_step_at is not None and p.last_step_at is not None and p.last_step_at > p.first_step_at:
+        stepping = (p.first_step_at, now if live and not p.done else p.last_step_at)
+    elif "compute-started" in a.times and t.held is not None:
+        stepping = (a.times["compute-started"], t.held[1])
+    held_use: Measured
+    compute_use: Measured
+    if t.gpus <= 0:
+        held_use = compute_use = Unknown("it holds no GPU")
+    else:
+        held_use, compute_use = await asyncio.gather(
+            reader.use(a.cluster, a.attempt_id, t.held, live=live), reader.use(a.cluster, a.attempt_id, stepping, live=live))
+    shape = shape_of(view, a, snapshots.get(a.cluster)) if t.held is None and live else None
+    return AttemptFacts(
+        workload_id=view.workload_id, attempt_id=a.attempt_id, cluster=a.cluster, owner=owner, gpus=t.gpus,
+        held=t.held, outcome=t.outcome, progress=progress, held_use=held_use, compute_use=compute_use,
+        stage=view.stage, pipeline=view.pipeline, compute_started=a.times.get("compute-started"), shape=shape,
+    )  # fmt: skip
 
-    async def one(a: AttemptView) -> AttemptFacts:
-        t = attempt_timeline(view, a, None, None, now)
-        progress = await progress_of(stores, a) if a.output_path else Unknown("no attempt prefix yet")
-        p = progress if isinstance(progress, Progress) else None
-        live = t.outcome == "live"
-        stepping: tuple[float, float] | None = None
-        if p is not None and p.first_step_at is not None and p.last_step_at is not None and p.last_step_at > p.first_step_at:
-            stepping = (p.first_step_at, now if live and not p.done else p.last_step_at)
-        elif "compute-started" in a.times and t.held is not None:
-            stepping = (a.times["compute-started"], t.held[1])
-        held_use: Measured
-        compute_use: Measured
-        if t.gpus <= 0:
-            held_use = compute_use = Unknown("it holds no GPU")
-        else:
-            held_use, compute_use = await asyncio.gather(
-                reader.use(a.cluster, a.attempt_id, t.held, live=live), reader.use(a.cluster, a.attempt_id, stepping, live=live))
-        shape = shape_of(view, a, snapshots.get(a.cluster)) if t.held is None and live else None
-        return AttemptFacts(
-            workload_id=view.workload_id, attempt_id=a.attempt_id, cluster=a.cluster, owner=owner, gpus=t.gpus,
-            held=t.held, outcome=t.outcome, progress=progress, held_use=held_use, compute_use=compute_use,
-            stage=view.stage, pipeline=view.pipeline, compute_started=a.times.get("compute-started"), shape=shape,
-        )  # fmt: skip
-
-    return list(await asyncio.gather(*(one(a) for a in sorted(view.attempts.values(), key=lambda x: x.number))))

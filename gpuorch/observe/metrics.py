@@ -15,7 +15,7 @@ import functools
 import json
 import os
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -196,6 +196,64 @@ class _ProjectionCollector(Collector):
 
 
 REGISTRY.register(_ProjectionCollector())
+
+# --- allocated vs productive (docs/activity.md, *Metrics*): exported by `gpuorch web` ----------------
+
+CELL = ["destination", "owner", "stage"]
+# name: (help, the figure of a cell's `gpuorch.observe.activity.Group`); GPU-seconds and seconds in the clusters' time
+ACTIVITY_FAMILIES: dict[str, tuple[str, Callable[[Any], float]]] = {
+    "gpuorch_gpu_allocated_seconds": ("GPU-seconds held by attempts' pods (GPUs x placed -> ended), clusters' time",
+                                      lambda g: g.allocated * 3600.0),
+    "gpuorch_gpu_active_seconds": ("Allocated GPU-seconds x the devices' mean activity (dcgm-exporter), where measured",
+                                   lambda g: g.active * 3600.0),
+    "gpuorch_gpu_activity_known_seconds": ("Allocated GPU-seconds whose device activity was measured (active / this = activity)",
+                                           lambda g: g.known * 3600.0),
+    "gpuorch_useful_steps": ("Steps the programs reported (their progress)", lambda g: g.steps),
+    "gpuorch_useful_samples": ("Samples the programs reported (their progress)", lambda g: g.samples),
+    "gpuorch_stepping_seconds": ("Time the programs stepped, clusters' time (steps / this = throughput)", lambda g: g.stepping_hours * 3600.0),
+    "gpuorch_results_promoted": ("Attempts whose output was promoted to a result", lambda g: g.results),
+}  # fmt: skip
+
+
+class _ActivityCollector(Collector):
+    """The latest round of `gpuorch web` (`gpuorch.observe.facts.Board`) at each scrape: one series
+    per (destination, owner, stage) cell, owners and stages beyond the top ones summed as `other`
+    (`gpuorch.observe.activity.cells`), and the attempts per verdict."""
+
+    def __init__(self, latest: Callable[[], Any]) -> None:  # a `gpuorch.observe.facts.Round` or None
+        # (not imported: the services import this module, and the activity's reading imports the router's rules)
+        self.latest = latest
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        r = self.latest()
+        families = {name: GaugeMetricFamily(name, text, labels=CELL) for name, (text, _) in ACTIVITY_FAMILIES.items()}
+        verdicts = GaugeMetricFamily("gpuorch_attempts_diagnosed", "Attempts by the activity verdict on them (docs/activity.md)",
+                                     labels=[*CELL, "verdict"])  # fmt: skip
+        at = GaugeMetricFamily("gpuorch_activity_round_timestamp_seconds", "When the figures were read (Unix time)")
+        took = GaugeMetricFamily("gpuorch_activity_round_duration_seconds", "How long reading and judging every attempt took")
+        attempts = GaugeMetricFamily("gpuorch_activity_round_attempts", "Attempts the figures cover")
+        if r is not None:
+            for c in r.cells:
+                cell = [c.destination, c.owner, c.stage]
+                for name, (_, figure) in ACTIVITY_FAMILIES.items():
+                    families[name].add_metric(cell, figure(c.group))
+                for verdict, n in sorted(c.group.cases.items()):
+                    verdicts.add_metric([*cell, verdict], n)
+            at.add_metric([], r.at)
+            took.add_metric([], r.seconds)
+            attempts.add_metric([], len(r.judged))
+        yield from families.values()
+        yield from (verdicts, at, took, attempts)
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())
+
+
+def activity_registry(latest: Callable[[], Any]) -> CollectorRegistry:
+    """A registry of the activity figures of `latest()` (the web view serves it at `/metrics`)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_ActivityCollector(latest))
+    return registry
 
 
 def start_server(service: str, log: Any = None) -> str | None:

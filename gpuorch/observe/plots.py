@@ -3,9 +3,12 @@
 - `queue-delay.png`: the distribution of queue delay (ready -> admitted) per destination;
 - `gantt.png`: every workload's attempts on one time axis, each split into its phases;
 - `gpu-hours.png`: GPU-hours per promoted result by destination, split into the attempts that
-  produced a result and the failed or lost ones that did not.
+  produced a result and the failed or lost ones that did not;
+- `activity.png` (when the report has its `activity` part, docs/activity.md): allocated vs active
+  GPU-hours per destination, owner and pipeline stage, each bar labelled with its activity and
+  its useful throughput.
 
-`render_all(report, timelines, out_dir)` writes the three files and returns their paths;
+`render_all(report, timelines, out_dir)` writes the files and returns their paths;
 `render_png(name, ...)` returns one chart's bytes (the web view serves them).
 """
 
@@ -111,7 +114,47 @@ def gpu_hours(report: dict[str, Any], timelines: Sequence[WorkloadTimeline]) -> 
     return fig
 
 
-_DRAW = {"queue-delay": queue_delay, "gantt": gantt, "gpu-hours": gpu_hours}
+ACTIVITY_CHART = "activity"
+ACTIVITY_BARS = 12  # bars per panel: the groups with the most allocated GPU-hours
+
+
+def activity(report: dict[str, Any], timelines: Sequence[WorkloadTimeline]) -> Figure:
+    """Allocated vs active GPU-hours per destination, owner and stage (`report["activity"]`, from
+    `gpuorch.observe.activity.report`): the grey bar is allocated, the green one active (allocated x
+    the devices' mean activity); a hatched end is allocation whose activity is unknown."""
+    act = report["activity"]
+    panels = [("destination", act["by_destination"]), ("owner", act["by_owner"]), ("stage", act["by_stage"])]
+    rows = max(1, *(min(len(gs), ACTIVITY_BARS) for _, gs in panels))
+    fig, axes = plt.subplots(1, 3, figsize=(13, max(2.6, 0.42 * rows + 1.6)), dpi=100)
+    for ax, (by, groups) in zip(axes, panels, strict=True):
+        gs = sorted(groups, key=lambda g: (-g["allocated_gpu_hours"], g["key"]))[:ACTIVITY_BARS]
+        names = [str(g["key"]) for g in gs]
+        allocated = [g["allocated_gpu_hours"] for g in gs]
+        known = [g["activity_known_gpu_hours"] for g in gs]
+        active = [g["active_gpu_hours"] or 0.0 for g in gs]
+        y = range(len(gs))
+        ax.barh(y, known, color="#cfd8dc", label="allocated")
+        ax.barh(y, [a - k for a, k in zip(allocated, known, strict=True)], left=known, color="#eceff1", hatch="//",
+                edgecolor="#90a4ae", label="allocated, activity unknown")  # fmt: skip
+        ax.barh(y, active, height=0.5, color="#43a047", label="active")
+        for i, g in enumerate(gs):
+            what = "activity unknown" if g["activity"] is None else f"{100 * g['activity']:.0f}% active"
+            if g["steps_per_hour"]:
+                what += f", {g['steps_per_hour']:.0f} steps/h"
+            ax.text(allocated[i], i, f" {what}", va="center", fontsize=7)
+        ax.set_yticks(list(y), names, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlim(0, max(allocated, default=1.0) * 1.6 or 1.0)
+        ax.set_title(f"by {by}", fontsize=10)
+        ax.set_xlabel("GPU-hours (clusters' time)")
+        ax.grid(axis="x", alpha=0.3)
+    axes[0].legend(fontsize=7, loc="lower right")
+    fig.suptitle("Allocated vs active GPU-hours")
+    fig.tight_layout()
+    return fig
+
+
+_DRAW = {"queue-delay": queue_delay, "gantt": gantt, "gpu-hours": gpu_hours, ACTIVITY_CHART: activity}
 
 
 def render_png(name: str, report: dict[str, Any], timelines: Sequence[WorkloadTimeline]) -> bytes:
@@ -127,7 +170,7 @@ def render_png(name: str, report: dict[str, Any], timelines: Sequence[WorkloadTi
 def render_all(report: dict[str, Any], timelines: Sequence[WorkloadTimeline], out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name in CHARTS:
+    for name in (*CHARTS, *((ACTIVITY_CHART,) if "activity" in report else ())):
         p = out_dir / f"{name}.png"
         p.write_bytes(render_png(name, report, timelines))
         paths.append(p)

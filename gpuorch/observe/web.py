@@ -18,7 +18,9 @@ path (`--base-path`, `GPUORCH_WEB_BASE_PATH`; "" by default), so a reverse proxy
 | `/workloads/{id}` | one workload: timeline with named gaps, every cluster's verdict and estimate terms (as `explain` prints), attempts, events (live) |
 | `/pipelines/{id}` | a pipeline: its stages drawn as a graph, each in the colour of its state, linked to its workload (live) |
 | `/clusters`, `/clusters/{name}` | the capacity snapshots; one cluster's capacity and queue length over time |
-| `/report` | the per-destination report and its charts (`/report/{chart}.png`); `?cluster=` for one |
+| `/fragment/workloads/{id}/activity` | its attempts' (or its stages') allocated vs productive diagnosis (docs/activity.md): the workload page fetches it after it loads |
+| `/report` | the per-destination report, allocated vs active GPU-hours per destination, owner and stage, and the charts (`/report/{chart}.png`); `?cluster=` for one |
+| `/metrics` | the allocated vs active figures for Prometheus (`gpuorch.observe.metrics.activity_registry`) |
 | `/stream?workload=ID`, `?pipeline=ID` | server-sent events: one `event` per lifecycle event (of that workload, of that pipeline's stages) |
 | `/api/workloads` (the list's query), `/api/workloads/{id}`, `/api/clusters/{name}`, `/api/report` | the same as JSON |
 """
@@ -52,9 +54,13 @@ from gpuorch_proto.units import format_duration
 
 from . import browse, capacity, dag
 from . import timeline as tl
+from .facts import ROUND_WAIT, Board, FactsCache, Round, Sources
+from .metrics import activity_registry
 from .report import build_report
 
 SNAPSHOT_EVERY = 2.0
+METRICS_WAIT = 5.0  # /metrics waits this long for a round (Prometheus' scrape timeout is 10 s by default)
+ACTIVITY_STAGES = 100  # a pipeline's page diagnoses its first stages (the report has them all)
 GANTT_ROWS = 40  # the report page's gantt: the latest workloads (all of 10,000 is no chart)
 STAGES_DRAWN = 400  # a pipeline page draws its first stages (a sweep of 10,000 trials: the list has them all)
 _BASE_PATH = re.compile(r"(/[A-Za-z0-9._~-]+)+")
@@ -143,6 +149,22 @@ def make_app(settings: Settings, *, time_scale: float = 1.0, live: Live | None =
     env.globals.update(base=base, NONE=browse.NONE, colour=dag.colour, dag_node=(dag.NODE_W, dag.NODE_H))
     tasks: list[asyncio.Task[None]] = []
     reports: dict[Any, tuple[dict[str, Any], list[tl.WorkloadTimeline]]] = {}
+    boards: list[Board] = []  # made on first use: the metrics sources, the stores, the per-attempt cache
+
+    def board() -> Board:
+        if not boards:
+            boards.append(Board(FactsCache(Sources.of(settings)), time_scale))
+        return boards[0]
+
+    async def activity_round(wait: float = ROUND_WAIT) -> Round | None:
+        """The latest round over every attempt (computed again when the log moved or it is old)."""
+        return await board().current(lambda: [v for v in state.projection.workloads.values() if v.attempts],
+                                     lambda: state.snapshots, len(state.events), wait)  # fmt: skip
+
+    def activity_meta(r: Round | None) -> dict[str, Any]:
+        b = board()
+        return {"at": r.at if r else None, "seconds": r.seconds if r else None, "attempts": len(r.judged) if r else 0,
+                "progress": b.progress, "error": b.error}  # fmt: skip
 
     def page(name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
         return HTMLResponse(env.get_template(name).render(time_scale=time_scale, **ctx), status_code=status)
@@ -233,6 +255,20 @@ def make_app(settings: Settings, *, time_scale: float = 1.0, live: Live | None =
             return HTMLResponse("", status_code=404)
         return page("_workload_state.html", **d)
 
+    async def frag_activity(request: Request) -> Response:
+        from .activity import account, judge
+
+        v = state.projection.get(request.path_params["wid"])
+        if v is None:
+            return HTMLResponse("", status_code=404)
+        views = [v]
+        if v.children:
+            views = [w for w in (state.projection.get(c.workload_id) for c in v.children[:ACTIVITY_STAGES]) if w is not None]
+        views = [w for w in views if w.attempts]
+        facts = await board().cache.facts(views, state.snapshots, time.time())
+        return page("_activity.html", view=v, accounts=[account(j) for j in judge(facts, time_scale)],
+                    stages=len(v.children), drawn=min(len(v.children), ACTIVITY_STAGES))  # fmt: skip
+
     async def pipeline_page(request: Request) -> Response:
         wid = request.path_params["wid"]
         d = pipeline(wid)
@@ -282,16 +318,25 @@ def make_app(settings: Settings, *, time_scale: float = 1.0, live: Live | None =
 
         cluster = request.query_params.get("cluster") or None
         r, _ = report(cluster)
+        rd = await activity_round()
         return page("report.html", report=r, charts=CHARTS, title="Report", stamp=len(state.events), cluster=cluster,
-                    clusters=cluster_names())  # fmt: skip
+                    clusters=cluster_names(), activity=rd.report(cluster) if rd else None, meta=activity_meta(rd),
+                    now=time.time())  # fmt: skip
 
     async def chart(request: Request) -> Response:
-        from .plots import CHARTS, render_png
+        from .plots import ACTIVITY_CHART, CHARTS, render_png
 
         name = request.path_params["name"]
+        cluster = request.query_params.get("cluster") or None
+        if name == ACTIVITY_CHART:
+            rd = await activity_round()
+            if rd is None:
+                return Response("the activity figures are being read", status_code=503, headers={"Retry-After": "5"})
+            png = await asyncio.to_thread(render_png, name, {"activity": rd.report(cluster)}, [])
+            return Response(png, media_type="image/png", headers={"Cache-Control": "no-store"})
         if name not in CHARTS:
             return Response(status_code=404)
-        r, tls = report(request.query_params.get("cluster") or None)
+        r, tls = report(cluster)
         if name == "gantt":
             tls = heapq.nlargest(GANTT_ROWS, (t for t in tls if t.submitted is not None and t.attempts), key=lambda t: t.submitted or 0.0)
         png = await asyncio.to_thread(render_png, name, r, tls)
@@ -349,7 +394,15 @@ def make_app(settings: Settings, *, time_scale: float = 1.0, live: Live | None =
         return JSONResponse({"cluster": name, "samples": [msgspec.to_builtins(s) for s in state.history.of(name)]})
 
     async def api_report(request: Request) -> Response:
-        return JSONResponse(report(request.query_params.get("cluster") or None)[0])
+        cluster = request.query_params.get("cluster") or None
+        rd = await activity_round()
+        return JSONResponse({**report(cluster)[0], "activity": rd.report(cluster) if rd else None, "activity_read": activity_meta(rd)})
+
+    async def prometheus_metrics(request: Request) -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        await activity_round(METRICS_WAIT)  # a slow round: this scrape gets the previous one
+        return Response(generate_latest(exported), media_type=CONTENT_TYPE_LATEST)
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"events": len(state.events), "workloads": len(state.projection.workloads)})
@@ -402,6 +455,7 @@ def make_app(settings: Settings, *, time_scale: float = 1.0, live: Live | None =
         Route("/report", report_page), Route("/report/{name}.png", chart),
         Route("/stream", stream), Route("/api/workloads", api_workloads), Route("/api/workloads/{wid}", api_workload),
         Route("/api/clusters/{name}", api_cluster), Route("/api/report", api_report), Route("/healthz", healthz),
+        Route("/fragment/workloads/{wid}/activity", frag_activity), Route("/metrics", prometheus_metrics),
     ]  # fmt: skip
     if base:
 
@@ -409,8 +463,10 @@ def make_app(settings: Settings, *, time_scale: float = 1.0, live: Live | None =
             return RedirectResponse(f"{base}/", status_code=307)
 
         routes = [Mount(base, routes=routes), Route("/", to_base)]
+    exported = activity_registry(lambda: board().latest if boards else None)
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.live = state
+    app.state.board = board
     return app
 
 

@@ -9,26 +9,37 @@ side by side with a healthy control, on the real embedded system, with a real Pr
 
 `gpuorch explain -o json` and `gpuorch report -o json` (the CLI, as a user runs it) name each case;
 the device activity read back from Prometheus and the throughput read from the progress channel
-agree within 5 % with what the programs themselves reported (their metrics.json). With
-Prometheus stopped, a new workload still runs and is promoted, and its activity is "unknown"
-with the reason.
+agree within 5 % with what the programs themselves reported (their metrics.json). `gpuorch report
+--plot` draws allocated vs active GPU-hours. The web view (the real app on the bus, in Debian's
+Chromium) shows each verdict on the workload page and the groups and worst offenders on the report
+page, and exports the same sums at `/metrics`, which the real Prometheus scrapes. The embedded
+default (`deploy/local/clusters.yaml`: each cluster's exporter through its API server) reads a
+running attempt's present activity. With Prometheus stopped, a new workload still runs and is
+promoted, and its activity is "unknown" with the reason.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gpuorch.client import Client
+from gpuorch.observe.activity import DeviceUse, Unknown
 from gpuorch.system import System
 from gpuorch_proto import Workload, workload_from_obj
+from tests.support.browser import launch, serving
 from tests.support.prometheus import Prometheus, free_port
 from tests.support.system import A100, registry, result_object, running
 from tests.support.wait import assert_eventually
@@ -38,6 +49,7 @@ DIGEST = "example.org/gpuorch/train@sha256:" + "5e" * 32
 SCALE = 60  # simulated seconds per real second
 EXPORTER = "/api/v1/namespaces/gpu-operator/services/nvidia-dcgm-exporter:gpu-metrics/proxy/metrics"
 PROM_PORT = free_port()
+SHOTS = Path(os.environ["GPUORCH_SCREENSHOTS"]) if os.environ.get("GPUORCH_SCREENSHOTS") else None  # docs/screenshots: the docs' own
 
 
 def cluster(name: str, nodes: int, **more: Any) -> dict[str, Any]:
@@ -197,7 +209,10 @@ async def _view(system: System, wid: str) -> dict[str, Any]:
     return {"result": v.result_path}
 
 
-def test_the_report_splits_allocated_from_active_per_destination_owner_and_stage(system: System, ran: dict[str, str]) -> None:
+def test_the_report_splits_allocated_from_active_per_destination_owner_and_stage(system: System, ran: dict[str, str],
+                                                                                   tmp_path: Path) -> None:  # fmt: skip
+    import matplotlib.image
+
     out = gpuorch(system, "report", "-o", "json")
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)["activity"]
@@ -208,8 +223,140 @@ def test_the_report_splits_allocated_from_active_per_destination_owner_and_stage
     assert {g["key"] for g in r["by_stage"]} >= {"preprocess", "train", "evaluate", "-"}
     worst = [o["case"] for o in r["worst"]]
     assert "never-used" in worst and "data-bound" in worst and "healthy" not in worst
-    text = gpuorch(system, "report").stdout
+    charts = SHOTS or tmp_path
+    text = gpuorch(system, "report", "--plot", str(charts)).stdout
     assert "allocated vs active" in text and "worst offenders" in text
+    # the plot: allocated vs active GPU-hours per destination, owner and stage
+    assert f"chart: {charts / 'activity.png'}" in text, text
+    img = matplotlib.image.imread(charts / "activity.png", format="png")
+    assert img.shape[1] == 1300 and img.shape[0] >= 260
+    grey = (img[:, :, :3] * 255).round().astype(int)
+    assert ((grey[:, :, 0] == 0x43) & (grey[:, :, 1] == 0xA0) & (grey[:, :, 2] == 0x47)).sum() > 200  # the active bars drawn
+
+
+def _metrics(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=60) as r:
+        text = r.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): float(s.value) for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+async def test_the_web_view_shows_the_diagnosis_and_exports_the_metrics(system: System, prometheus: Prometheus, ran: dict[str, str],
+                                                                        tmp_path: Path) -> None:  # fmt: skip
+    from playwright.async_api import async_playwright
+
+    from gpuorch.observe.web import make_app
+
+    report = json.loads((await asyncio.to_thread(gpuorch, system, "report", "-o", "json")).stdout)["activity"]
+    app = make_app(system.settings, time_scale=SCALE)  # the real app, following the bus as `gpuorch web` does
+    shots = SHOTS or tmp_path
+    async with serving(app) as origin, async_playwright() as p:
+        live = app.state.live
+        def caught_up() -> bool:  # the log as far as the runs went: every attempt, the pipeline completed
+            views = {name: live.projection.get(w) for name, w in ran.items()}
+            return all(v is not None and (v.status == "completed" if name == "pipeline" else v.attempts) for name, v in views.items())
+
+        await assert_eventually(caught_up, timeout=60)
+        api = await asyncio.to_thread(lambda: json.loads(urllib.request.urlopen(f"{origin}/api/report", timeout=60).read()))
+        read = api["activity_read"]  # the first round: every attempt read from Prometheus and the store
+        assert api["activity"]["by_owner"] and read["attempts"] == sum(g["attempts"] for g in report["by_owner"]), read
+        print(f"\nweb view: first round over {read['attempts']} attempts in {read['seconds']:.2f} s")
+        browser = await launch(p)
+        try:
+            page = await browser.new_page(viewport={"width": 1400, "height": 1000})
+            failed: list[str] = []
+            page.on("response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+            # -- the workload page: each verdict with its numbers and suggestion ---------------------------
+            await page.goto(f"{origin}/workloads/{ran['pipeline']}")
+            pre = page.locator('#activity .verdict[data-stage="preprocess"]')
+            await pre.wait_for(timeout=30000)
+            assert await pre.get_attribute("data-case") == "never-used"
+            text = await pre.inner_text()
+            assert "(a) holds GPUs it never uses" in text and "resources.gpus: 0" in text and "0%" in text, text
+            assert await page.locator('#activity .verdict[data-stage="evaluate"]').get_attribute("data-case") == "no-gpu"
+            await page.screenshot(path=str(shots / "web-activity.png"), full_page=True)
+            await page.goto(f"{origin}/workloads/{ran['data-bound']}")
+            slow = page.locator("#activity .verdict")
+            await slow.wait_for(timeout=30000)
+            assert await slow.get_attribute("data-case") == "data-bound"
+            assert "storage or staging, not placement" in await slow.inner_text()
+            assert float(await slow.locator("td.allocated").inner_text()) > float(await slow.locator("td.active").inner_text()) > 0
+            await page.goto(f"{origin}/workloads/{ran['gang']}")
+            await page.locator('#activity .verdict[data-case="shape"]').wait_for(timeout=30000)
+            assert await page.locator('#activity .verdict a[href="#verdicts"]').count() == 1  # linked to the routing's view
+            # -- the report page: groups, worst offenders, the chart ------------------------------------------
+            await page.goto(f"{origin}/report")
+            nlp = page.locator('#activity-owner tr[data-key="nlp"]')
+            await nlp.wait_for(timeout=60000)
+            assert await nlp.locator("td.cases").inner_text() == "data-bound 1"
+            owners = {g["key"]: g for g in report["by_owner"]}
+            assert await nlp.locator("td.allocated").inner_text() == f"{owners['nlp']['allocated_gpu_hours']:.2f}"  # the CLI's figure
+            assert await page.locator('#activity-stage tr[data-key="preprocess"] td.cases').inner_text() == "never-used 1"
+            assert {await r.get_attribute("data-case") for r in await page.locator("#worst tbody tr").all()} >= {"never-used", "data-bound"}
+            await page.wait_for_function("document.getElementById('activity-chart').complete && "
+                                         "document.getElementById('activity-chart').naturalWidth === 1300", timeout=60000)  # fmt: skip
+            await page.locator("#activity").scroll_into_view_if_needed()
+            await page.screenshot(path=str(shots / "web-activity-report.png"), full_page=True)
+            assert failed == [], failed
+        finally:
+            await browser.close()
+        # -- /metrics: the same sums, labelled; scraped by the real Prometheus -------------------------------
+        got = await asyncio.to_thread(_metrics, f"{origin}/metrics")
+        nlp_alloc = sum(v for (name, labels), v in got.items() if name == "gpuorch_gpu_allocated_seconds" and ("owner", "nlp") in labels)
+        assert nlp_alloc == pytest.approx(owners["nlp"]["allocated_gpu_hours"] * 3600, rel=1e-6)
+        key = ("gpuorch_attempts_diagnosed", (("destination", "work"), ("owner", "vision"), ("stage", "preprocess"), ("verdict", "never-used")))
+        assert got[key] == 1
+        prometheus.add_jobs([{"job_name": "gpuorch-web", "static_configs": [{"targets": [origin.removeprefix("http://")]}]}])
+
+        async def scraped() -> bool:  # (the web app answers in this event loop: the queries wait in a thread)
+            q = await asyncio.to_thread(prometheus.query, 'sum by (owner) (gpuorch_gpu_allocated_seconds{job="gpuorch-web"})')
+            return any(r["metric"].get("owner") == "nlp" and float(r["value"][1]) == pytest.approx(nlp_alloc) for r in q)
+
+        await assert_eventually(scraped, timeout=60, interval=0.5)
+        q = await asyncio.to_thread(prometheus.query, 'gpuorch_attempts_diagnosed{job="gpuorch-web",verdict="data-bound"}')
+        assert [(r["metric"]["owner"], r["value"][1]) for r in q] == [("nlp", "1")]
+
+
+def test_the_embedded_default_reads_a_running_attempts_activity_from_the_clusters_exporter(
+    system: System, ran: dict[str, str], tmp_path: Path
+) -> None:
+    from gpuorch.observe.facts import Sources
+
+    default = yaml.safe_load((Path(__file__).parents[2] / "deploy" / "local" / "clusters.yaml").read_text())
+    entries = {c["registry"]["metrics"].get("exporter") is not None and "prometheus" not in c["registry"]["metrics"]
+               for c in default["clusters"]}  # fmt: skip
+    assert entries == {True}, "every embedded cluster reads its own exporter"
+    ours = yaml.safe_load(system.clusters_file.read_text())
+    for c in ours["clusters"]:
+        c["registry"]["metrics"] = default["clusters"][0]["registry"]["metrics"]
+    (tmp_path / "clusters.yaml").write_text(yaml.safe_dump(ours))
+    settings = replace(system.settings, registry=tmp_path / "clusters.yaml")
+    steady = workload("steady", "ml", "work", ["--steps", "300", "--step-seconds", "9", "--checkpoint-every", "1000"], gpus=1)
+
+    async def go() -> None:
+        s = system.settings
+        async with Client(s.nats_url, s.names, creds=s.nats_creds) as c:
+            wid = await c.submit(steady)
+            try:
+
+                async def present() -> DeviceUse:
+                    v = await c.view(wid)
+                    assert v is not None and v.status == "running", v and (v.status, v.reason)
+                    [f] = await Sources.of(settings).facts([v], await c.snapshots(), time.time())
+                    assert isinstance(f.held_use, DeviceUse), f.held_use
+                    return f.held_use
+
+                use = await assert_eventually(present, timeout=120, interval=1.0)
+                assert use.source.endswith("(now)") and use.devices == 1 and use.activity > 0.8, use
+                done = await c.view(ran["healthy"])
+                assert done is not None
+                [f] = await Sources.of(settings).facts([done], await c.snapshots(), time.time())
+                assert isinstance(f.held_use, Unknown) and "only present values" in f.held_use.reason
+            finally:
+                await c.cancel(wid)
+
+    asyncio.run(go())
 
 
 def test_without_prometheus_work_still_runs_and_activity_is_unknown(system: System, prometheus: Prometheus, ran: dict[str, str]) -> None:

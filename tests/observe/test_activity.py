@@ -135,3 +135,45 @@ def test_the_report_groups_and_names_the_worst_offenders() -> None:
     assert {g["key"] for g in r["by_stage"]} == {"train", "preprocess", "-"}
     text = "\n".join(act.render_report(r))
     assert "worst offenders" in text and "(a) never-used" in text
+
+
+def test_metrics_cells_name_the_top_owners_and_stages_and_sum_the_rest_as_other() -> None:
+    rows = [facts(attempt_id=f"a{i}", workload_id=f"w{i}", owner=f"o{i:02d}", stage=f"s{i:02d}", gpus=float(i + 1)) for i in range(14)]
+    rows.append(facts(attempt_id="single", workload_id="single", owner="o13", stage=None))
+    judged = act.judge(rows)
+    cs = act.cells(judged, top_owners=3, top_stages=2)
+    owners, stages = {c.owner for c in cs}, {c.stage for c in cs}
+    assert owners == {"o13", "o12", "o11", act.OTHER}  # the most GPUs held keep their names
+    assert stages == {"s13", "s12", act.NO_STAGE, act.OTHER}  # "-" (no pipeline) is always its own
+    assert sum(c.group.allocated for c in cs) == pytest.approx(sum(j.work.allocated_gpu_hours for j in judged))
+    other = [c for c in cs if c.owner == act.OTHER]
+    assert sum(c.group.attempts for c in other) == 11 and all(c.group.cases == {"healthy": c.group.attempts} for c in cs)
+    # the same sums as the report's (one computation, two views of it)
+    r = act.report_of(judged)
+    assert {g["key"]: g["allocated_gpu_hours"] for g in r["by_owner"]}["o13"] == pytest.approx(
+        sum(c.group.allocated for c in cs if c.owner == "o13"))
+
+
+def test_the_attempts_account_is_what_explain_prints() -> None:
+    [j] = act.judge([facts(progress=progress(compute=30, wait=60), compute_use=use(0.33))])
+    a = act.account(j)
+    assert a["diagnosis"]["case"] == "data-bound" and a["work"]["steps"] == 900
+    assert a["work_line"] == act.work_line(j.work) and a["work_line"].startswith("useful work: 900 steps")
+    text = act.render([j.facts])
+    assert f"    - {a['work_line']}" in text and f"    -> {a['diagnosis']['suggestion']}" in text
+    assert act.account(act.judge([facts(progress=Unknown("none"))])[0])["work_line"] is None
+
+
+def test_the_activity_chart_is_a_png_of_the_three_groupings() -> None:
+    import io
+
+    import matplotlib.image
+
+    from gpuorch.observe.plots import ACTIVITY_CHART, render_png
+
+    rows = [facts(), facts(attempt_id="u-a1", owner="nlp", stage=None, held_use=Unknown("no exporter"), compute_use=Unknown("x"))]
+    png = render_png(ACTIVITY_CHART, {"activity": report(rows, time_scale=60)}, [])
+    img = matplotlib.image.imread(io.BytesIO(png), format="png")
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and img.shape[1] == 1300 and img.shape[0] >= 260
+    with pytest.raises(KeyError):
+        render_png(ACTIVITY_CHART, {"destinations": []}, [])  # a report without its activity part has no such chart

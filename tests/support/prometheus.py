@@ -134,7 +134,7 @@ class Prometheus:
         with open(self.log, "ab") as fh:
             self.proc = subprocess.Popen([
                 tool("prometheus"), f"--config.file={conf}", f"--storage.tsdb.path={self.dir / 'data'}",
-                f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1h",
+                f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1h", "--web.enable-lifecycle",
             ], stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
         deadline = time.monotonic() + timeout
         while True:
@@ -147,6 +147,13 @@ class Prometheus:
             if time.monotonic() > deadline:
                 raise AssertionError(f"prometheus not ready within {timeout:g}s: {self.log.read_text()[-3000:]}")
             time.sleep(0.1)  # polling a condition (the server's readiness), with a deadline
+
+    def add_jobs(self, jobs: list[dict[str, Any]]) -> None:
+        """Scrape these too: the configuration rewritten with them and reloaded (`POST /-/reload`)."""
+        self.config = {**self.config, "scrape_configs": [*self.config.get("scrape_configs", []), *jobs]}
+        (self.dir / "prometheus.yml").write_text(yaml.safe_dump(self.config, sort_keys=False))
+        with urllib.request.urlopen(urllib.request.Request(f"{self.url}/-/reload", method="POST"), timeout=30) as r:
+            assert r.status == 200, r.status
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 15 s; idempotent."""
