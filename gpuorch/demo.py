@@ -27,7 +27,7 @@ from gpuorch_proto import ContractError, load_workload_yaml
 from gpuorch_proto.events import message_ref
 from gpuorch_proto.units import format_duration
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 SEED = ROOT / "examples" / "seed"
 BAD = ROOT / "examples" / "bad"
 
@@ -62,7 +62,7 @@ def outcome_table(views: list[tuple[str, WorkloadView]], scale: float) -> str:
         rows.append([label, cluster, str(len(v.attempts)), v.status, v.result_path or "-", phases(v, scale)])
         whys.append(f"  {label} -> {cluster}: {v.decision.summary if v.decision and v.status != 'rejected' else v.reason}")
     head = ["WORKLOAD", "CLUSTER", "ATTEMPTS", "OUTCOME", "PROMOTED OUTPUT", "PHASES (simulated time)"]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(head)]
     lines = ["  ".join(h.ljust(widths[i]) for i, h in enumerate(head))]
     for r in rows:
         lines.append("  ".join(c.ljust(widths[i]) for i, c in enumerate(r)))

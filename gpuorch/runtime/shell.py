@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import cProfile
 import json
 import os
@@ -138,6 +139,12 @@ def default_backoff(delivered: int) -> float:
 # -- publishing ---------------------------------------------------------------------------------
 
 
+#: what a handler published itself while it ran (a gate round's releases and decisions, published
+#: under the round's fence: `gpuorch_router.service.Router.publish_round`), for its metrics: the
+#: shell counts them with the outputs it publishes for the handler (`metrics.handled`)
+_PUBLISHED_BY_HANDLER: contextvars.ContextVar[list[Base] | None] = contextvars.ContextVar("published_by_handler", default=None)
+
+
 class Publisher:
     """Publishes contract messages to their subjects with deterministic `Nats-Msg-Id`s."""
 
@@ -233,6 +240,8 @@ class Publisher:
     def _outgoing(self, event: Base, context: Context | None) -> tuple[str, str | None, Span, dict[str, str]]:
         """One message's subject, id, PRODUCER span and headers (its `traceparent`, its id)."""
         subject = self.subject_for(event)
+        if (by_handler := _PUBLISHED_BY_HANDLER.get()) is not None:
+            by_handler.append(event)
         msg_id = self.msg_id_for(event)
         if msg_id is None:
             log.warning("publish.no_msg_id", subject=subject, type=type_tag(event))
@@ -734,9 +743,12 @@ class _Worker:
         try:
             with telemetry.phase_span(type_tag(event), ctx):  # "routing", "dispatch", "fence", ...
                 self.in_hand[id(msg)] = [msg, started]  # `remind` says it is in progress if it takes long
+                own: list[Base] = []
+                token = _PUBLISHED_BY_HANDLER.set(own)
                 try:
                     outputs = await self.handler(incoming)
                 finally:
+                    _PUBLISHED_BY_HANDLER.reset(token)
                     self.in_hand.pop(id(msg), None)
             await self.publisher.publish(outputs, context=ctx)
         except Reject as r:
@@ -754,7 +766,7 @@ class _Worker:
             metrics.handled(self.handler_name, "retry")
             await self._failed(msg, headers, msg_id, stream, seq, delivered, event, ctx, span, exc, None)
             return
-        metrics.handled(self.handler_name, "ok", time.monotonic() - started, outputs)
+        metrics.handled(self.handler_name, "ok", time.monotonic() - started, [*own, *outputs])
         try:
             # Not `ack_sync`: no round trip per message. The outputs are already in the stream
             # (their acks awaited above); if this ack is lost, the redelivery republishes the same
