@@ -9,12 +9,13 @@ import csv
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpuorch.cli import main
 from gpuorch.simulate.engine import simulate
-from gpuorch.simulate.generator import GeneratorConfig, generate
+from gpuorch.simulate.generator import GeneratorConfig, SimJob, generate
 from gpuorch.simulate.mapping import MappingError, builtin_formats, load_mapping, parse_mapping
 from gpuorch.simulate.model import ClusterModel
 from gpuorch.simulate.policies import POLICIES
@@ -37,7 +38,7 @@ def _openb_world(fmt_name: str = "openb") -> World:
     return world_from_nodes(read_nodes(NODES, fmt), fmt.nodes.registry, fmt.source)
 
 
-def _openb_jobs(w: World, seed: int = 0) -> list:  # type: ignore[type-arg]
+def _openb_jobs(w: World, seed: int = 0) -> list[SimJob]:
     fmt = load_mapping("openb")
     trace, _ = read_trace(PODS, fmt)
     cfg = GeneratorConfig.from_mapping(fmt.generator)
@@ -113,14 +114,14 @@ def test_a_node_list_builds_the_clusters_its_rules_say() -> None:
 
 
 def test_nodes_group_by_a_column_and_rules_leave_nodes_out(tmp_path: Path) -> None:
-    doc = {"jobs": {"id": "name", "submit": "creation_time", "duration": "d", "gpus": "num_gpu"},
-           "nodes": {"name": "sn", "gpus": "gpu", "model": "model", "cluster": {"column": "model", "prefix": "dc-"}}}
+    nodes: dict[str, Any] = {"name": "sn", "gpus": "gpu", "model": "model", "cluster": {"column": "model", "prefix": "dc-"}}
+    doc = {"jobs": {"id": "name", "submit": "creation_time", "duration": "d", "gpus": "num_gpu"}, "nodes": nodes}
     rows = read_nodes(NODES, parse_mapping(doc, "by-model.yaml"))
     assert Counter(r.cluster for r in rows) == Counter(f"dc-{r['model'].lower()}" for r in csv.DictReader(NODES.open()))
-    doc["nodes"]["cluster"] = {"rules": [{"where": {"model": "G2"}, "cluster": "big"}, {"cluster": None}]}
+    nodes["cluster"] = {"rules": [{"where": {"model": "G2"}, "cluster": "big"}, {"cluster": None}]}
     rows = read_nodes(NODES, parse_mapping(doc, "g2-only.yaml"))
     assert {r.cluster for r in rows} == {"big"} and len(rows) == sum(1 for r in csv.DictReader(NODES.open()) if r["model"] == "G2")
-    doc["nodes"]["cluster"] = {"rules": [{"where": {"model": "G2"}, "cluster": "big"}]}
+    nodes["cluster"] = {"rules": [{"where": {"model": "G2"}, "cluster": "big"}]}
     with pytest.raises(MappingError, match=r"no-rule\.yaml: node 'openb-node-\d+' matches no rule of nodes.cluster.rules"):
         read_nodes(NODES, parse_mapping(doc, "no-rule.yaml"))
 
