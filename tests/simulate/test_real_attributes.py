@@ -234,3 +234,22 @@ def test_the_output_says_which_fields_were_real(capsys: pytest.CaptureFixture[st
     out = capsys.readouterr().out
     assert "real fields: name, creation_time, deletion_time - scheduled_time, num_gpu, gpu_milli, gpu_spec" in out
     assert "generated (seeded): GPU memory floor, gang shape" in out and "174 nodes" in out
+
+
+def test_the_documented_mapping_example_reads_a_trace_and_a_node_list(tmp_path: Path) -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "simulation.md").read_text()
+    section = doc[doc.index("## Replaying your own trace"):]
+    text = section[section.index("```yaml") + len("```yaml"):section.index("```\n", section.index("```yaml") + 7)]
+    (tmp_path / "my-trace.yaml").write_text(text)
+    fmt = load_mapping(tmp_path / "my-trace.yaml")
+    assert fmt.real == ("id", "submit", "duration", "gpus", "gpu_share", "accelerators", "cpu", "memory")
+    (tmp_path / "jobs.csv").write_text("id,queued_at,started,finished,gpus,gpu_frac,allowed,cores,mem_gb\n"
+                                       "a,1000,5,65,1,0.25,T4;P100,2,8\nb,3000,0,7200,4,1,,16,64\n")
+    jobs, _ = read_trace(tmp_path / "jobs.csv", fmt)
+    assert [(j.job_id, j.submit, j.duration, j.gpus, j.share, j.accelerators, j.cpu, j.memory) for j in jobs] == [
+        ("a", 0.0, 60.0, 1, 0.25, ("Tesla-T4", "P100"), 2.0, 8 * 2**30), ("b", 2.0, 7200.0, 4, 1.0, (), 16.0, 64 * 2**30)]
+    (tmp_path / "nodes.csv").write_text("host,site,gpus,model,cores,mem_gb\nh1,ams-1,4,T4,32,128\nh2,ams-2,8,A100,64,512\n"
+                                        "h3,fra,8,A100,64,512\nh4,fra,4,K80,16,64\n")
+    rows = read_nodes(tmp_path / "nodes.csv", fmt)
+    assert [(r.name, r.cluster, r.gpus, r.sharing) for r in rows] == [
+        ("h1", "ams-shared", 16, ("time-slicing",)), ("h2", "ams", 8, ()), ("h3", "fra", 8, ())]
