@@ -253,3 +253,15 @@ def test_the_documented_mapping_example_reads_a_trace_and_a_node_list(tmp_path: 
     rows = read_nodes(tmp_path / "nodes.csv", fmt)
     assert [(r.name, r.cluster, r.gpus, r.sharing) for r in rows] == [
         ("h1", "ams-shared", 16, ("time-slicing",)), ("h2", "ams", 8, ()), ("h3", "fra", 8, ())]
+
+
+def test_the_example_mapping_builds_two_regions_from_the_openb_nodes() -> None:
+    fmt = load_mapping(Path(__file__).resolve().parents[2] / "examples" / "sim" / "openb-east-west.yaml")
+    rows = read_nodes(NODES, fmt)
+    csv_rows = list(csv.DictReader(NODES.open()))
+    assert Counter(r.cluster for r in rows) == Counter(
+        "east" if r["sn"][-1] in "01" else "west" for r in csv_rows if r["sn"][-1] in "0156")
+    assert all(bool(r.sharing) == (r.name[-1] in "05" and r.product in ("Tesla-T4", "Tesla-P100-PCIE-16GB", "G2")) for r in rows)
+    jobs, _ = read_trace(PODS, fmt)
+    plain, _ = read_trace(PODS, "openb")
+    assert [j.submit * 100 for j in jobs] == pytest.approx([j.submit for j in plain])  # arrivals 100 times faster
