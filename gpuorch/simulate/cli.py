@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -12,20 +13,27 @@ from pathlib import Path
 from . import whatif
 from .engine import QUEUE_MODELS, BackgroundJob, RunResult, Simulation, background_jobs
 from .generator import GeneratorConfig, SimJob, generate
+from .mapping import TraceFormat, builtin_formats, load_mapping
 from .plots import write_plots, write_whatif_plot
 from .policies import POLICIES
 from .progress import Progress
 from .report import Row, document, markdown, summarize
-from .trace import PRESETS, read_trace
-from .world import World, load_world
+from .trace import read_nodes, read_trace
+from .world import World, load_world, world_from_nodes
 
 DEFAULT_CLUSTERS = Path(__file__).resolve().parents[2] / "deploy" / "sim" / "clusters.yaml"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", type=Path, required=True, help="a trace CSV, or a folder of them on one clock (ITP)")
-    p.add_argument("--trace-format", default="itp", choices=sorted(PRESETS), help="column mapping (docs/simulation.md)")
-    p.add_argument("--clusters", type=Path, default=DEFAULT_CLUSTERS, help="clusters file (deploy/sim/clusters.yaml shape)")
+    p.add_argument("--trace-format", default="itp", metavar="NAME|FILE",
+                   help=f"the trace's mapping: {', '.join(builtin_formats())}, or a mapping file (docs/simulation.md)")
+    p.add_argument("--clusters", type=Path, default=None,
+                   help="clusters file (deploy/sim/clusters.yaml shape; the default without --nodes)")
+    p.add_argument("--nodes", type=Path, default=None, metavar="CSV",
+                   help="a node list: build the clusters from it, grouped as the mapping's nodes: section says")
+    p.add_argument("--nodes-by", default=None, metavar="COLUMN",
+                   help="with --nodes: one cluster per value of this column (instead of the mapping's grouping)")
     p.add_argument("--policy", default="all", help=f"one of {', '.join(POLICIES)}, a comma list, or all")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=int, default=None, help="read only the first N jobs of each trace file")
@@ -66,6 +74,26 @@ def _replay(world: World, jobs: Sequence[SimJob], names: Sequence[str], ns: argp
     return rows, results
 
 
+def _fleet(ns: argparse.Namespace, fmt: TraceFormat) -> World:
+    """The world: the clusters file, or the node list grouped by the mapping (the clusters file,
+    if given, lends its registries, background, datasets and generator by cluster name)."""
+    if ns.nodes is None:
+        if ns.nodes_by:
+            raise SystemExit("gpuorch simulate: --nodes-by groups a node list: give --nodes too")
+        return _load(ns.clusters or DEFAULT_CLUSTERS)
+    base = _load(ns.clusters) if ns.clusters else None
+    try:
+        if ns.nodes_by:
+            if fmt.nodes is None:
+                raise ValueError(f"{fmt.source or fmt.name}: nodes: missing: this mapping does not describe a node list")
+            fmt = dataclasses.replace(fmt, nodes=dataclasses.replace(fmt.nodes, by_column=ns.nodes_by, prefix="", rules=()))
+        rows = read_nodes(ns.nodes, fmt)
+        assert fmt.nodes is not None
+        return world_from_nodes(rows, fmt.nodes.registry, fmt.source or fmt.name, base)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"gpuorch simulate: {exc}") from exc
+
+
 def run(ns: argparse.Namespace) -> int:
     names = list(POLICIES) if ns.policy == "all" else [p.strip() for p in ns.policy.split(",") if p.strip()]
     bad = [p for p in names if p not in POLICIES]
@@ -73,47 +101,63 @@ def run(ns: argparse.Namespace) -> int:
         raise SystemExit(f"unknown policy {', '.join(bad)}; one of {', '.join(POLICIES)}")
     if ns.days is not None and not ns.days > 0:
         raise SystemExit(f"gpuorch simulate: --days {ns.days}: give a positive number of days")
-    world = _load(ns.clusters)
+    try:
+        fmt = load_mapping(ns.trace_format)
+    except ValueError as exc:
+        raise SystemExit(f"gpuorch simulate: {exc}") from exc
+    world = _fleet(ns, fmt)
     what_world: World | None = None
     if ns.what_if or ns.what_if_clusters:
         try:
             changes = [whatif.parse_change(text) for text in ns.what_if]
             start = _load(ns.what_if_clusters) if ns.what_if_clusters else world
-            what_world = whatif.apply(start, changes, str(ns.what_if_clusters or ns.clusters))
+            what_world = whatif.apply(start, changes, str(ns.what_if_clusters or ns.nodes or ns.clusters or DEFAULT_CLUSTERS))
         except whatif.WhatIfError as exc:
             raise SystemExit(f"gpuorch simulate: {exc}") from exc
     wall0 = time.perf_counter()
     try:
-        trace, stats = read_trace(ns.trace, ns.trace_format, limit=ns.limit)
+        trace, stats = read_trace(ns.trace, fmt, limit=ns.limit)
     except (OSError, ValueError) as exc:
         raise SystemExit(f"gpuorch simulate: {exc}") from exc
     if ns.days is not None:
         trace = [t for t in trace if t.submit < ns.days * 86400]  # sorted: the indices (and so attributes) stay
-    cfg = GeneratorConfig.from_mapping(world.generator)
-    jobs = [generate(t, i, ns.seed, world.datasets, cfg) for i, t in enumerate(trace)]
+    try:
+        cfg = GeneratorConfig.from_mapping({**fmt.generator, **world.generator})  # the clusters file's win
+        jobs = [generate(t, i, ns.seed, world.datasets, cfg, fmt.sharing) for i, t in enumerate(trace)]
+    except (TypeError, ValueError) as exc:
+        raise SystemExit(f"gpuorch simulate: {exc}") from exc
     horizon = max((j.submit for j in jobs), default=0.0)
     progress = Progress(_write_stderr, time.monotonic) if ns.output != "json" and sys.stderr.isatty() else None
     if what_world is not None:
-        return _run_what_if(ns, names, world, what_world, jobs, stats.skipped, horizon, progress, wall0)
+        return _run_what_if(ns, names, world, what_world, jobs, stats.skipped, horizon, progress, wall0, fmt)
     n = len(names)
     rows, results = _replay(world, jobs, names, ns, background_jobs(world, ns.seed, horizon), progress,
                             [f"{name} ({k}/{n})" for k, name in enumerate(names, 1)])
-    meta = {"trace": str(ns.trace), "trace_format": ns.trace_format, "files": len(stats.files), "rows": stats.rows,
+    meta = {"trace": str(ns.trace), "trace_format": fmt.name, "files": len(stats.files), "rows": stats.rows,
             "skipped": stats.skipped, "jobs": len(jobs), "clusters": [c.name for c in world.clusters],
             "gpus": sum(c.gpus for c in world.clusters), "seed": ns.seed, "queue_model": ns.queue_model,
             "snapshot_interval_s": world.snapshot_interval, "wall_seconds": round(time.perf_counter() - wall0, 1)}
     if ns.days is not None:
         meta["days"] = ns.days
+    if ns.nodes is not None:
+        meta["nodes"] = {"file": str(ns.nodes), "nodes": sum(len(c.nodes) for c in world.clusters),
+                         "shared_nodes": sum(1 for c in world.clusters for n in c.nodes if n.sharing)}
+    meta["fractional_jobs"] = sum(1 for j in jobs if j.sharing is not None)
     plots = [str(p) for p in write_plots(results, ns.plot)] if ns.plot else []
     if ns.output == "json":
-        doc = document(rows, meta)
+        doc = document(rows, meta, fmt)
         doc["plots"] = plots
         print(json.dumps(doc, indent=2, sort_keys=True))
         return 0
     span = max((j.submit for j in jobs), default=0.0) / 86400
-    print(f"trace {ns.trace} ({ns.trace_format}): {len(jobs):,} jobs over {span:.1f} days"
+    fields = document(rows, meta, fmt)["fields"]
+    print(f"trace {ns.trace} ({fmt.name}): {len(jobs):,} jobs over {span:.1f} days"
           f" ({stats.skipped} rows skipped); {len(world.clusters)} clusters, {meta['gpus']:,} GPUs; seed {ns.seed}")
-    print(f"real fields: {', '.join(document(rows, meta)['fields']['real'])}; everything else generated (seeded)")
+    if ns.nodes is not None:
+        print(f"clusters from the node list {ns.nodes}: {meta['nodes']['nodes']:,} nodes "
+              f"({meta['nodes']['shared_nodes']:,} sharing their GPUs); {meta['fractional_jobs']:,} fractional jobs")
+    print(f"real fields: {', '.join(fields['real'])}")
+    print(f"generated (seeded): {', '.join(fields['generated'])}")
     print()
     print(markdown(rows))
     print()
@@ -129,7 +173,7 @@ def _write_stderr(text: str) -> None:
 
 
 def _run_what_if(ns: argparse.Namespace, names: Sequence[str], world: World, what_world: World, jobs: Sequence[SimJob],
-                 skipped: int, horizon: float, progress: Progress | None, wall0: float) -> int:
+                 skipped: int, horizon: float, progress: Progress | None, wall0: float, fmt: TraceFormat) -> int:
     """Both fleets over the same jobs and seed, every policy; the difference per policy."""
     n = 2 * len(names)
     base_rows, base_results = _replay(world, jobs, names, ns, background_jobs(world, ns.seed, horizon), progress,
@@ -148,16 +192,16 @@ def _run_what_if(ns: argparse.Namespace, names: Sequence[str], world: World, wha
                     "gpus": sum(c.gpus for c in w.clusters), "policies": [r.as_dict() for r in rows]}
 
         print(json.dumps({
-            "trace": str(ns.trace), "trace_format": ns.trace_format, "jobs": len(jobs), "skipped": skipped, "seed": ns.seed,
+            "trace": str(ns.trace), "trace_format": fmt.name, "jobs": len(jobs), "skipped": skipped, "seed": ns.seed,
             "days": ns.days, "queue_model": ns.queue_model, "utilization_window_s": horizon,
-            "baseline": {"clusters_file": str(ns.clusters), **fleet(world, base_rows)},
-            "what_if": {"clusters_file": str(ns.what_if_clusters or ns.clusters), "changes": changes, **fleet(what_world, what_rows)},
+            "baseline": {"clusters_file": str(ns.nodes or ns.clusters or DEFAULT_CLUSTERS), **fleet(world, base_rows)},
+            "what_if": {"clusters_file": str(ns.what_if_clusters or ns.nodes or ns.clusters or DEFAULT_CLUSTERS), "changes": changes, **fleet(what_world, what_rows)},
             "diff": [d.as_dict() for d in deltas], "plots": plots, "wall_seconds": wall,
         }, indent=2, sort_keys=True))
         return 0
-    print(f"trace {ns.trace} ({ns.trace_format}): {len(jobs):,} jobs over {horizon / 86400:.1f} days"
+    print(f"trace {ns.trace} ({fmt.name}): {len(jobs):,} jobs over {horizon / 86400:.1f} days"
           f"{f' (first {ns.days:g} days)' if ns.days else ''}; seed {ns.seed}; the same jobs on both fleets")
-    print(f"baseline {ns.clusters}: {whatif.describe_fleet(world)}")
+    print(f"baseline {ns.nodes or ns.clusters or DEFAULT_CLUSTERS}: {whatif.describe_fleet(world)}")
     print(f"what-if  {title}: {whatif.describe_fleet(what_world)}")
     print()
     print(whatif.markdown(deltas))

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from gpuorch.projection import AttemptView, WorkloadView
-from gpuorch_proto.inventory import ClusterSnapshot, NodeInfo, QueueInfo
+from gpuorch_proto.inventory import ClusterSnapshot, QueueInfo
 from gpuorch_proto.policy import AdmissionPolicy
 from gpuorch_proto.routing import RoutingDecision
 from gpuorch_router import core as router_core
@@ -34,7 +34,7 @@ from gpuorch_router.history import MeasuredTimeline, RoutingHistory, update_hist
 from gpuorch_router.policy import RoutingMemo, SnapshotIndex, build_index, relative_speed
 
 from .generator import SimJob, family
-from .model import ClusterModel, Work
+from .model import ClusterModel, Work, node_info
 from .policies import Choice, Policy, make_policy
 from .world import World
 
@@ -133,9 +133,7 @@ def capacity_snapshot(model: ClusterModel) -> ClusterSnapshot:
     """The cluster empty and idle: what hard eligibility is judged on by the non-router policies."""
     return ClusterSnapshot(
         cluster=model.name, reachable=True, observed_at=0.0, published_at=0.0,
-        nodes=[NodeInfo(name=n.name, pool=n.pool, gpu_product=n.product, gpu_memory_mib=n.memory_mib,
-                        gpus_allocatable=n.gpus, gpus_free=n.gpus, labels={"gpuorch.io/pool": n.pool} if n.pool else {})
-               for n in model.spec.nodes],
+        nodes=[node_info(n, n.gpus) for n in model.spec.nodes],
         queues=[QueueInfo(name="default")], registry=model.spec.registry,
     )
 
@@ -193,8 +191,7 @@ class Simulation:
     def eligible(self, job: SimJob) -> tuple[tuple[int, ...], str]:
         """Clusters the router's hard checks accept (judged on idle clusters), else why none."""
         s = job.workload.spec
-        key = (job.workers, job.per_worker, job.memory_gib, job.accelerators, s.output.store, s.checkpoint.store,
-               job.dataset.ref if job.dataset else None, s.image)
+        key = (job.workers, job.node_demand, s.output.store, s.checkpoint.store, job.dataset.ref if job.dataset else None, s.image)
         got = self._elig.get(key)
         if got is None:
             d = self.memo.route(job.workload, "eligibility", self.static, 1.0, max_snapshot_age=math.inf)
@@ -232,7 +229,7 @@ class Simulation:
         heapq.heappush(self.heap, (t, kind, self.seq, item))
 
     def _work(self, job: SimJob, m: ClusterModel, now: float) -> Work:
-        suitable = m.suitable(job.memory_gib, job.accelerators, job.per_worker)
+        suitable = m.suitable(*job.node_demand)
         expected = job.declared_run * self.ref_speed / m.slowest_speed(suitable)
         return Work(key=job.index, workers=job.workers, per_worker=job.per_worker, suitable=suitable, submit=now,
                     expected_run=expected, trace_index=job.index)

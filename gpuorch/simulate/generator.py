@@ -16,6 +16,14 @@ clock or a file.
 | declared run time | recorded duration x exp(N(0, `declared_sigma`=0.4)): what the user writes, on the reference GPU |
 | true run time | recorded duration x speed(reference) / speed(model) x exp(N(0, `model_sigma`=0.1)) per GPU family: the router's speed table is right on average only |
 | workload class | none (the router learns under owner + image + command); with `repeat_classes`, jobs of one file with the same GPU count and duration share one |
+| CPU, memory | 1 core, 1 GiB per worker |
+
+A field the trace records (`trace.TraceJob`: GPU-model list, share of a GPU, CPU, memory) is used
+as recorded instead: the draws for it are still made, and dropped, so every other attribute of a
+job is the same whichever fields its trace has. A fractional job (a share < 1 of one GPU) names
+the trace's sharing mechanism (`Resources.sharing`): the router's own rule
+(`gpuorch_proto.placement.sharing_ok`, its SHARING and GPU_SHARED checks) then sends it only where
+GPUs are shared that way, and whole-GPU jobs never there.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from gpuorch_proto.workload import (
     Metadata,
     OutputPolicy,
     Resources,
+    Sharing,
     Workload,
     WorkloadSpecBody,
 )
@@ -85,6 +94,14 @@ class SimJob:
     declared_run: float  # seconds on the reference GPU (what the workload says)
     true_factor: Mapping[str, float]  # per GPU family: true/nominal run time factor (seeded error)
     store: str
+    sharing: Sharing | None = None  # a fractional job's mechanism (per_worker is then one shared device)
+    cpu: float = 0.0  # cores per worker the trace records (0: not recorded, not checked)
+    memory: float = 0.0  # bytes per worker the trace records (0: not recorded)
+
+    @property
+    def node_demand(self) -> tuple[float, tuple[str, ...], int, Sharing | None, float, float]:
+        """What decides which nodes of a cluster may take it (`model.ClusterModel.suitable`'s arguments)."""
+        return self.memory_gib, self.accelerators, self.per_worker, self.sharing, self.cpu, self.memory
 
     @property
     def gpus(self) -> int:
@@ -129,11 +146,16 @@ def repeat_class(job: TraceJob) -> str:
     return "r-" + hashlib.blake2b(f"{job.origin}:{job.gpus}:{job.duration:.0f}".encode(), digest_size=6).hexdigest()
 
 
-def generate(job: TraceJob, index: int, seed: int, datasets: tuple[Dataset, ...], cfg: GeneratorConfig) -> SimJob:
+def generate(job: TraceJob, index: int, seed: int, datasets: tuple[Dataset, ...], cfg: GeneratorConfig,
+             sharing: Sharing | None = None) -> SimJob:
+    """`sharing`: the mechanism the trace's fractional jobs name (the mapping's `sharing`)."""
     rng = random.Random(f"{seed}:{job.job_id}:{job.origin}")
     mem = float(_pick(rng, cfg.memory_gib))
     acc_s = str(_pick(rng, cfg.accelerators))
-    accels = tuple(a for a in acc_s.split(",") if a)
+    accels = tuple(a for a in acc_s.split(",") if a) if job.accelerators is None else job.accelerators
+    if job.fractional and sharing is None:
+        raise ValueError(f"job {job.job_id} asks for {job.share:g} of a GPU, and the trace's mapping names no sharing mechanism")
+    share = sharing if job.fractional else None
     ds: Dataset | None = None
     if datasets and rng.random() >= cfg.no_input:
         ds = datasets[-1]
@@ -149,13 +171,16 @@ def generate(job: TraceJob, index: int, seed: int, datasets: tuple[Dataset, ...]
     declared = job.duration * math.exp(rng.gauss(0.0, cfg.declared_sigma))
     true_factor = {f: math.exp(rng.gauss(0.0, cfg.model_sigma)) for f in FAMILIES}
     workers, per_worker = shape(job.gpus, cfg.node_gpus)
+    cpu, memory = (job.cpu or 0.0) / workers, (job.memory or 0.0) / workers  # the trace's are per job
     wl = Workload(
         metadata=Metadata(name=f"trace-{index}", owner="trace", workload_class=repeat_class(job) if cfg.repeat_classes else None),
         spec=WorkloadSpecBody(
             image=image,
             inputs=[DatasetInput(ref=ds.ref, size_gb=ds.size_gb, locations=list(ds.locations))] if ds else [],
-            resources=Resources(gpus=per_worker, gpu_memory_gib=mem or None, accelerators=list(accels), workers=workers,
-                                same_node=workers == 1, cpu="1", memory="1Gi"),
+            resources=Resources(gpus=job.share if share is not None and job.share is not None else per_worker,
+                                gpu_memory_gib=mem or None, accelerators=list(accels), workers=workers, same_node=workers == 1,
+                                cpu=f"{round(cpu * 1000)}m" if cpu else "1", memory=f"{round(memory)}" if memory else "1Gi",
+                                sharing=share),
             expected_runtime=f"{max(1, round(declared))}s",
             reference_accelerator=cfg.reference_accelerator,
             checkpoint=CheckpointPolicy(path="ckpt", interval="30m", portable=True, store=store) if ckpt else CheckpointPolicy(),
@@ -164,4 +189,4 @@ def generate(job: TraceJob, index: int, seed: int, datasets: tuple[Dataset, ...]
     )
     return SimJob(index=index, trace=job, workload=wl, workers=workers, per_worker=per_worker, memory_gib=mem,
                   accelerators=accels, dataset=ds, declared_run=float(max(1, round(declared))), true_factor=true_factor,
-                  store=store)
+                  store=store, sharing=share, cpu=cpu, memory=memory)

@@ -29,12 +29,20 @@ import msgspec
 
 from gpuorch_inventory.core import Demand, Hold, Slot, published_waits, request_shapes, shape_waits
 from gpuorch_proto.inventory import ClusterSnapshot, NodeInfo, QueueInfo, ShapeWait
-from gpuorch_proto.placement import accelerator_matches, gpu_memory_ok
+from gpuorch_proto.placement import accelerator_matches, gpu_memory_ok, sharing_ok
+from gpuorch_proto.workload import Sharing
 from gpuorch_router.policy import DEFAULT_IMAGE_PULL_SECONDS, DEFAULT_OUTPUT_TRANSFER_SECONDS, relative_speed
 
-from .world import ClusterSpec, Dataset
+from .world import ClusterSpec, Dataset, NodeSpec
 
 LABEL_POOL = "gpuorch.io/pool"
+
+
+def node_info(n: NodeSpec, free: int) -> NodeInfo:
+    """The node as inventory reports it, `free` GPUs free (CPU and memory: its capacity, where known)."""
+    return NodeInfo(name=n.name, ready=True, pool=n.pool, gpu_product=n.product, gpu_memory_mib=n.memory_mib,
+                    gpus_allocatable=n.gpus, gpus_free=free, labels={LABEL_POOL: n.pool} if n.pool else {},
+                    sharing=list(n.sharing), cpu_free=n.cpu or 0.0, memory_free=n.memory or 0.0)
 
 
 @dataclass(eq=False)
@@ -85,7 +93,7 @@ class ClusterModel:
     pending: dict[int, Work] = field(default_factory=dict)
     running: dict[int, Work] = field(default_factory=dict)
     version: int = 0  # bumped at every observable change
-    _suitable: dict[tuple[float, tuple[str, ...], int], tuple[int, ...]] = field(default_factory=dict)
+    _suitable: dict[tuple[object, ...], tuple[int, ...]] = field(default_factory=dict)
     _info: dict[tuple[int, int], NodeInfo] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -107,8 +115,12 @@ class ClusterModel:
         return self.spec.name
 
     # ---- matching: the same predicates the router's checks and the Job's constraints use ----
-    def suitable(self, memory_gib: float, accelerators: tuple[str, ...], per_worker: int) -> tuple[int, ...]:
-        k = (memory_gib, accelerators, per_worker)
+    def suitable(self, memory_gib: float, accelerators: tuple[str, ...], per_worker: int, sharing: Sharing | None = None,
+                 cpu: float = 0.0, memory: float = 0.0) -> tuple[int, ...]:
+        """Nodes that may take a worker: GPUs, memory floor, model list, sharing (the router's
+        `sharing_ok`: a share only on GPUs shared that way, whole GPUs never there) and, where
+        the node list gives them, its CPU and memory (capacity: their use is not booked)."""
+        k = (memory_gib, accelerators, per_worker, sharing, cpu, memory)
         got = self._suitable.get(k)
         if got is None:
             got = tuple(
@@ -116,6 +128,8 @@ class ClusterModel:
                 if n.gpus >= per_worker
                 and (not memory_gib or gpu_memory_ok(n.memory_mib, memory_gib))
                 and (not accelerators or any(accelerator_matches(a, n.product) for a in accelerators))
+                and sharing_ok(sharing, n.sharing)
+                and (n.cpu is None or n.cpu >= cpu) and (n.memory is None or n.memory >= memory)
             )
             self._suitable[k] = got
         return got
@@ -207,9 +221,7 @@ class ClusterModel:
         info = self._info.get((i, f))
         if info is None:
             n = self.spec.nodes[i]
-            info = NodeInfo(name=n.name, ready=True, pool=n.pool, gpu_product=n.product, gpu_memory_mib=n.memory_mib,
-                            gpus_allocatable=n.gpus, gpus_free=f,
-                            labels={LABEL_POOL: n.pool} if n.pool else {})
+            info = node_info(n, f)
             self._info[(i, f)] = info
         return info
 

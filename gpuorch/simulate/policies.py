@@ -93,7 +93,7 @@ def random_choice(job: SimJob, ctx: Context, now: float) -> Choice:
 def cost_only(job: SimJob, ctx: Context, now: float) -> Choice:
     def cost(i: int) -> tuple[float, ...]:
         m = ctx.models[i]
-        suitable = m.suitable(job.memory_gib, job.accelerators, job.per_worker)
+        suitable = m.suitable(*job.node_demand)
         return (job.gpus * job.declared_run / m.slowest_speed(suitable) * m.spec.registry.price_per_gpu_hour,)
 
     return _among(job, ctx, cost)

@@ -14,13 +14,32 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .engine import RunResult
-from .trace import REAL_FIELDS
+from .mapping import TraceFormat
 
-GENERATED_FIELDS = (
-    "GPU memory floor", "accelerator", "gang shape (from num_gpu)", "input dataset, size and replica locations",
-    "artifact store", "checkpointing", "image", "declared run time (duration x seeded error)",
-    "true run time per GPU model (duration x speed x seeded error)", "background load",
+#: what the generator makes (generator.py), each with the trace field that replaces it where a
+#: trace records one (None: always generated)
+GENERATED: tuple[tuple[str, str | None], ...] = (
+    ("GPU memory floor", None), ("accelerator", "accelerators"), ("share of a GPU (whole GPUs)", "gpu_share"),
+    ("CPU (1 core per worker)", "cpu"), ("memory (1 GiB per worker)", "memory"), ("gang shape (from num_gpu)", None),
+    ("input dataset, size and replica locations", None), ("artifact store", None), ("checkpointing", None), ("image", None),
+    ("declared run time (duration x seeded error)", None),
+    ("true run time per GPU model (duration x speed x seeded error)", None), ("background load", None),
 )
+GENERATED_FIELDS = tuple(name for name, _ in GENERATED)
+
+
+def fields(fmt: TraceFormat) -> dict[str, Any]:
+    """Which fields of this replay were real (the trace's columns, as the mapping reads them) and
+    which generated: `real` (the columns), `real_fields` (field -> column), `generated`."""
+    def col(name: str) -> str:
+        c = fmt.fields[name]
+        if c.start is not None:
+            return f"{c.column} - {c.start}"
+        return f"{c.column} - {fmt.fields['submit'].column}" if c.end_minus_submit else c.column
+
+    real = {f: col(f) for f in fmt.real}
+    return {"real": list(real.values()), "real_fields": real,
+            "generated": [name for name, f in GENERATED if f is None or f not in real]}
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -99,9 +118,5 @@ def markdown(rows: Sequence[Row], *, baseline: str = "emptiest", bound: str = "c
     return "\n".join(out + ([""] + [f"- {n}" for n in notes] if notes else []))
 
 
-def document(rows: Sequence[Row], meta: dict[str, Any]) -> dict[str, Any]:
-    return {
-        **meta,
-        "fields": {"real": list(REAL_FIELDS), "generated": list(GENERATED_FIELDS)},
-        "policies": [r.as_dict() for r in rows],
-    }
+def document(rows: Sequence[Row], meta: dict[str, Any], fmt: TraceFormat) -> dict[str, Any]:
+    return {**meta, "fields": fields(fmt), "policies": [r.as_dict() for r in rows]}

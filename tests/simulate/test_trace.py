@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuorch.simulate.trace import PRESETS, TraceFormat, read_trace
+from gpuorch.simulate.mapping import load_mapping, parse_mapping
+from gpuorch.simulate.trace import read_trace
 
 
 def _itp() -> Path:
@@ -52,9 +53,9 @@ def test_other_traces_map_onto_the_same_fields(tmp_path: Path) -> None:
     assert [(j.job_id, j.submit, j.duration, j.gpus) for j in jobs] == [("h1", 0, 3600, 4), ("h3", 3600, 120, 8)]
     pai = tmp_path / "pai_task_table.csv"
     pai.write_text("job_name,task_name,plan_gpu,start_time,end_time\np1,w,50,1000,1600\np2,w,800,1100,1200\n")
-    jobs, _ = read_trace(pai, PRESETS["pai"])
+    jobs, _ = read_trace(pai, load_mapping("pai"))
     assert [(j.job_id, j.submit, j.duration, j.gpus) for j in jobs] == [("p1", 0, 600, 1), ("p2", 100, 100, 8)]
-    own = TraceFormat("own", job_id="id", submit="t", duration="d", gpus="g")
+    own = parse_mapping({"jobs": {"id": "id", "submit": "t", "duration": "d", "gpus": "g"}}, "own.yaml")
     (tmp_path / "own.csv").write_text("id,t,d,g\nx,5,10,1\n")
     assert read_trace(tmp_path / "own.csv", own)[0][0].gpus == 1
 

@@ -1,0 +1,1 @@
+"""The built-in trace mappings (`*.yaml`), read by `gpuorch.simulate.mapping.load_mapping`: data, no code."""
