@@ -88,6 +88,12 @@ MUTANTS: dict[str, Mutant] = {
             "admission holds only past the limit: one more workload is released than max_running allows",
         ),
         Mutant(
+            "replacement-never-reevaluated", "gpuorch_router.core",
+            "return wanted", "return None",
+            "wait-reason-current", 8,
+            "the router's re-evaluation skips a waiting replacement: it waits on a reason inventory disproved",
+        ),
+        Mutant(
             "claim-over-live-owner", "gpuorch_dispatcher.core",
             "if current is None or over(current.owner, current.generation):", "if True:",
             "one-owner", 1,
