@@ -1,8 +1,9 @@
 """One-line mutants of the production modules, to show that the simulation finds them (issue 29).
 
-A mutant is (module, the exact original line, the replacement line) in a module the services run:
-the services' cores, `gpuorch_router.pipeline`'s admission rules, `gpuorch.liveness`. `applied(name)`
-reads the module's source, replaces that one line (it must occur exactly once, else the mutant is
+A mutant is (module, the exact original line, the replacement line) in a module the services run
+and the simulation runs too: the services' cores, the router's admission rules
+(`gpuorch_router.pipeline`), `gpuorch.liveness`; not a service shell (`*.service`), which the
+simulation does not run yet (its shells are copies: issue 29, item 1). `applied(name)` reads the module's source, replaces that one line (it must occur exactly once, else the mutant is
 refused with `MutantError`), compiles the result under the module's own file name and executes it
 in the module's namespace: every function of the module is then the mutated source's, and every
 reference to one of them from another loaded gpuorch module (`from module import f`) is pointed at
@@ -214,6 +215,17 @@ def mutated(module_name: str, original: str, replacement: str) -> Iterator[int]:
         module.__dict__.update(saved)
 
 
+def refuse_unsimulated(module: str) -> None:
+    """A mutant of code the simulation does not run could never be found: refused, saying why."""
+    if module.startswith("gpuorch.dev"):
+        raise MutantError(f"{module}: a mutant changes production code, not the simulation's own")
+    if module.endswith(".service"):
+        raise MutantError(
+            f"{module}: the simulation does not run the service shells (gpuorch.dev.dst.shells copies them; "
+            "issue 29 item 1): mutate the core rule the shell calls"
+        )
+
+
 @contextmanager
 def applied(name: str | None) -> Iterator[None]:
     """Apply the mutant `name` (None: none) for the duration of the block."""
@@ -223,5 +235,6 @@ def applied(name: str | None) -> Iterator[None]:
     m = MUTANTS.get(name)
     if m is None:
         raise MutantError(f"no mutant {name!r} (mutants: {', '.join(sorted(MUTANTS))})")
+    refuse_unsimulated(m.module)
     with mutated(m.module, m.original, m.replacement):
         yield
