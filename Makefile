@@ -36,15 +36,16 @@ test: $(STAMP) ## Lint, then the whole pytest suite against a real nats-server a
 demo: $(STAMP) ## Start NATS, the four services and local clusters; run the seed's scenario; stop everything
 	$(BIN)/gpuorch demo
 
-chaos: $(STAMP) ## Deterministic simulation (SIM_N=10000 schedules), real-process chaos (N=3 schedules), then `make mutants`
+chaos: $(STAMP) ## Deterministic simulation (SIM_N=10000 schedules), its one-line production mutants (each found within SIM_N), real-process chaos (N=3 schedules), then `make mutants`
 	@$(BIN)/python -m gpuorch.dev.dst --schedules $(SIM_N); sim=$$?; \
+	echo; $(BIN)/python -m gpuorch.dev.dst --mutants all --schedules $(SIM_N); dmut=$$?; \
 	echo; echo "blips around LOST_AFTER (the production liveness rules, virtual time):"; \
 	$(BIN)/python -m gpuorch.dev.dst.liveness; \
 	echo; echo "real-process chaos (the shells):"; \
 	$(BIN)/python -m gpuorch.dev.chaos --schedules $(N); real=$$?; \
 	echo; echo "security mutants (the attack suite):"; \
 	$(BIN)/python -m gpuorch.dev.security_mutants; mut=$$?; \
-	exit $$(( sim | real | mut ))
+	exit $$(( sim | dmut | real | mut ))
 
 mutants: $(STAMP) ## Security mutation campaign: each protection removed on its own must fail its attack tests
 	$(BIN)/python -m gpuorch.dev.security_mutants

@@ -16,6 +16,10 @@
    attempt is created only once the attempt before it is fenced, and, when that one was
    fenced under `strict` while its pods might still run (not `stopped`), only after its
    `cancel-confirmed` (deleted, gone, or its lease ran out).
+9. Admission within limits ("within-limits", `check_limits`, given the admission policy): at no
+   point of the log does released work that has not finished (`released`, until `completed`,
+   `workload-failed`, `cancelled` or a rejection) exceed the organisation's or a queue's
+   `max_running` workloads or `max_gpus` GPUs.
 5. Every wait has an end or a reason that is true now (`check_waits`, "wait-reason-current"):
    a non-terminal workload either makes progress or its latest waiting decision names reasons
    that inventory has not contradicted for longer than a tolerance.
@@ -24,10 +28,11 @@ Pure: it takes events in stream order (and, for 5, the snapshots inventory publi
 returns violations with explanations.
 
 Invariant 5, precisely. A workload *awaits the router* when it is not terminal, no cancel was
-requested, and its current attempt number (the highest `route-requested`, else 1) has no
-`routed` decision. Anything else is progress (an attempt is routed, running, being fenced or
-replaced: the dispatcher's and fencer's business, covered by 1-4). A workload awaiting the
-router for longer than `tolerance` since the request (the `submitted` or `route-requested`)
+requested, admission does not hold it (`held`: 9 and 3 cover it), and its current attempt number
+(the highest `route-requested`, else 1) has no `routed` decision. Anything else is progress (an
+attempt is routed, running, being fenced or replaced: the dispatcher's and fencer's business,
+covered by 1-4). A workload awaiting the router for longer than `tolerance` since the request
+(the `submitted`, or its `released` if admission held it, or the `route-requested`)
 must have an `unroutable` decision for that attempt, and every reason it names as a blocker
 (an ineligible cluster whose failed checks are all capacity-only) that inventory can disprove
 must not have been disproved for longer than `tolerance`:
@@ -54,6 +59,7 @@ from dataclasses import dataclass
 from gpuorch.projection import Projection
 from gpuorch_proto import ClusterSnapshot, Event, RoutingDecision
 from gpuorch_proto import events as ev
+from gpuorch_proto.policy import AdmissionPolicy
 from gpuorch_proto.storage import Manifest
 from gpuorch_proto.workload import interruptible
 
@@ -152,6 +158,36 @@ def check_manifests(events: Iterable[tuple[int, Event]], manifests: Mapping[str,
                 out.append(Violation("manifest-agrees", wid, f"{where} names {m.attempt_id} at epoch {m.epoch}, the promotion {proms[0].attempt_id} at epoch {proms[0].epoch}"))
         if proms and not found:
             out.append(Violation("manifest-agrees", wid, f"{proms[0].attempt_id} was promoted, but no store holds its manifest"))
+    return out
+
+
+def check_limits(events: Iterable[tuple[int, Event]], policy: AdmissionPolicy) -> list[Violation]:
+    """Invariant 9, from the log and the policy the router admits by: each `released` counts
+    against the organisation's and its queue's limits until the workload finishes; a release that
+    takes a scope past its `max_running` or `max_gpus` is a violation. Re-derived from the
+    events, not from the router's gate (an oracle, not a copy of the rule)."""
+    running: dict[str, tuple[str, float]] = {}  # released, unfinished workload -> (queue, GPUs)
+    finished: set[str] = set()
+    out: list[Violation] = []
+    for _, e in events:
+        wid = e.workload_id
+        if isinstance(e, ev.Released):
+            if wid in finished or wid in running:
+                continue
+            running[wid] = (e.queue, e.gpus)
+            q = policy.queue(e.queue)
+            scopes = [("organisation", policy.organisation, list(running.values()))]
+            if q is not None:
+                scopes.append((f"queue {q.name}", q.limits, [r for r in running.values() if r[0] == q.name]))
+            for label, limits, held in scopes:
+                gpus = sum(g for _, g in held)
+                if limits.max_running is not None and len(held) > limits.max_running:
+                    out.append(Violation("within-limits", wid, f"released while {len(held) - 1} workloads of {label} run (max_running {limits.max_running})"))
+                if limits.max_gpus is not None and gpus > limits.max_gpus + 1e-9:
+                    out.append(Violation("within-limits", wid, f"released to {gpus:g} GPUs running in {label} (max_gpus {limits.max_gpus:g})"))
+        elif isinstance(e, ev.Completed | ev.WorkloadFailed | ev.Cancelled) or (isinstance(e, ev.Rejected) and e.decision is not None):
+            finished.add(wid)
+            running.pop(wid, None)
     return out
 
 
@@ -263,6 +299,8 @@ def check_waits(
         wid = e.workload_id
         if isinstance(e, ev.Submitted):
             asked.setdefault((wid, 1), e.at)
+        elif isinstance(e, ev.Released):
+            asked[(wid, 1)] = e.at  # admission held it until now: the router is asked from here
         elif isinstance(e, ev.RouteRequested):
             asked.setdefault((wid, e.attempt_number), e.at)
             requests[(wid, e.attempt_number)] = e
@@ -270,8 +308,8 @@ def check_waits(
             waiting[(wid, e.attempt_number)] = e
     out: list[Violation] = []
     for wid, v in p.workloads.items():
-        if v.workload is None or v.terminal or v.cancel_requested:
-            continue
+        if v.workload is None or v.terminal or v.cancel_requested or v.status == "held":
+            continue  # held: waiting for admission, not the router (its holds: `check_limits`)
         n = max(v.route_requested | {1})
         if n in v.routed_attempts:
             continue  # progress: routed; the attempt is the dispatcher's

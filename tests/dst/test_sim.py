@@ -64,10 +64,10 @@ def test_an_attempt_queued_where_the_capacity_was_lost_is_requeued_not_stuck(see
     r = sim.run()
     assert r.settled and not r.violations, [str(v) for v in r.violations]
     requeued = [m.data for m in sim.w.evt.msgs if isinstance(m.data, ev.Failed) and m.data.reason.startswith("requeued: ")]
-    assert len(requeued) == 1 and requeued[0].placement
-    # requeued at its own limit (4 x the router's queue-wait estimate, within 30 s..120 s)
-    waited = re.search(r" after (\d+)s .*, limit (\d+)s ", requeued[0].reason)
-    assert waited and waited[1] == waited[2] and 30 <= int(waited[1]) <= 120, requeued[0].reason
+    assert len(requeued) == 1 and requeued[0].placement, requeued
+    # after the limit (4 x the router's estimate, within the simulation's 30 s..120 s), which it names
+    waited = re.search(r" after (\d+)s .* limit (\d+)s \(4 x estimate within 30s\.\.120s\)", requeued[0].reason)
+    assert waited is not None and 30 <= int(waited[2]) <= 120 and int(waited[1]) >= int(waited[2]), requeued[0].reason
 
 
 # ---- the simulated bus ----------------------------------------------------------------------

@@ -84,6 +84,7 @@ class SimJob:
     pods: list[SimPod] = field(default_factory=list)
     deleting: bool = False
     failed_reason: str = ""
+    version: int = 0  # the cluster's version its create made (its resourceVersion)
 
     @property
     def labels(self) -> dict[str, str]:
@@ -145,6 +146,7 @@ class SimCluster:
         self.jobs[name] = job
         self._dirty = True
         self.version += 1
+        job.version = self.version
         return True
 
     def delete_job(self, name: str, now: float, grace: float = 1.0) -> bool:
@@ -175,6 +177,17 @@ class SimCluster:
     def list_jobs(self) -> dict[str, SimJob]:
         self.call()
         return dict(self.jobs)
+
+    def cached_jobs(self, now: float, lag: float) -> tuple[dict[str, SimJob], int, float]:
+        """A dispatcher's informer cache of the Jobs, whose watch delivers a create `lag` seconds
+        late: (the Jobs it holds, its resourceVersion, the time it was complete up to). The Jobs
+        created in the last `lag` seconds are not in it yet and its resourceVersion is older than
+        theirs; everything else is as the cluster has it."""
+        self.call()
+        since = now - lag
+        seen = {n: j for n, j in self.jobs.items() if j.created <= since}
+        unseen = [j.version for j in self.jobs.values() if j.created > since]
+        return seen, (min(unseen) - 1 if unseen else self.version), since
 
     def list_nodes_pods(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         self.call()

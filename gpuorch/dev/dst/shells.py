@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from gpuorch import liveness
+from gpuorch.invariants import Violation
 from gpuorch.projection import AttemptView, Projection, WorkloadView, same_document
 from gpuorch_dispatcher import core as dcore
 from gpuorch_fencer import core as fcore
@@ -35,7 +36,6 @@ from gpuorch_proto import (
 from gpuorch_proto import events as ev
 from gpuorch_proto.events import message_ref
 from gpuorch_proto.k8s import NAMESPACE
-from gpuorch_proto.policy import AdmissionPolicy
 from gpuorch_proto.storage import Manifest, StoreConfig, attempt_prefix
 from gpuorch_proto.subjects import valid_token
 from gpuorch_router import core as rcore
@@ -45,7 +45,7 @@ from gpuorch_router.policy import RoutingMemo, SnapshotIndex, build_index
 from .bus import KVConflict, SimConsumer, SimKV, StoredMsg
 from .cluster import SimCluster, Unreachable
 from .runtime import Fetch, Gen, Reject, Retry, Sleep, Task, Until, default_backoff
-from .world import STREAM_CMD, STREAM_EVT, World
+from .world import EPOCH0, STREAM_CMD, STREAM_EVT, World
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ class RouterSim(Service):
         self.projection = Projection(retire=True, compact=True)  # as the services' (gpuorch.follow.Follower)
         self.state = rcore.RouterState()
         self.gate = Gate()  # the admission gate: every workload is released before it is routed
-        self.policy = AdmissionPolicy()
+        self.policy = w.policy
         self.snapshots: dict[str, ClusterSnapshot] = {}
         self.indexes: dict[str, SnapshotIndex] = {}
         self.memo = RoutingMemo()  # the router's fast path, as the service owns one
@@ -581,9 +581,11 @@ class DispatcherSim(Service):
 
     # --- watching the clusters ----------------------------------------------------------------
     def watch(self) -> Gen:
-        """`Dispatcher.watch` with a list per tick for the informers' caches (a list is complete
-        when it answers: the cache's resourceVersion is the cluster's version, its completeness
-        time now); the same rules judge the answers (`answering`, `silent_for`, `absent_for_sure`)."""
+        """`Dispatcher.watch` with a list per tick for the informers' caches (`cached_jobs`: a
+        create reaches the cache `World.cache_lag` seconds late; its resourceVersion and
+        completeness time say so); the same rules judge the answers (`answering`, `silent_for`,
+        `absent_for_sure`). A Job the rule calls missing that the cluster has is a violation
+        (`absent-means-gone`): the attempt would be failed as disappeared while its pods run."""
         for cluster, items in dcore.watched(self.projection.workloads.values(), self.owned).items():
             cl = self.w.clusters.get(cluster)
             if cl is None:
@@ -591,7 +593,7 @@ class DispatcherSim(Service):
             failed: Unreachable | None = None
             try:
                 yield from self.api(cl)
-                jobs, listed_rv = cl.list_jobs(), cl.version
+                jobs, listed_rv, complete_at = cl.cached_jobs(self.w.now, self.w.cache_lag)
             except Unreachable as exc:
                 failed = exc
             now = self.w.now
@@ -606,10 +608,19 @@ class DispatcherSim(Service):
                 continue
             for view, a in items:
                 job = jobs.get(a.job_name)
-                if job is None and not dcore.absent_for_sure(
-                    a, created_rv=self.created_rv.get(a.attempt_id), cache_rv=listed_rv, complete_at=now
-                ):
-                    continue  # created a moment ago by a dispatcher we took over from: looked at next tick
+                if job is None:
+                    if not dcore.absent_for_sure(
+                        a, created_rv=self.created_rv.get(a.attempt_id), cache_rv=listed_rv, complete_at=complete_at
+                    ):
+                        continue  # created a moment ago (by us, or a dispatcher we took over from): next tick
+                    there = cl.jobs.get(a.job_name)
+                    if there is not None and not there.deleting:
+                        self.w.violations.append(Violation(
+                            "absent-means-gone", view.workload_id,
+                            f"{self.name} took {cluster}/{a.job_name} (created {there.created - EPOCH0:.3f}s, version {there.version}) "
+                            f"for gone from a cache at version {listed_rv}, complete up to {complete_at - EPOCH0:.3f}s",
+                        ))  # fmt: skip
+                        self.w.log(self.name, f"VIOLATION absent-means-gone {a.job_name}")
                 obs = cl.observe(job) if job else dcore.JobObservation(exists=False)
                 acts = dcore.on_observation(
                     view, a, obs, now, unschedulable_grace=self.unschedulable_grace, requeue=self.requeue, time_scale=1.0

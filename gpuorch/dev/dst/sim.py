@@ -17,14 +17,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuorch.invariants import Violation, check, check_manifests, check_waits
+from gpuorch.invariants import Violation, check, check_limits, check_manifests, check_waits
 from gpuorch.projection import Projection
 from gpuorch_proto import ClusterRegistryEntry, Workload, workload_from_obj, workload_id_for
 from gpuorch_proto import events as ev
 from gpuorch_proto.inventory import QueueRegistry
 from gpuorch_proto.k8s import LABEL_GPU_COUNT, LABEL_GPU_MEMORY, LABEL_GPU_PRODUCT, LABEL_POOL, LABEL_WORKLOAD
+from gpuorch_proto.policy import DEFAULT_QUEUE, AdmissionPolicy, QueuePolicy
 from gpuorch_proto.storage import Manifest
 from gpuorch_proto.validate import validate_workload
+from gpuorch_proto.workload import Limits
 
 from .checks import check_owners
 from .cluster import SimCluster, SimNode
@@ -48,6 +50,8 @@ STALL_P = 0.25  # schedules in which a dispatcher stalls (its process stopped, a
 FAULT_END = 45.0  # virtual seconds after the start: every fault is healed by then
 HORIZON = 900.0  # virtual seconds: a schedule that has not settled by then is judged as it is
 MAX_STEPS = 60_000
+LIMITS_P = 0.3  # schedules whose admission policy has a limit (drawn apart: the seed's world stays as it was)
+CACHE_LAG_P = 0.5  # schedules whose dispatchers' Job caches see a create late (0.2-2 s; drawn apart too)
 
 
 @dataclass
@@ -203,6 +207,17 @@ def make_plan(rng: random.Random, clusters: dict[str, SimCluster], n_workloads: 
     return plan
 
 
+def admission_policy(rng: random.Random) -> AdmissionPolicy:
+    """The policy the router admits by: in `LIMITS_P` of the schedules a `max_running` of 1 or 2
+    for the organisation or the default queue (the workloads beyond it are held until one ends)."""
+    if rng.random() >= LIMITS_P:
+        return AdmissionPolicy()
+    limits = Limits(max_running=rng.choice([1, 2]))
+    if rng.random() < 0.5:
+        return AdmissionPolicy(organisation=limits)
+    return AdmissionPolicy(queues=[QueuePolicy(name=DEFAULT_QUEUE, limits=limits)])
+
+
 # ---------------------------------------------------------------------------------------- engine
 
 
@@ -229,6 +244,9 @@ class Simulation:
             at, svc = round(stalls.uniform(1, FAULT_END - 15), 3), stalls.choice(["dispatcher-0", "dispatcher-1"])
             self.plan.append(Plan(at, "stall", svc, round(stalls.uniform(2, 15), 3)))
             self.plan.sort(key=lambda p: p.at)
+        self.w.policy = admission_policy(random.Random(f"admission-{seed}"))  # own draws: the world stays as it was
+        lags = random.Random(f"cache-{seed}")
+        self.w.cache_lag = round(lags.uniform(0.2, 2.0), 3) if lags.random() < CACHE_LAG_P else 0.0
         self.consumers = consumers_for(self.w)
         self.tasks: list[Task] = []
         self.services: dict[str, Service] = {}
@@ -473,6 +491,8 @@ class Simulation:
         violations += list(self.wait_violations.values())
         violations += check_owners(w.owners.writes)
         violations += check_manifests(events, sim_manifests(w.manifests))  # invariant 8: what the store holds
+        violations += check_limits(events, w.policy)  # invariant 9: admission within the policy's limits
+        violations += w.violations  # judged against the world as it happened (`absent-means-gone`)
         if w.trace is not None:
             w.trace.append(f"--- settled={settled} after {self.steps} steps, {w.now - EPOCH0:.1f}s virtual, {len(events)} events")
             for v in violations:

@@ -6,8 +6,10 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuorch.invariants import Violation
 from gpuorch_proto import ClusterRegistryEntry, ClusterSnapshot
 from gpuorch_proto import events as ev
+from gpuorch_proto.policy import AdmissionPolicy
 
 from .bus import SimKV, SimStream
 from .cluster import SimCluster
@@ -35,6 +37,10 @@ class World:
     submitted: set[str] = field(default_factory=set)  # workload ids whose `submitted` is in the log
     outcomes: dict[str, tuple[float, int]] = field(default_factory=dict)  # attempt -> (run seconds, exit code)
     trace: list[str] | None = None
+    policy: AdmissionPolicy = field(default_factory=AdmissionPolicy)  # what the router admits by
+    cache_lag: float = 0.0  # seconds the dispatchers' Job caches (informers) lag behind a create
+    #: what the services did against the world's ground truth (judged where it happens: `absent-means-gone`)
+    violations: list[Violation] = field(default_factory=list)
     loop_errors: list[str] = field(default_factory=list)  # exceptions that ended a service loop
     spawned: list[Any] = field(default_factory=list)  # tasks started since the scheduler last looked
 
