@@ -377,6 +377,8 @@ def _fold(view: WorkloadView, e: Event) -> None:
             view.result_path = e.result_path
             view.reason = f"attempt {e.attempt_id} promoted to {e.result_path}"
         case ev.CancelRequested():
+            if not view.cancel_requested:
+                view.cancel_reason = e.reason
             view.cancel_requested = True
             if not view.terminal:
                 view.reason = f"cancelling: {e.reason}"

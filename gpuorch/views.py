@@ -73,6 +73,7 @@ class WorkloadView:
     promoted_attempt: str | None = None
     result_path: str | None = None
     cancel_requested: bool = False
+    cancel_reason: str = ""  # the first `cancel-requested`'s reason (its fences and its end say it)
     idempotency_key: str | None = None
     times: MutableMapping[str, float] = field(default_factory=dict)  # a dict; compact: `Times`
     preemption: ev.PreemptionPlanned | None = None  # the latest: whose GPUs it waits for (explain)

@@ -335,17 +335,28 @@ def test_permanent_exit_code_fails_the_workload() -> None:
     assert ev.WorkloadFailed in kinds and ev.FenceRequested in kinds
 
 
+def _then(p: Projection, actions: list[core.Action], now: float) -> list[core.Action]:
+    """What `reconcile` asks once these actions' events are folded (as the shell's event path)."""
+    v = p.workloads[W]
+    for i, e in enumerate(_emitted(actions), start=v.last_seq + 1):
+        p.apply(e, i)  # type: ignore[arg-type]
+    return core.reconcile(v, now, env())
+
+
 def test_cancel_in_every_state() -> None:
+    """The command puts the cancel on record; `reconcile` (once it is folded) fences what may
+    still run, or ends the workload when nothing can."""
     waiting = history()
-    acts = core.on_cancel(waiting.workloads[W], W, "user", 1.0, env())
-    assert [type(a.event) for a in acts if isinstance(a, core.Emit)] == [ev.CancelRequested, ev.Cancelled]
+    acts = core.on_cancel(waiting.workloads[W], W, "user", 1.0)
+    assert _kinds(acts) == [ev.CancelRequested] and acts[0].event.reason == "user"  # type: ignore[union-attr]
+    (cancelled,) = _emitted(_then(waiting, acts, 1.5))
+    assert isinstance(cancelled, ev.Cancelled) and cancelled.reason == "user", "its own reason: it stopped nothing"
     running = history(routed(1), _created(1, 1))
-    acts = core.on_cancel(running.workloads[W], W, "user", 1.0, env())
-    assert [type(a.event) for a in acts if isinstance(a, core.Emit)] == [
-        ev.CancelRequested,
-        ev.FenceRequested,
-    ]
-    assert isinstance(core.on_cancel(None, "nope-1", "user", 1.0, env())[0], core.RefuseMessage)
+    acts = core.on_cancel(running.workloads[W], W, "user", 1.0)
+    assert _kinds(acts) == [ev.CancelRequested]
+    (fence,) = _emitted(_then(running, acts, 1.5))
+    assert isinstance(fence, ev.FenceRequested) and fence.reason == "cancel: user"
+    assert isinstance(core.on_cancel(None, "nope-1", "user", 1.0)[0], core.RefuseMessage)
 
 
 # --- cancellation in every state -----------------------------------------------------------------
@@ -417,7 +428,7 @@ def _cancel_requested() -> ev.CancelRequested:
 def test_cancel_of_a_lost_attempt_waits_for_its_confirmation_and_asks_no_second_fence() -> None:
     p = history(routed(1), _created(1, 1), _lost(), _fence_req(), _fenced())
     v = p.workloads[W]
-    acts = core.on_cancel(v, W, "user", 5.0, env())
+    acts = core.on_cancel(v, W, "user", 5.0)
     assert _kinds(acts) == [ev.CancelRequested], (
         "already fenced and pursued: no new fence, and not cancelled yet"
     )
@@ -435,11 +446,12 @@ def test_cancel_of_a_lost_attempt_waits_for_its_confirmation_and_asks_no_second_
 def test_cancel_while_pending_fences_the_attempt_and_ends_on_its_confirmation() -> None:
     p = history(routed(1), _created(1, 1))
     v = p.workloads[W]
-    acts = core.on_cancel(v, W, "user", 5.0, env())
-    assert _kinds(acts) == [ev.CancelRequested, ev.FenceRequested]
-    for i, e in enumerate(_emitted(acts), start=20):
-        p.apply(e, i)  # type: ignore[arg-type]
-    assert core.on_cancel(v, W, "again", 6.0, env()) == [], "a second cancel asks nothing new"
+    acts = core.on_cancel(v, W, "user", 5.0)
+    assert _kinds(acts) == [ev.CancelRequested]
+    fence = _then(p, acts, 5.5)
+    assert _kinds(fence) == [ev.FenceRequested]
+    _then(p, fence, 5.6)
+    assert core.on_cancel(v, W, "again", 6.0) == [], "a second cancel asks nothing new"
     assert core.reconcile(v, 6.0, env()) == []
     p.apply(_fenced(), 30)
     assert core.reconcile(v, 7.0, env()) == [], "no replacement after a cancel's fence"
@@ -453,11 +465,10 @@ def test_cancel_after_success_but_before_promotion_fences_the_attempt_and_a_prom
     )
     p = history(routed(1), _created(1, 1), succeeded)
     v = p.workloads[W]
-    acts = core.on_cancel(v, W, "user", 5.0, env())
-    assert _kinds(acts) == [ev.CancelRequested, ev.FenceRequested], (
-        "it could still publish: the fencer decides by CAS"
-    )
-    p.apply(_cancel_requested(), 20)
+    acts = core.on_cancel(v, W, "user", 5.0)
+    assert _kinds(acts) == [ev.CancelRequested]
+    # it could still publish: fenced, and its promotion still asked (the fencer decides by CAS)
+    assert _kinds(_then(p, acts, 5.5)) == [ev.FenceRequested, ev.PromoteRequested]
     promoted = ev.Promoted(
         workload_id=W, at=6.0, attempt_id=A1, epoch=1, cluster="primary", output_path="/o", result_path="/r"
     )
@@ -469,14 +480,13 @@ def test_cancel_after_success_but_before_promotion_fences_the_attempt_and_a_prom
     # the fencer then deletes its Job: that confirmation must not add a second terminal event
     p.apply(_confirmed(), 23)
     assert core.reconcile(v, 7.0, env()) == []
-    assert core.on_cancel(v, W, "late", 8.0, env()) == []
+    assert core.on_cancel(v, W, "late", 8.0) == []
 
 
 def test_attempt_created_after_a_cancel_is_fenced_at_once() -> None:
     p = history(routed(1))
     v = p.workloads[W]
-    for i, e in enumerate(_emitted(core.on_cancel(v, W, "user", 2.0, env())), start=10):
-        p.apply(e, i)  # type: ignore[arg-type]
+    _then(p, _then(p, core.on_cancel(v, W, "user", 2.0), 2.0), 2.0)  # the cancel, then its end
     assert v.status == "cancelled"
     created = _created(1, 1)
     p.apply(created, 20)  # the Job was being created while the cancel was decided
@@ -486,7 +496,7 @@ def test_attempt_created_after_a_cancel_is_fenced_at_once() -> None:
 
 @pytest.mark.parametrize("workload_id", ["nope-1", "Not A Workload!"])
 def test_cancel_of_an_unknown_id_is_refused_as_a_message(workload_id: str) -> None:
-    (act,) = core.on_cancel(None, workload_id, "user", 1.0, env())
+    (act,) = core.on_cancel(None, workload_id, "user", 1.0)
     # refused as a message: nothing is published under the id it names
     assert isinstance(act, core.RefuseMessage)
     assert "unknown workload" in act.reason and workload_id in act.reason
@@ -498,7 +508,7 @@ def test_cancel_of_a_finished_workload_does_nothing() -> None:
     failed = ev.WorkloadFailed(workload_id=W, at=9.0, reason="permanent")
     for terminal in (completed, failed):
         p = history(routed(1), _created(1, 1), terminal)
-        assert core.on_cancel(p.workloads[W], W, "user", 10.0, env()) == []
+        assert core.on_cancel(p.workloads[W], W, "user", 10.0) == []
 
 
 # --- retry backoff -------------------------------------------------------------------------------
@@ -605,11 +615,11 @@ def failed_and_gone() -> list[ev.Base]:
 def test_cancel_during_backoff_requests_no_replacement() -> None:
     p = backoff_history(*failed_and_gone(), backoff="1h")
     v = p.workloads[W]
-    acts = core.on_cancel(v, W, "user", 101.0, env())
-    assert _kinds(acts) == [ev.CancelRequested, ev.Cancelled], "the failed attempt is already confirmed gone"
-    for i, x in enumerate(_emitted(acts), start=30):
-        p.apply(x, i)  # type: ignore[arg-type]
-    assert core.reconcile(v, 1000.0, env()) == []
+    acts = core.on_cancel(v, W, "user", 101.0)
+    assert _kinds(acts) == [ev.CancelRequested]
+    ended = _then(p, acts, 101.5)
+    assert _kinds(ended) == [ev.Cancelled], "the failed attempt is already confirmed gone"
+    assert _then(p, ended, 1000.0) == []
 
 
 def test_reconcile_fails_the_workload_when_the_budget_is_spent() -> None:

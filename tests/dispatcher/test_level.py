@@ -102,7 +102,7 @@ def test_a_preemption_request_for_an_attempt_that_ended_changes_nothing_of_it() 
     ("spec", "cancel", "fenced_as"),
     [
         pytest.param({"preemptible": False}, False, None, id="not-interruptible"),
-        pytest.param(INTERRUPTIBLE, True, "cancel (re-driven)", id="cancel-under-way"),
+        pytest.param(INTERRUPTIBLE, True, "cancel: user", id="cancel-under-way"),
     ],
 )
 def test_a_preemption_request_fences_only_interruptible_work_outside_a_cancel(
@@ -193,16 +193,36 @@ def test_a_burst_of_events_before_the_echo_stores_each_effect_once() -> None:
 # ---- the fold's additions are compatible with the snapshot format ---------------------------------
 
 
-def test_the_folded_verdict_survives_a_snapshot_and_an_older_snapshot_loads_without_it() -> None:
+def test_the_folds_additions_survive_a_snapshot_and_an_older_snapshot_loads_without_them() -> None:
     log = Log(routed(1), _created(1, 1), _failed(1, code=1), _fence_req(1), _fenced(1), _allowed(1, how="fast"))
     assert log.view.attempts[A1].replacement_reason == "fast"
+    cancelled = Log(ev.CancelRequested(workload_id=W, at=1.0, reason="mine"), ev.CancelRequested(workload_id=W, at=2.0, reason="again"))
+    assert cancelled.view.cancel_reason == "mine", "the first cancel's reason"
+    assert load_projection(dump_projection(cancelled.p)).workloads[W].cancel_reason == "mine"
     restored = load_projection(dump_projection(log.p))
     assert restored.workloads[W].attempts[A1].replacement_reason == "fast"
     older = msgspec.msgpack.decode(dump_projection(log.p))
+    del older["workloads"][W]["cancel_reason"]  # as a release before these fields wrote them
     for a in older["workloads"][W]["attempts"].values():
-        del a["replacement_reason"]  # as a release before this field wrote it
+        del a["replacement_reason"]
     loaded = load_projection(msgspec.msgpack.encode(older))
-    assert loaded.workloads[W].attempts[A1].replacement_reason == ""
+    assert loaded.workloads[W].attempts[A1].replacement_reason == "" and loaded.workloads[W].cancel_reason == ""
     assert core.reconcile(loaded.workloads[W], 500.0, env())  # the replacement is still asked, with a plain reason
     (rr,) = [e for e in _emitted(core.reconcile(loaded.workloads[W], 500.0, env())) if isinstance(e, ev.RouteRequested)]
     assert f"replacing {A1} (failed): allowed by the fencer;" in rr.reason
+
+
+# ---- a cancel under way needs an owner, as a routed workload does -----------------------------------
+
+
+def test_a_workload_needs_an_owner_while_routed_or_cancelling_and_not_once_it_ended() -> None:
+    """The cancel's end is `reconcile`'s to record, by the owner: a workload cancelled before it
+    was routed is claimed at start-up and taken over from a dead owner too (`needs_owner`)."""
+    log = Log()
+    assert not core.needs_owner(log.view), "submitted: the router's, nothing of the dispatcher's yet"
+    (asked,) = _emitted(core.on_cancel(log.view, W, "user", 1.0))
+    log.publish(asked)
+    assert core.needs_owner(log.view)
+    log.publish(*_emitted(core.reconcile(log.view, 1.5, env())))
+    assert log.view.status == "cancelled" and not core.needs_owner(log.view)
+    assert core.needs_owner(Log(routed(1)).view)

@@ -81,7 +81,7 @@ def test_the_dispatcher_decides_a_late_event_for_a_retired_workload_as_for_the_w
     retired_view = rv.apply(e, len(events) + 1)  # what the dispatcher's handler gets for the late event
     assert wv is not None and retired_view is not None
     _same_actions(wv, retired_view, e)
-    assert dcore.on_cancel(retired_view, "w1", "late", NOW, ENV) == dcore.on_cancel(wv, "w1", "late", NOW, ENV) == []
+    assert dcore.on_cancel(retired_view, "w1", "late", NOW) == dcore.on_cancel(wv, "w1", "late", NOW) == []
     assert dcore.reconcile(retired_view, NOW, ENV) == dcore.reconcile(wv, NOW, ENV)
 
 

@@ -329,7 +329,7 @@ class DispatcherSim(Service):
         yield from self.replay(self.projection.apply)
         yield from self.start_ownership()
         for wid, view in list(self.projection.workloads.items()):
-            if not view.terminal and view.routed_attempts:
+            if dcore.needs_owner(view):
                 prev = yield from self._claim(wid)
                 if prev is not None:
                     try:
@@ -487,7 +487,7 @@ class DispatcherSim(Service):
                     pass
             self.leases[instance] = lease
         for wid, view in list(self.projection.workloads.items()):
-            if view.terminal or view.workload is None or not view.routed_attempts or wid in self._owned:
+            if not dcore.needs_owner(view) or wid in self._owned:
                 continue
             if dcore.claim(self.records.get(wid), self.me, self.generation, self._over) is None:
                 continue
@@ -577,7 +577,7 @@ class DispatcherSim(Service):
         wait = dcore.cancel_wait(view, creating=creating, in_log=in_log, delivered=msg.delivered)
         if wait is not None:
             raise Retry(wait.delay, wait.reason)
-        actions = dcore.on_cancel(view, wid, e.reason, self.w.now, self.environment())
+        actions = dcore.on_cancel(view, wid, e.reason, self.w.now)
         return (yield from self.execute(actions, wid))
 
     # --- watching the clusters ----------------------------------------------------------------

@@ -1054,38 +1054,25 @@ def _cancelled(view: WorkloadView, now: float, reason: str) -> Emit:
     )
 
 
-def on_cancel(
-    view: WorkloadView | None, workload_id: str, reason: str, now: float, env: Environment
-) -> list[Action]:
-    """`gpuorch cancel` in any state: fence every attempt that may still run or publish; done when all are gone.
+def on_cancel(view: WorkloadView | None, workload_id: str, reason: str, now: float) -> list[Action]:
+    """`gpuorch cancel` in any state: the cancel goes on record (`cancel-requested`, with its
+    reason); what it needs then is `reconcile`'s to decide once that is folded: a fence for every
+    attempt that may still run or publish (`to_stop`), `cancelled` once all are confirmed gone.
 
     Unknown id: `rejected`. Finished workload (or one whose result is already promoted): nothing.
-    Idempotent: an attempt whose fence was already requested (lost, failed, an earlier cancel) is
-    not asked again; the fencer is already pursuing it.
+    Idempotent: a cancel already on record asks nothing again (`reconcile` pursues it).
     """
     if view is None or (view.workload is None and not view.terminal):
         return [unknown_cancel(workload_id)]
-    if view.terminal or view.promoted_attempt is not None:
+    if view.terminal or view.promoted_attempt is not None or view.cancel_requested:
         return []
-    out: list[Action] = []
-    if not view.cancel_requested:
-        out.append(
-            Emit(
-                ev.CancelRequested(
-                    event_id=event_id(workload_id, "cancel-requested"),
-                    workload_id=workload_id,
-                    at=now,
-                    reason=reason,
-                )
+    return [
+        Emit(
+            ev.CancelRequested(
+                event_id=event_id(workload_id, "cancel-requested"), workload_id=workload_id, at=now, reason=reason
             )
         )
-    stopping = to_stop(view)
-    for a in stopping:
-        if "fence-requested" not in a.times:
-            out.append(_fence(view, a, now, f"cancel: {reason}", env.time_scale))
-    if not stopping:
-        out.append(_cancelled(view, now, reason))
-    return out
+    ]
 
 
 def fence_reason(view: WorkloadView, a: AttemptView) -> str | None:
@@ -1112,8 +1099,8 @@ def fence_reason(view: WorkloadView, a: AttemptView) -> str | None:
     if view.cancel_requested:
         if not _must_stop(a):
             return None
-        after = a.times.get("created", 0.0) >= view.times.get("cancel-requested", math.inf)
-        return "cancel: attempt created after a cancel was requested" if after else "cancel (re-driven)"
+        after = a.times.get("created", 0.0) > view.times.get("cancel-requested", math.inf)
+        return "cancel: attempt created after a cancel was requested" if after else f"cancel: {view.cancel_reason}"
     if "preemption-requested" in a.times and a.live and not a.fenced:
         return a.reason if interruptible(wl) else None
     latest = view.latest_attempt
@@ -1163,7 +1150,9 @@ def reconcile(
         out.extend([Emit(done), *_promoted_job(view, "completed and promoted")])
     if view.cancel_requested:
         if _cancel_complete(view):
-            out.append(_cancelled(view, now, "cancelled; every attempt confirmed gone"))
+            # the cancel's own reason when it stopped nothing (as the workload's final reason)
+            why = "cancelled; every attempt confirmed gone" if view.attempts else view.cancel_reason or "cancelled"
+            out.append(_cancelled(view, now, why))
         return out
     latest = view.latest_attempt
     wanted = max(view.routed_attempts | {0})
@@ -1214,6 +1203,13 @@ def reconcile_due(view: WorkloadView, env: Environment) -> float:
 # its record names is over: superseded, or marked ended by someone who saw its lease run out
 # (a compare-and-set on the lease key, so that it races with the owner's own renewal and
 # exactly one of the two wins). Both are facts that stay true, so a stale read of them is safe.
+
+
+def needs_owner(view: WorkloadView) -> bool:
+    """Must a dispatcher own this workload (claim it at start-up, take it over from a dead owner)?
+    One that goes on and has something for the dispatcher: routed (its attempts are the owner's
+    to create and follow), or a cancel under way (its fences and its end are the owner's)."""
+    return not view.terminal and view.workload is not None and bool(view.routed_attempts or view.cancel_requested)
 
 
 def instance_alive(lease: InstanceLease | None, now: float) -> bool:

@@ -490,7 +490,7 @@ class Dispatcher:
         views = self.follower.projection.workloads
         for wid in list(views.keys() - self._owned.keys()):  # (a set difference: not a look at every view)
             view = views.get(wid)
-            if view is None or view.terminal or view.workload is None or not view.routed_attempts:
+            if view is None or not core.needs_owner(view):
                 continue
             if core.claim(self.records.get(wid), self.me, self.generation, self._over) is None:
                 continue
@@ -674,7 +674,7 @@ class Dispatcher:
             )
             if refused is not None:
                 raise Reject(f"cancel refused: {refused}", claimed_workload_id=wid)
-        actions = core.on_cancel(view, wid, e.reason, time.time(), self.environment())
+        actions = core.on_cancel(view, wid, e.reason, time.time())
         return await self.execute(actions, wid)
 
     def unrecorded(self, view: WorkloadView | None, workload_id: str) -> set[str]:
@@ -875,7 +875,7 @@ class Dispatcher:
             log.info("dispatcher.caught_up", events=n, instance=self.me, from_seq=start)
             await self.start_ownership()
             for wid, view in list(self.follower.projection.workloads.items()):
-                if not view.terminal and view.routed_attempts and await self._claim(wid) is not None:
+                if core.needs_owner(view) and await self._claim(wid) is not None:
                     try:
                         await self.redrive(view)  # whatever a crash interrupted
                     except (
