@@ -338,7 +338,17 @@ def _fold(view: WorkloadView, e: Event) -> None:
             a.times.setdefault("fenced", e.at)
             view.epoch = max(view.epoch, e.new_epoch)
         case ev.ReplacementAllowed():
-            _attempt(view, e).times.setdefault("replacement-allowed", e.at)
+            a = _attempt(view, e)
+            if "replacement-allowed" not in a.times:
+                a.times["replacement-allowed"] = e.at
+                a.replacement_reason = e.reason
+        case ev.PreemptionRequested():
+            # the router's plan gives this attempt's GPUs away: recorded on the attempt while it may
+            # still run (the dispatcher's `reconcile` fences it), with the router's reason
+            victim = view.attempts.get(e.attempt_id)
+            if victim is not None and victim.live and victim.status != "lost" and "preemption-requested" not in victim.times:
+                victim.times["preemption-requested"] = e.at
+                victim.reason = e.reason
         case ev.ComputeStarted():
             # the program's own clock at its first step (the event's `at` is when it was seen)
             _attempt(view, e).times.setdefault("compute-started", e.started_at or e.at)
@@ -367,6 +377,8 @@ def _fold(view: WorkloadView, e: Event) -> None:
             view.result_path = e.result_path
             view.reason = f"attempt {e.attempt_id} promoted to {e.result_path}"
         case ev.CancelRequested():
+            if not view.cancel_requested:
+                view.cancel_reason = e.reason
             view.cancel_requested = True
             if not view.terminal:
                 view.reason = f"cancelling: {e.reason}"

@@ -35,7 +35,7 @@ class AttemptView:
     resume_from: str | None = None
     status: str = "created"  # created admitted running succeeded failed lost
     exit_code: int | None = None
-    reason: str = ""
+    reason: str = ""  # why it failed or was lost; while live, why it is preempted (`preemption-requested`)
     fenced: bool = False  # its epoch is stale
     cancel_confirmed: str | None = None  # how ("deleted", "already-gone", "lease-expired")
     promoted: bool = False
@@ -45,6 +45,7 @@ class AttemptView:
     placement_failed: bool = False  # failed because the cluster could not place its pods
     times: MutableMapping[str, float] = field(default_factory=dict)  # a dict; compact: `Times`
     retryable: bool = True  # its `failed` said the workload may try again (`gpuorch_dispatcher.core.workload_failure`)
+    replacement_reason: str = ""  # the fencer's verdict that its replacement may start (`replacement-allowed`)
 
     @property
     def live(self) -> bool:
@@ -72,6 +73,7 @@ class WorkloadView:
     promoted_attempt: str | None = None
     result_path: str | None = None
     cancel_requested: bool = False
+    cancel_reason: str = ""  # the first `cancel-requested`'s reason (its fences and its end say it)
     idempotency_key: str | None = None
     times: MutableMapping[str, float] = field(default_factory=dict)  # a dict; compact: `Times`
     preemption: ev.PreemptionPlanned | None = None  # the latest: whose GPUs it waits for (explain)

@@ -246,25 +246,25 @@ def test_lost_attempt_is_fenced_and_strict_waits_for_confirmation() -> None:
         ev.Lost(workload_id=W, at=2.0, attempt_id=a1, epoch=1, cluster="primary", reason="partition"),
     )
     v = p.workloads[W]
-    acts = core.on_event(
-        v, ev.Lost(workload_id=W, at=2.0, attempt_id=a1, epoch=1, cluster="primary", reason="x"), 2.0, env()
-    )
+    acts = core.reconcile(v, 2.0, env())
     assert [type(a.event) for a in acts if isinstance(a, core.Emit)] == [ev.FenceRequested]
     fence_req = next(a.event for a in acts if isinstance(a, core.Emit))
     assert isinstance(fence_req, ev.FenceRequested) and not fence_req.stopped  # its pods may still run
+    assert fence_req.reason == "lost: partition"
+    p.apply(fence_req, 49)  # the bus delivers it back: asked once
     fenced = ev.Fenced(workload_id=W, at=3.0, attempt_id=a1, epoch=1, cluster="primary", new_epoch=2)
     p.apply(fenced, 50)
-    assert core.on_event(v, fenced, 3.0, env()) == []  # the fencer decides when: not yet
+    assert core.reconcile(v, 3.0, env()) == []  # the fencer decides when: not yet
     confirmed = ev.CancelConfirmed(
         workload_id=W, at=4.0, attempt_id=a1, epoch=1, cluster="primary", how="lease-expired"
     )
     p.apply(confirmed, 51)
-    assert core.on_event(v, confirmed, 4.0, env()) == []
+    assert core.reconcile(v, 4.0, env()) == []
     allowed = ev.ReplacementAllowed(
         workload_id=W, at=4.0, attempt_id=a1, epoch=1, cluster="primary", how="lease-expired"
     )
     p.apply(allowed, 52)
-    acts = core.on_event(v, allowed, 4.0, env())
+    acts = core.reconcile(v, 4.0, env())
     assert len(acts) == 1 and isinstance(acts[0], core.Emit) and isinstance(acts[0].event, ev.RouteRequested)
     assert acts[0].event.attempt_number == 2 and acts[0].event.exclude == ["primary"]
 
@@ -314,7 +314,11 @@ def test_a_complete_job_whose_pods_are_not_seen_yet_was_admitted_and_ran() -> No
     v = p.workloads[W]
     obs = core.JobObservation(exists=True, scheduled=0, running=0, complete=True)
     emitted = [a.event for a in core.on_observation(v, v.attempts[f"{W}-a1"], obs, 3.0) if isinstance(a, core.Emit)]
-    assert [type(e) for e in emitted] == [ev.Admitted, ev.Running, ev.Succeeded, ev.PromoteRequested]
+    assert [type(e) for e in emitted] == [ev.Admitted, ev.Running, ev.Succeeded]
+    for i, e in enumerate(emitted, start=10):
+        p.apply(e, i)  # type: ignore[arg-type]
+    # its promotion is `reconcile`'s to ask, once the `succeeded` is folded
+    assert _kinds(core.reconcile(v, 3.5, env())) == [ev.PromoteRequested]
 
 
 def test_permanent_exit_code_fails_the_workload() -> None:
@@ -327,21 +331,32 @@ def test_permanent_exit_code_fails_the_workload() -> None:
     failed = emitted[1]
     assert isinstance(failed, ev.Failed) and not failed.retryable
     p.apply(failed, 10)
-    kinds = [type(a.event) for a in core.on_event(v, failed, 3.0, env()) if isinstance(a, core.Emit)]
+    kinds = [type(a.event) for a in core.reconcile(v, 3.0, env()) if isinstance(a, core.Emit)]
     assert ev.WorkloadFailed in kinds and ev.FenceRequested in kinds
 
 
+def _then(p: Projection, actions: list[core.Action], now: float) -> list[core.Action]:
+    """What `reconcile` asks once these actions' events are folded (as the shell's event path)."""
+    v = p.workloads[W]
+    for i, e in enumerate(_emitted(actions), start=v.last_seq + 1):
+        p.apply(e, i)  # type: ignore[arg-type]
+    return core.reconcile(v, now, env())
+
+
 def test_cancel_in_every_state() -> None:
+    """The command puts the cancel on record; `reconcile` (once it is folded) fences what may
+    still run, or ends the workload when nothing can."""
     waiting = history()
-    acts = core.on_cancel(waiting.workloads[W], W, "user", 1.0, env())
-    assert [type(a.event) for a in acts if isinstance(a, core.Emit)] == [ev.CancelRequested, ev.Cancelled]
+    acts = core.on_cancel(waiting.workloads[W], W, "user", 1.0)
+    assert _kinds(acts) == [ev.CancelRequested] and acts[0].event.reason == "user"  # type: ignore[union-attr]
+    (cancelled,) = _emitted(_then(waiting, acts, 1.5))
+    assert isinstance(cancelled, ev.Cancelled) and cancelled.reason == "user", "its own reason: it stopped nothing"
     running = history(routed(1), _created(1, 1))
-    acts = core.on_cancel(running.workloads[W], W, "user", 1.0, env())
-    assert [type(a.event) for a in acts if isinstance(a, core.Emit)] == [
-        ev.CancelRequested,
-        ev.FenceRequested,
-    ]
-    assert isinstance(core.on_cancel(None, "nope-1", "user", 1.0, env())[0], core.RefuseMessage)
+    acts = core.on_cancel(running.workloads[W], W, "user", 1.0)
+    assert _kinds(acts) == [ev.CancelRequested]
+    (fence,) = _emitted(_then(running, acts, 1.5))
+    assert isinstance(fence, ev.FenceRequested) and fence.reason == "cancel: user"
+    assert isinstance(core.on_cancel(None, "nope-1", "user", 1.0)[0], core.RefuseMessage)
 
 
 # --- cancellation in every state -----------------------------------------------------------------
@@ -413,7 +428,7 @@ def _cancel_requested() -> ev.CancelRequested:
 def test_cancel_of_a_lost_attempt_waits_for_its_confirmation_and_asks_no_second_fence() -> None:
     p = history(routed(1), _created(1, 1), _lost(), _fence_req(), _fenced())
     v = p.workloads[W]
-    acts = core.on_cancel(v, W, "user", 5.0, env())
+    acts = core.on_cancel(v, W, "user", 5.0)
     assert _kinds(acts) == [ev.CancelRequested], (
         "already fenced and pursued: no new fence, and not cancelled yet"
     )
@@ -421,7 +436,7 @@ def test_cancel_of_a_lost_attempt_waits_for_its_confirmation_and_asks_no_second_
     assert core.reconcile(v, 6.0, env()) == [], "nothing more to ask while the lost attempt is unconfirmed"
     confirmed = _confirmed(how="deleted")
     p.apply(confirmed, 21)
-    emitted = _emitted(core.on_event(v, confirmed, 7.0, env()))
+    emitted = _emitted(core.reconcile(v, 7.0, env()))
     assert [type(e) for e in emitted] == [ev.Cancelled]
     assert "route-requested" not in [k for _, k, _ in v.history], (
         "never a replacement for a cancelled workload"
@@ -431,16 +446,17 @@ def test_cancel_of_a_lost_attempt_waits_for_its_confirmation_and_asks_no_second_
 def test_cancel_while_pending_fences_the_attempt_and_ends_on_its_confirmation() -> None:
     p = history(routed(1), _created(1, 1))
     v = p.workloads[W]
-    acts = core.on_cancel(v, W, "user", 5.0, env())
-    assert _kinds(acts) == [ev.CancelRequested, ev.FenceRequested]
-    for i, e in enumerate(_emitted(acts), start=20):
-        p.apply(e, i)  # type: ignore[arg-type]
-    assert core.on_cancel(v, W, "again", 6.0, env()) == [], "a second cancel asks nothing new"
+    acts = core.on_cancel(v, W, "user", 5.0)
+    assert _kinds(acts) == [ev.CancelRequested]
+    fence = _then(p, acts, 5.5)
+    assert _kinds(fence) == [ev.FenceRequested]
+    _then(p, fence, 5.6)
+    assert core.on_cancel(v, W, "again", 6.0) == [], "a second cancel asks nothing new"
     assert core.reconcile(v, 6.0, env()) == []
     p.apply(_fenced(), 30)
-    assert core.on_event(v, _fenced(), 7.0, env()) == [], "no replacement after a cancel's fence"
+    assert core.reconcile(v, 7.0, env()) == [], "no replacement after a cancel's fence"
     p.apply(_confirmed(), 31)
-    assert _kinds(core.on_event(v, _confirmed(), 8.0, env())) == [ev.Cancelled]
+    assert _kinds(core.reconcile(v, 8.0, env())) == [ev.Cancelled]
 
 
 def test_cancel_after_success_but_before_promotion_fences_the_attempt_and_a_promotion_still_wins() -> None:
@@ -449,37 +465,38 @@ def test_cancel_after_success_but_before_promotion_fences_the_attempt_and_a_prom
     )
     p = history(routed(1), _created(1, 1), succeeded)
     v = p.workloads[W]
-    acts = core.on_cancel(v, W, "user", 5.0, env())
-    assert _kinds(acts) == [ev.CancelRequested, ev.FenceRequested], (
-        "it could still publish: the fencer decides by CAS"
-    )
-    p.apply(_cancel_requested(), 20)
+    acts = core.on_cancel(v, W, "user", 5.0)
+    assert _kinds(acts) == [ev.CancelRequested]
+    # it could still publish: fenced, and its promotion still asked (the fencer decides by CAS)
+    assert _kinds(_then(p, acts, 5.5)) == [ev.FenceRequested, ev.PromoteRequested]
     promoted = ev.Promoted(
         workload_id=W, at=6.0, attempt_id=A1, epoch=1, cluster="primary", output_path="/o", result_path="/r"
     )
     p.apply(promoted, 21)
-    assert _kinds(core.on_event(v, promoted, 6.0, env())) == [ev.Completed]
+    acts = core.reconcile(v, 6.0, env())
+    assert _kinds(acts) == [ev.Completed]
+    assert [j.reason for j in acts if isinstance(j, core.DeleteJob)] == ["completed and promoted"]
+    p.apply(_emitted(acts)[0], 22)  # type: ignore[arg-type]
     # the fencer then deletes its Job: that confirmation must not add a second terminal event
-    p.apply(_confirmed(), 22)
-    assert core.on_event(v, _confirmed(), 7.0, env()) == []
-    assert core.on_cancel(v, W, "late", 8.0, env()) == []
+    p.apply(_confirmed(), 23)
+    assert core.reconcile(v, 7.0, env()) == []
+    assert core.on_cancel(v, W, "late", 8.0) == []
 
 
 def test_attempt_created_after_a_cancel_is_fenced_at_once() -> None:
     p = history(routed(1))
     v = p.workloads[W]
-    for i, e in enumerate(_emitted(core.on_cancel(v, W, "user", 2.0, env())), start=10):
-        p.apply(e, i)  # type: ignore[arg-type]
+    _then(p, _then(p, core.on_cancel(v, W, "user", 2.0), 2.0), 2.0)  # the cancel, then its end
     assert v.status == "cancelled"
     created = _created(1, 1)
     p.apply(created, 20)  # the Job was being created while the cancel was decided
-    emitted = _emitted(core.on_event(v, created, 3.0, env()))
+    emitted = _emitted(core.reconcile(v, 3.0, env()))
     assert [type(e) for e in emitted] == [ev.FenceRequested] and emitted[0].attempt_id == A1  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("workload_id", ["nope-1", "Not A Workload!"])
 def test_cancel_of_an_unknown_id_is_refused_as_a_message(workload_id: str) -> None:
-    (act,) = core.on_cancel(None, workload_id, "user", 1.0, env())
+    (act,) = core.on_cancel(None, workload_id, "user", 1.0)
     # refused as a message: nothing is published under the id it names
     assert isinstance(act, core.RefuseMessage)
     assert "unknown workload" in act.reason and workload_id in act.reason
@@ -491,7 +508,7 @@ def test_cancel_of_a_finished_workload_does_nothing() -> None:
     failed = ev.WorkloadFailed(workload_id=W, at=9.0, reason="permanent")
     for terminal in (completed, failed):
         p = history(routed(1), _created(1, 1), terminal)
-        assert core.on_cancel(p.workloads[W], W, "user", 10.0, env()) == []
+        assert core.on_cancel(p.workloads[W], W, "user", 10.0) == []
 
 
 # --- retry backoff -------------------------------------------------------------------------------
@@ -528,7 +545,7 @@ def test_replacement_after_a_failure_waits_for_the_backoff_then_reconcile_reques
     assert core.reconcile(v, not_before, e) == [], "not before the fencer's verdict"
     allowed = _allowed(1, at=100.2)
     p.apply(allowed, 22)
-    assert core.on_event(v, allowed, 100.2, e) == [], "not before failed.at + backoff"
+    assert core.reconcile(v, 100.2, e) == [], "not before failed.at + backoff"
     assert core.reconcile(v, not_before - 0.01, e) == []
     emitted = _emitted(core.reconcile(v, not_before, e))
     assert [type(x) for x in emitted] == [ev.RouteRequested]
@@ -540,7 +557,7 @@ def test_replacement_after_a_failure_waits_for_the_backoff_then_reconcile_reques
         and "backoff of 1h" in rr.reason
     )
     # the same request, whoever asks (the event path after the backoff, or a second reconcile)
-    assert _emitted(core.on_event(v, allowed, not_before + 1, e))[0].event_id == rr.event_id
+    assert _emitted(core.reconcile(v, not_before + 1, e))[0].event_id == rr.event_id
     p.apply(rr, 23)
     assert core.reconcile(v, not_before + 5, e) == [], "asked once"
 
@@ -587,7 +604,7 @@ def test_a_lost_attempt_is_replaced_without_backoff() -> None:
     p.apply(_fenced(), 20)
     p.apply(_confirmed(how="lease-expired"), 21)
     p.apply(_allowed(how="lease-expired"), 22)
-    assert _kinds(core.on_event(v, _allowed(how="lease-expired"), 3.0, env())) == [ev.RouteRequested]
+    assert _kinds(core.reconcile(v, 3.0, env())) == [ev.RouteRequested]
 
 
 def failed_and_gone() -> list[ev.Base]:
@@ -598,11 +615,11 @@ def failed_and_gone() -> list[ev.Base]:
 def test_cancel_during_backoff_requests_no_replacement() -> None:
     p = backoff_history(*failed_and_gone(), backoff="1h")
     v = p.workloads[W]
-    acts = core.on_cancel(v, W, "user", 101.0, env())
-    assert _kinds(acts) == [ev.CancelRequested, ev.Cancelled], "the failed attempt is already confirmed gone"
-    for i, x in enumerate(_emitted(acts), start=30):
-        p.apply(x, i)  # type: ignore[arg-type]
-    assert core.reconcile(v, 1000.0, env()) == []
+    acts = core.on_cancel(v, W, "user", 101.0)
+    assert _kinds(acts) == [ev.CancelRequested]
+    ended = _then(p, acts, 101.5)
+    assert _kinds(ended) == [ev.Cancelled], "the failed attempt is already confirmed gone"
+    assert _then(p, ended, 1000.0) == []
 
 
 def test_reconcile_fails_the_workload_when_the_budget_is_spent() -> None:
@@ -670,15 +687,16 @@ def test_unplaceable_pods_are_recorded_then_fail_the_attempt_after_the_grace_and
     assert failed.placement and failed.retryable and NO_NODE in failed.reason
     p.apply(failed, 21)
     assert v.status == "retrying"
-    acts = core.on_event(v, failed, 41.0, env())
+    acts = core.reconcile(v, 41.0, env())
     assert [type(a.event) for a in acts if isinstance(a, core.Emit)] == [ev.FenceRequested]
     fence_req = next(a.event for a in acts if isinstance(a, core.Emit))
     assert isinstance(fence_req, ev.FenceRequested) and fence_req.stopped  # the failed Job runs nothing
-    p.apply(ev.Fenced(workload_id=W, at=42.0, attempt_id=a1, epoch=1, cluster="primary", new_epoch=2), 22)
+    p.apply(fence_req, 22)
+    p.apply(ev.Fenced(workload_id=W, at=42.0, attempt_id=a1, epoch=1, cluster="primary", new_epoch=2), 23)
     allowed = _allowed(1, at=42.0)
-    p.apply(allowed, 23)
+    p.apply(allowed, 24)
     e = core.Environment(**{**env().__dict__, "time_scale": 1e9})  # no backoff to wait out here
-    route = [a.event for a in core.on_event(v, allowed, 42.0, e) if isinstance(a, core.Emit)]
+    route = [a.event for a in core.reconcile(v, 42.0, e) if isinstance(a, core.Emit)]
     assert len(route) == 1 and isinstance(route[0], ev.RouteRequested)
     assert route[0].exclude == ["primary"]  # not back to the cluster that refused it
 
@@ -769,13 +787,14 @@ def test_a_requeue_spends_no_retry_budget_and_reroutes_elsewhere_at_once() -> No
     assert isinstance(act, core.Emit) and isinstance(act.event, ev.Failed)
     p.apply(act.event, 30)
     assert core.failed_attempts(v) == 0  # not a failure of the workload
-    acts = [x.event for x in core.on_event(v, act.event, 1000.0, env()) if isinstance(x, core.Emit)]
+    acts = [x.event for x in core.reconcile(v, 1000.0, env()) if isinstance(x, core.Emit)]
     assert [type(e) for e in acts] == [ev.FenceRequested]  # fenced per the usual rules, never WorkloadFailed
-    p.apply(ev.Fenced(workload_id=W, at=1001.0, attempt_id=a1, epoch=1, cluster="primary", new_epoch=2), 31)
+    p.apply(acts[0], 31)  # type: ignore[arg-type]
+    p.apply(ev.Fenced(workload_id=W, at=1001.0, attempt_id=a1, epoch=1, cluster="primary", new_epoch=2), 32)
     allowed = _allowed(1, at=1001.0)
-    p.apply(allowed, 32)
+    p.apply(allowed, 33)
     assert core.replacement_not_before(v, v.attempts[a1], 600) == 0.0  # no backoff: the code never ran
-    route = [x.event for x in core.on_event(v, allowed, 1001.0, env()) if isinstance(x, core.Emit)]
+    route = [x.event for x in core.reconcile(v, 1001.0, env()) if isinstance(x, core.Emit)]
     assert len(route) == 1 and isinstance(route[0], ev.RouteRequested)
     assert route[0].exclude == ["primary"] and "backoff" not in route[0].reason
 
@@ -872,7 +891,7 @@ def test_strict_attempt_that_succeeds_after_its_fence_is_replaced() -> None:
     )
     allowed = _allowed(1, how="confirmed", at=6.0)
     p.apply(allowed, 41)
-    acts = [a.event for a in core.on_event(v, allowed, 6.0, env()) if isinstance(a, core.Emit)]
+    acts = [a.event for a in core.reconcile(v, 6.0, env()) if isinstance(a, core.Emit)]
     assert len(acts) == 1 and isinstance(acts[0], ev.RouteRequested) and acts[0].attempt_number == 2
     assert acts[0].exclude == []  # its cluster answered again
     # and the level-triggered path asks the same (same event id), whatever was missed
@@ -972,7 +991,7 @@ def test_a_lost_attempt_seen_running_again_after_its_fence_is_still_replaced() -
     assert v.attempts[a1].status == "running" and v.attempts[a1].fenced
     allowed = _allowed(1, how="confirmed", at=5.0)
     p.apply(allowed, 40)
-    acts = [a.event for a in core.on_event(v, allowed, 5.0, env()) if isinstance(a, core.Emit)]
+    acts = [a.event for a in core.reconcile(v, 5.0, env()) if isinstance(a, core.Emit)]
     assert [type(x) for x in acts] == [ev.RouteRequested]
 
 

@@ -1,7 +1,7 @@
-"""Each of the dispatcher's next steps is decided by one pure rule, whichever path asks (issue 29):
-the event path (`on_event`, `on_observation`) and `reconcile` give the same event, the same id and
-the same reason, from the same view. And the shell's judgements of a cluster (answering or not;
-a Job missing from the cache really gone) are core rules too."""
+"""Each of the dispatcher's next steps is decided by one pure rule, asked by one function (issue 29):
+the shell folds each event and calls `reconcile`, as its upkeep and a take-over do, so every
+effect comes from the folded view with one event id and one reason. And the shell's judgements of
+a cluster (answering or not; a Job missing from the cache really gone) are core rules too."""
 
 from __future__ import annotations
 
@@ -65,26 +65,27 @@ def _observed_failure(p: Projection, code: int | None, reason: str) -> ev.Failed
         pytest.param(None, {"retry": {"retryable_exit_codes": [1]}}, "permanent failure (exit code None)", id="not-retryable-without-an-exit-code"),
     ],
 )
-def test_the_event_path_and_reconcile_fail_the_workload_alike(code: int | None, spec: dict, why: str) -> None:
+def test_a_folded_failure_fails_the_workload_by_reconcile(code: int | None, spec: dict, why: str) -> None:
     p = history(routed(1), _created(1, 1), **spec)
     failed = _observed_failure(p, code, "DeadlineExceeded")
     v = fold(p, failed)
-    by_event = of(core.on_event(v, failed, 101.0, env()), ev.WorkloadFailed)
-    by_reconcile = of(core.reconcile(v, 101.0, env()), ev.WorkloadFailed)
-    assert by_event == by_reconcile == [core.workload_failure(v, 101.0)]
-    assert by_event[0].reason == f"{why} in {A1}: {failed.reason}"  # type: ignore[attr-defined]
+    acts = _emitted(core.reconcile(v, 101.0, env()))
+    assert [type(e) for e in acts] == [ev.FenceRequested, ev.WorkloadFailed]  # its fence first, as the event path did
+    assert acts[1] == core.workload_failure(v, 101.0)
+    assert acts[1].reason == f"{why} in {A1}: {failed.reason}"  # type: ignore[attr-defined]
+    assert acts[0].reason == f"attempt failed: {failed.reason}"  # type: ignore[attr-defined]
 
 
 def test_a_retryable_failure_within_the_budget_fails_nothing() -> None:
     p = history(routed(1), _created(1, 1))
     v = fold(p, _failed(1, code=1))
     assert core.workload_failure(v, 101.0) is None
-    assert of(core.on_event(v, _failed(1, code=1), 101.0, env()), ev.WorkloadFailed) == []
+    assert [type(e) for e in _emitted(core.reconcile(v, 101.0, env()))] == [ev.FenceRequested]
 
 
 def test_a_stale_attempt_failing_late_does_not_fail_the_workload_its_replacement_runs() -> None:
     """Attempt 1 was lost and replaced; its cluster came back and its Job failed permanently: the
-    workload is its running attempt 2's, on both paths (the event path used to fail it)."""
+    workload is its running attempt 2's (the old event path used to fail it)."""
     lost = ev.Lost(workload_id=W, at=2.0, attempt_id=A1, epoch=1, cluster="primary", reason="partition")
     p = history(
         routed(1), _created(1, 1), lost, _fence_req(1), _fenced(1), _allowed(1),
@@ -95,8 +96,7 @@ def test_a_stale_attempt_failing_late_does_not_fail_the_workload_its_replacement
     late = _failed(1, at=6.0, code=3)
     v = fold(p, late)
     assert core.workload_failure(v, 7.0) is None
-    assert of(core.on_event(v, late, 7.0, env()), ev.WorkloadFailed) == []
-    assert of(core.reconcile(v, 7.0, env()), ev.WorkloadFailed) == []
+    assert core.reconcile(v, 7.0, env()) == [], "its fence was asked when it was lost: nothing again"
 
 
 def test_no_workload_failure_while_a_cancel_is_under_way() -> None:
@@ -108,30 +108,29 @@ def test_no_workload_failure_while_a_cancel_is_under_way() -> None:
 # ---- the replacement's route request ------------------------------------------------------------
 
 
-def test_the_event_path_and_reconcile_request_the_same_replacement() -> None:
+def test_the_fencers_verdict_is_folded_and_reconcile_requests_the_replacement_with_its_reason() -> None:
     p = history(routed(1), _created(1, 1), _failed(1, code=1), _fence_req(1), _fenced(1), retry={"backoff": "0s"})
-    allowed = _allowed(1, at=100.5)
+    v = p.workloads[W]
+    assert core.replacement_request(v, 101.0, env()) is None, "not before the fencer's verdict"
+    allowed = ev.ReplacementAllowed(
+        workload_id=W, at=100.5, attempt_id=A1, epoch=1, cluster="primary", how="stopped", reason="its pods had ended"
+    )
     v = fold(p, allowed)
-    by_event = of(core.on_event(v, allowed, 101.0, env()), ev.RouteRequested)
-    by_reconcile = of(core.reconcile(v, 101.0, env()), ev.RouteRequested)
-    assert len(by_event) == len(by_reconcile) == 1
-    assert by_event[0].event_id == by_reconcile[0].event_id == f"{W}.route-requested.2"
-    assert by_event[0].reason == f"replacing {A1} (failed): stopped"  # type: ignore[attr-defined]
-    assert by_reconcile[0].reason == f"replacing {A1} (failed): re-driven"  # type: ignore[attr-defined]
-    # the verdict the event path handles counts before the view has folded it
-    unfolded = history(routed(1), _created(1, 1), _failed(1, code=1), _fence_req(1), _fenced(1), retry={"backoff": "0s"})
-    assert core.replacement_request(unfolded.workloads[W], 101.0, env(), allowed=allowed) == by_event[0]
-    assert core.replacement_request(unfolded.workloads[W], 101.0, env()) is None
+    assert v.attempts[A1].replacement_reason == "its pods had ended"
+    (request,) = of(core.reconcile(v, 101.0, env()), ev.RouteRequested)
+    assert request == core.replacement_request(v, 101.0, env())
+    assert request.event_id == f"{W}.route-requested.2"
+    assert request.reason == f"replacing {A1} (failed): its pods had ended"  # type: ignore[attr-defined]
+    fold(p, request)
+    assert core.reconcile(v, 102.0, env()) == [], "asked once"
 
 
 def test_no_replacement_is_requested_for_a_workload_that_fails() -> None:
     """The budget is spent but `workload-failed` is not folded yet: the fencer's verdict asks for
-    no replacement (the event path used to ask); the workload fails instead, on both paths."""
+    no replacement; the workload fails instead."""
     p = history(routed(1), _created(1, 1), _failed(1, code=1), _fence_req(1), _fenced(1), retry={"budget": 0, "backoff": "0s"})
-    allowed = _allowed(1, at=100.5)
-    v = fold(p, allowed)
-    assert core.replacement_request(v, 101.0, env(), allowed=allowed) is None
-    assert of(core.on_event(v, allowed, 101.0, env()), ev.RouteRequested) == []
+    v = fold(p, _allowed(1, at=100.5))
+    assert core.replacement_request(v, 101.0, env()) is None
     assert [type(e) for e in _emitted(core.reconcile(v, 101.0, env()))] == [ev.WorkloadFailed]
 
 
@@ -145,25 +144,28 @@ def _observed_complete(p: Projection, at: float) -> list[ev.Base]:
 
 
 @pytest.mark.parametrize("stale", [False, True], ids=["current", "fenced-before-it-succeeded"])
-def test_the_observation_and_reconcile_request_the_same_promotion(stale: bool) -> None:
-    """Whoever asks, the same request: also for an attempt fenced before it succeeded, which the
-    fencer then refuses (`promotion-rejected` on record, DESIGN §7.5); reconcile used to skip it."""
+def test_a_folded_success_is_promoted_by_reconcile_once(stale: bool) -> None:
+    """The observation says `succeeded`; the promotion is asked by `reconcile` once it is folded:
+    also for an attempt fenced before it succeeded, which the fencer then refuses
+    (`promotion-rejected` on record, DESIGN §7.5)."""
     p = history(routed(1), _created(1, 1), *([_fence_req(1), _fenced(1)] if stale else []))
-    seen = [e for e in _observed_complete(p, 10.0) if isinstance(e, ev.Succeeded | ev.PromoteRequested)]
-    assert [type(e) for e in seen] == [ev.Succeeded, ev.PromoteRequested]
-    v = fold(p, seen[0])  # the `succeeded` is in the log, its promotion request was lost
-    again = of(core.reconcile(v, 11.0, env()), ev.PromoteRequested)
-    assert [(e.event_id, e.epoch) for e in again] == [(seen[1].event_id, 1)]  # type: ignore[attr-defined]
-    fold(p, seen[1])
+    seen = _observed_complete(p, 10.0)
+    assert ev.Succeeded in [type(e) for e in seen] and ev.PromoteRequested not in [type(e) for e in seen]
+    v = p.workloads[W]
+    for e in seen:
+        v = fold(p, e)
+    (asked,) = of(core.reconcile(v, 11.0, env()), ev.PromoteRequested)
+    assert (asked.event_id, asked.epoch) == (f"{A1}.promote-requested", 1)  # type: ignore[attr-defined]
+    fold(p, asked)
     assert core.promote_request(v, v.attempts[A1], 12.0) is None, "asked once"
     assert of(core.reconcile(v, 12.0, env()), ev.PromoteRequested) == []
 
 
 def test_promote_request_needs_success() -> None:
     p = history(routed(1), _created(1, 1))
-    a: AttemptView = p.workloads[W].attempts[A1]
-    assert core.promote_request(p.workloads[W], a, 5.0) is None
-    req = core.promote_request(p.workloads[W], a, 5.0, succeeded=True)
+    assert core.promote_request(p.workloads[W], p.workloads[W].attempts[A1], 5.0) is None
+    v = fold(p, ev.Succeeded(workload_id=W, at=6.0, attempt_id=A1, epoch=1, cluster="primary", output_path="/o"))
+    req = core.promote_request(v, v.attempts[A1], 7.0)
     assert req is not None and req.event_id == f"{A1}.promote-requested" and req.output_path == "/o"
 
 
@@ -174,23 +176,25 @@ def _promoted(at: float = 20.0) -> ev.Promoted:
     return ev.Promoted(workload_id=W, at=at, attempt_id=A1, epoch=1, cluster="primary", result_path="s3://r/w/result", output_path="/o")
 
 
-def test_the_event_path_and_reconcile_complete_the_workload_alike() -> None:
-    p = history(routed(1), _created(1, 1), ev.Succeeded(workload_id=W, at=10.0, attempt_id=A1, epoch=1, cluster="primary", output_path="/o"))
+def test_a_folded_promotion_completes_the_workload_and_deletes_its_job() -> None:
+    p = history(routed(1), _created(1, 1), ev.Succeeded(workload_id=W, at=10.0, attempt_id=A1, epoch=1, cluster="primary", output_path="/o"),
+                ev.PromoteRequested(workload_id=W, at=10.5, attempt_id=A1, epoch=1, cluster="primary", output_path="/o"))  # fmt: skip
     v = fold(p, _promoted())
-    acts = core.on_event(v, _promoted(), 21.0, env())
-    assert of(acts, ev.Completed) == of(core.reconcile(v, 21.0, env()), ev.Completed) == [core.completed(v, 21.0)]
+    acts = core.reconcile(v, 21.0, env())
+    assert of(acts, ev.Completed) == [core.completed(v, 21.0)]
     assert of(acts, ev.Completed)[0].result_path == "s3://r/w/result"  # type: ignore[attr-defined]
     assert [a.reason for a in acts if isinstance(a, core.DeleteJob)] == ["completed and promoted"]
+    fold(p, of(acts, ev.Completed)[0])
+    assert core.reconcile(v, 22.0, env()) == [], "completed: nothing more, its Job asked to go once"
 
 
 def test_a_promotion_after_the_workload_ended_completes_nothing_and_deletes_the_job() -> None:
     p = history(routed(1), _created(1, 1), ev.Cancelled(workload_id=W, at=15.0, reason="user"))
     v = fold(p, _promoted())
     assert core.completed(v, 21.0) is None
-    acts = core.on_event(v, _promoted(), 21.0, env())
-    assert _emitted(acts) == [] and [a.reason for a in acts if isinstance(a, core.DeleteJob)] == [
-        "promoted after the workload was cancelled"
-    ]
+    acts = core.reconcile(v, 21.0, env())
+    assert [type(a) for a in acts if not isinstance(a, core.DeleteJob)] == [core.Emit]  # the live attempt's fence
+    assert [a.reason for a in acts if isinstance(a, core.DeleteJob)] == ["promoted after the workload was cancelled"]
 
 
 # ---- the shell's judgements of a cluster, as rules ----------------------------------------------

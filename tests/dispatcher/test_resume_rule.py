@@ -83,11 +83,15 @@ def test_the_checkpoint_holds_the_run_up_to_the_last_interval() -> None:
 
 
 def test_the_replacements_route_request_names_the_latest_checkpoint() -> None:
-    v = view(False).workloads[W]
+    p = view(False)
+    v = p.workloads[W]
+    (fence,) = [a.event for a in core.reconcile(v, 221.0, env()) if isinstance(a, core.Emit)]
     allowed = ev.ReplacementAllowed(workload_id=W, at=230.0, attempt_id=A1, epoch=1, cluster="primary", how="stopped")
-    without = core.on_event(v, allowed, 230.0, env())
+    for i, e in enumerate([fence, allowed], start=10):
+        p.apply(e, i)  # type: ignore[arg-type]
+    without = core.reconcile(v, 230.0, env())
     assert core.needs_checkpoints(without)  # so the shell reads the files and decides again
-    acts = core.on_event(v, allowed, 230.0, env({A1: "/stores/prod/w/a1/ckpt.npz"}))
+    acts = core.reconcile(v, 230.0, env({A1: "/stores/prod/w/a1/ckpt.npz"}))
     req = next(a.event for a in acts if isinstance(a, core.Emit) and isinstance(a.event, ev.RouteRequested))
     assert isinstance(req, ev.RouteRequested) and req.checkpoint is not None
     assert (req.checkpoint.attempt_id, req.checkpoint.cluster, req.checkpoint.store) == (A1, "primary", "prod")

@@ -257,7 +257,10 @@ def request(priority: int = 0) -> ev.PreemptionRequested:
 def test_the_dispatcher_fences_a_preempted_attempt_and_the_replacement_resumes() -> None:
     p = running_victim(make("victim", preemptible=True))
     v = p.workloads[W]
-    acts = dcore.on_event(v, request(), 3.0, env())
+    assert dcore.reconcile(v, 3.0, env()) == []  # running, nothing asked of it
+    p.apply(request(), 5)  # the router's plan, folded: `reconcile` fences it
+    assert v.attempts[f"{W}-a1"].reason == request().reason
+    acts = dcore.reconcile(v, 3.0, env())
     fence = [a.event for a in acts if isinstance(a, dcore.Emit)]
     assert (
         len(fence) == 1
@@ -265,8 +268,8 @@ def test_the_dispatcher_fences_a_preempted_attempt_and_the_replacement_resumes()
         and fence[0].reason.startswith("preempted by hi")
     )
     assert fence[0].policy == "strict" and not fence[0].stopped  # its Job is deleted and confirmed gone first
-    p.apply(fence[0], 5)
-    assert dcore.on_event(p.workloads[W], request(), 3.5, env()) == []  # asked once
+    p.apply(fence[0], 6)
+    assert dcore.reconcile(p.workloads[W], 3.5, env()) == []  # asked once
     for i, e in enumerate(
         [
             ev.Fenced(workload_id=W, at=4.0, attempt_id=f"{W}-a1", epoch=1, cluster="primary", new_epoch=2),
@@ -274,14 +277,14 @@ def test_the_dispatcher_fences_a_preempted_attempt_and_the_replacement_resumes()
                 workload_id=W, at=5.0, attempt_id=f"{W}-a1", epoch=1, cluster="primary", how="deleted"
             ),
         ],
-        start=6,
+        start=7,
     ):
         p.apply(e, i)
     allowed = ev.ReplacementAllowed(
         workload_id=W, at=5.0, attempt_id=f"{W}-a1", epoch=1, cluster="primary", how="confirmed"
     )
-    p.apply(allowed, 8)
-    acts = dcore.on_event(p.workloads[W], allowed, 5.0, env())
+    p.apply(allowed, 9)
+    acts = dcore.reconcile(p.workloads[W], 5.0, env())
     assert (
         isinstance(acts[0], dcore.Emit)
         and isinstance(acts[0].event, ev.RouteRequested)
@@ -304,7 +307,9 @@ def test_the_dispatcher_fences_a_preempted_attempt_and_the_replacement_resumes()
 
 def test_the_dispatcher_refuses_to_preempt_work_that_is_not_interruptible() -> None:
     p = running_victim(make("victim", preemptible=False))
-    assert dcore.on_event(p.workloads[W], request(), 3.0, env()) == []
+    p.apply(request(), 5)
+    assert "preemption-requested" in p.workloads[W].attempts[f"{W}-a1"].times
+    assert dcore.reconcile(p.workloads[W], 3.0, env()) == []
 
 
 # ---- the router: the freed GPUs go to the preemptor first ---------------------------------

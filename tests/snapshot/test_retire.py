@@ -66,7 +66,7 @@ def test_a_workload_with_an_attempt_the_fencer_still_pursues_is_not_retired_unti
 
 
 def _same_actions(whole: WorkloadView, retired: WorkloadView, e: Event) -> None:
-    assert dcore.on_event(retired, e, NOW + 100, ENV) == dcore.on_event(whole, e, NOW + 100, ENV), type(e).__name__
+    assert dcore.reconcile(retired, NOW + 100, ENV) == dcore.reconcile(whole, NOW + 100, ENV), type(e).__name__
 
 
 @pytest.mark.parametrize("late", ["failed", "lost", "attempt-created", "promoted", "cancel-confirmed", "replacement-allowed"])
@@ -81,7 +81,7 @@ def test_the_dispatcher_decides_a_late_event_for_a_retired_workload_as_for_the_w
     retired_view = rv.apply(e, len(events) + 1)  # what the dispatcher's handler gets for the late event
     assert wv is not None and retired_view is not None
     _same_actions(wv, retired_view, e)
-    assert dcore.on_cancel(retired_view, "w1", "late", NOW, ENV) == dcore.on_cancel(wv, "w1", "late", NOW, ENV) == []
+    assert dcore.on_cancel(retired_view, "w1", "late", NOW) == dcore.on_cancel(wv, "w1", "late", NOW) == []
     assert dcore.reconcile(retired_view, NOW, ENV) == dcore.reconcile(wv, NOW, ENV)
 
 
@@ -92,8 +92,8 @@ def test_a_late_attempt_of_a_cancelled_workload_is_still_fenced_with_its_lease()
     late = MAKERS["attempt-created"]("w1", 0, 1, NOW + 10)
     rv, wv = services.apply(late, 4), whole.apply(late, 4)
     assert rv is not None and wv is not None
-    acts = dcore.on_event(rv, late, NOW + 10, ENV)
-    assert acts == dcore.on_event(wv, late, NOW + 10, ENV)
+    acts = dcore.reconcile(rv, NOW + 10, ENV)
+    assert acts == dcore.reconcile(wv, NOW + 10, ENV)
     fence = [a.event for a in acts if isinstance(a, dcore.Emit) and isinstance(a.event, ev.FenceRequested)]
     assert fence and fence[0].lease_expires_at == NOW + 10 + 600, "fenced with the workload's own lease (10m)"
 

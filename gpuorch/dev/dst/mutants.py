@@ -72,7 +72,8 @@ MUTANTS: dict[str, Mutant] = {
         ),
         Mutant(
             "replacement-before-fence", "gpuorch_dispatcher.core",
-            'if not told and "replacement-allowed" not in latest.times:', "if False:",
+            'if latest is None or not _replacement_due(view, latest) or "replacement-allowed" not in latest.times:',
+            "if latest is None or not _replacement_due(view, latest):",
             "replacement-after-fence", 27,
             "the dispatcher's reconcile requests a replacement without the fencer's replacement-allowed",
         ),

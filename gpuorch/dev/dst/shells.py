@@ -329,7 +329,7 @@ class DispatcherSim(Service):
         yield from self.replay(self.projection.apply)
         yield from self.start_ownership()
         for wid, view in list(self.projection.workloads.items()):
-            if not view.terminal and view.routed_attempts:
+            if dcore.needs_owner(view):
                 prev = yield from self._claim(wid)
                 if prev is not None:
                     try:
@@ -487,7 +487,7 @@ class DispatcherSim(Service):
                     pass
             self.leases[instance] = lease
         for wid, view in list(self.projection.workloads.items()):
-            if view.terminal or view.workload is None or not view.routed_attempts or wid in self._owned:
+            if not dcore.needs_owner(view) or wid in self._owned:
                 continue
             if dcore.claim(self.records.get(wid), self.me, self.generation, self._over) is None:
                 continue
@@ -534,31 +534,32 @@ class DispatcherSim(Service):
         view = self.projection.apply(e, msg.stream_seq)
         if view is None:
             return []
-        now = self.w.now
-        if isinstance(e, ev.Routed):
-            actions = dcore.on_routed(view, e, now, self.environment(list(view.attempts.values())))
-            if not actions:
-                return []
-            if not (yield from self.owns(e.workload_id)):
-                return []
-            try:
-                return (yield from self.execute(actions, e.workload_id))
-            except Unreachable as exc:
-                out: list[ev.Base] = []
-                for c in (a for a in actions if isinstance(a, dcore.CreateJob)):
-                    evs = dcore.create_unanswered(c, now, str(exc), unreachable=True, delivered=msg.delivered)
-                    if evs is None:
-                        raise Retry(1.0) from exc
-                    out.extend(evs)
-                return out
-        actions = dcore.on_event(view, e, now, self.environment())
-        if dcore.needs_checkpoints(actions):  # as the service: the route request names the latest checkpoint
-            actions = dcore.on_event(view, e, now, self.environment(list(view.attempts.values())))
+        now, routed = self.w.now, isinstance(e, ev.Routed)
+        # as the service: the event folded, `reconcile` decides (with the checkpoints the service
+        # reads when it needs them)
+        actions = dcore.reconcile(view, now, self.environment(list(view.attempts.values())))
+        if not routed:
+            mine = self.created.get(e.workload_id, set())
+            actions = [a for a in actions if not (isinstance(a, dcore.CreateJob) and a.created.attempt_id in mine)]
         if not actions:
             return []
         if not (yield from self.owns(e.workload_id)):
             return []
-        return (yield from self.execute(actions, e.workload_id))
+        try:
+            return (yield from self.execute(actions, e.workload_id))
+        except Unreachable as exc:
+            creates = [a for a in actions if isinstance(a, dcore.CreateJob)]
+            if not creates:
+                raise
+            if not routed:
+                return []  # the routed event's redelivery (and the upkeep) try the create again
+            out: list[ev.Base] = []
+            for c in creates:
+                evs = dcore.create_unanswered(c, now, str(exc), unreachable=True, delivered=msg.delivered)
+                if evs is None:
+                    raise Retry(1.0) from exc
+                out.extend(evs)
+            return out
 
     def on_command(self, msg: Incoming) -> Gen:
         e = msg.event
@@ -576,7 +577,7 @@ class DispatcherSim(Service):
         wait = dcore.cancel_wait(view, creating=creating, in_log=in_log, delivered=msg.delivered)
         if wait is not None:
             raise Retry(wait.delay, wait.reason)
-        actions = dcore.on_cancel(view, wid, e.reason, self.w.now, self.environment())
+        actions = dcore.on_cancel(view, wid, e.reason, self.w.now)
         return (yield from self.execute(actions, wid))
 
     # --- watching the clusters ----------------------------------------------------------------

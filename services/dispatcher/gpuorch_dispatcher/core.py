@@ -15,7 +15,7 @@ from typing import Any, Final
 import msgspec
 
 from gpuorch.projection import AttemptView, WorkloadView
-from gpuorch_proto import ClusterRegistryEntry, Event, InstanceLease, OwnerRecord, Workload, event_id, podpath
+from gpuorch_proto import ClusterRegistryEntry, InstanceLease, OwnerRecord, Workload, event_id, podpath
 from gpuorch_proto import events as ev
 from gpuorch_proto.credentials import secret_env
 from gpuorch_proto.jobenv import job_env  # a pipeline child's parameters and inputs (docs/pipelines.md)
@@ -707,9 +707,8 @@ def on_observation(
     if (obs.running >= obs.workers or obs.complete) and "running" not in a.times:
         out.append(Emit(ev.Running(event_id=_eid(a, "running"), workers_running=obs.workers, **base)))
     if obs.complete:
+        # its promotion is asked by `reconcile` once this `succeeded` is folded (`promote_request`)
         out.append(Emit(ev.Succeeded(event_id=_eid(a, "succeeded"), output_path=a.output_path, **base)))
-        if (promote := promote_request(view, a, now, succeeded=True)) is not None:
-            out.append(Emit(promote))
     elif obs.failed:
         code = obs.exit_code
         out.append(
@@ -941,15 +940,15 @@ def _request_route(view: WorkloadView, a: AttemptView, now: float, why: str, env
     )
 
 
-# --- the workload's next step: each rule once, for the event path and `reconcile` alike ---------
+# --- the workload's next step: each rule once, all of them asked by `reconcile` ------------------
 
 
 def workload_failure(view: WorkloadView, now: float) -> ev.WorkloadFailed | None:
     """Does the workload fail for good? Its latest attempt failed, and that failure is permanent
     (its `failed` said not retryable: `retryable` of the exit code, as `on_observation` decided
     it) or the failed attempts that count (`failed_attempts`) exceed the retry budget. Never for
-    a workload that ended or whose cancel is under way (the cancel ends it). The event path asks
-    on a `failed`, `reconcile` whenever it looks: the same view, the same answer, one event id."""
+    a workload that ended or whose cancel is under way (the cancel ends it). Asked by `reconcile`
+    (after a `failed` is folded, and whenever it looks): the same view, the same answer, one event id."""
     wl, a = view.workload, view.latest_attempt
     if wl is None or view.terminal or view.cancel_requested or a is None or a.status != "failed":
         return None
@@ -968,37 +967,26 @@ def workload_failure(view: WorkloadView, now: float) -> ev.WorkloadFailed | None
     )
 
 
-def replacement_request(
-    view: WorkloadView, now: float, env: Environment, *, allowed: ev.ReplacementAllowed | None = None
-) -> ev.RouteRequested | None:
+def replacement_request(view: WorkloadView, now: float, env: Environment) -> ev.RouteRequested | None:
     """Ask the router for the destination of a replacement of the latest attempt: once the
     fencer allowed it (`replacement-allowed` on record: strict / fast, DESIGN §7.4), after the
     retry backoff of a failed one (`replacement_not_before`), never for a workload that fails
-    (`workload_failure`) and only once (`_replacement_due`). `allowed`: the verdict the event
-    path is handling (it counts for its attempt even where the view has not folded it yet), whose
-    reason goes on the record; `reconcile` reads the verdict from the view ("re-driven")."""
+    (`workload_failure`) and only once (`_replacement_due`). The fencer's reason (folded as
+    `replacement_reason`) goes on the record."""
     latest = view.latest_attempt
-    if latest is None or not _replacement_due(view, latest):
-        return None
-    told = allowed is not None and allowed.attempt_id == latest.attempt_id
-    if not told and "replacement-allowed" not in latest.times:
+    if latest is None or not _replacement_due(view, latest) or "replacement-allowed" not in latest.times:
         return None
     if workload_failure(view, now) is not None or now < replacement_not_before(view, latest, env.time_scale):
         return None  # in its retry backoff: `reconcile` requests it once due (`reconcile_due`)
-    why = allowed.reason if allowed is not None and told else "re-driven"
+    why = latest.replacement_reason or "allowed by the fencer"
     return _request_route(view, latest, now, f"replacing {latest.attempt_id} ({latest.status}): {why}", env)
 
 
-def promote_request(
-    view: WorkloadView, a: AttemptView, now: float, *, succeeded: bool | None = None
-) -> ev.PromoteRequested | None:
-    """Ask the fencer to promote `a`'s outputs: once (none on record yet), for an attempt that
-    succeeded. `succeeded`: the observation path, whose `succeeded` is published with the request
-    (default: the view says so). A stale attempt is asked too: the fencer refuses it and puts
+def promote_request(view: WorkloadView, a: AttemptView, now: float) -> ev.PromoteRequested | None:
+    """Ask the fencer to promote `a`'s outputs: once (none on record yet), for an attempt whose
+    `succeeded` is folded. A stale attempt is asked too: the fencer refuses it and puts
     `promotion-rejected` on record (DESIGN §7.5), so who may publish stays the fencer's decision."""
-    if succeeded is None:
-        succeeded = a.status == "succeeded"
-    if not succeeded or view.workload is None or a.promoted or "promote-requested" in a.times:
+    if a.status != "succeeded" or view.workload is None or a.promoted or "promote-requested" in a.times:
         return None
     return ev.PromoteRequested(event_id=_eid(a, "promote-requested"), output_path=a.output_path, **_about(view, a, now))
 
@@ -1016,84 +1004,6 @@ def completed(view: WorkloadView, now: float) -> ev.Completed | None:
         attempt_id=a.attempt_id,
         result_path=view.result_path,
     )
-
-
-def on_event(view: WorkloadView, e: Event, now: float, env: Environment) -> list[Action]:
-    """React to one lifecycle event (routed is handled by on_routed, which needs the manifest)."""
-    wl = view.workload
-    if wl is None:
-        return []
-    match e:
-        case ev.Failed():
-            a = view.attempts.get(e.attempt_id)
-            if a is None:
-                return []
-            out: list[Action] = [_fence(view, a, now, f"attempt failed: {e.reason}", env.time_scale)]
-            if (failure := workload_failure(view, now)) is not None:
-                out.append(Emit(failure))
-            return out
-        case ev.Lost():
-            a = view.attempts.get(e.attempt_id)
-            if a is None:
-                return []
-            return [_fence(view, a, now, f"lost: {e.reason}", env.time_scale)]
-        case ev.PreemptionRequested():
-            # the router's plan (gpuorch_router.preempt): give the GPUs up through the fencer, as
-            # any stop; the replacement resumes from the checkpoint (choose_mode). Refused here too
-            # for work that is not interruptible (declared preemptible, with a checkpoint).
-            a = view.attempts.get(e.attempt_id)
-            if (
-                a is None
-                or not a.live
-                or a.fenced
-                or "fence-requested" in a.times
-                or view.terminal
-                or view.cancel_requested
-            ):
-                return []
-            if not interruptible(wl):
-                return []
-            return [_fence(view, a, now, e.reason, env.time_scale)]
-        case ev.AttemptCreated():
-            a = view.attempts.get(e.attempt_id)
-            if (
-                a is None
-                or not (view.cancel_requested or view.terminal)
-                or not a.live
-                or "fence-requested" in a.times
-            ):
-                return []
-            # created while a cancel was being decided (or after the workload ended): stop it too
-            when = f"the workload was {view.status}" if view.terminal else "a cancel was requested"
-            return [_fence(view, a, now, f"cancel: attempt created after {when}", env.time_scale)]
-        case ev.ReplacementAllowed():
-            # the fencer's verdict (strict / fast, DESIGN §7.4); the retry backoff is ours
-            request = replacement_request(view, now, env, allowed=e)
-            return [Emit(request)] if request is not None else []
-        case ev.CancelConfirmed():
-            a = view.attempts.get(e.attempt_id)
-            if a is None:
-                return []
-            if _cancel_complete(view):
-                return [_cancelled(view, now, "cancelled; every attempt confirmed gone")]
-            return []
-        case ev.OrphanDeleted() | ev.PromotionRejected():
-            # the attempt can no longer publish (or is gone): that may have been the last one a cancel waited for
-            return (
-                [_cancelled(view, now, "cancelled; every attempt confirmed gone")]
-                if _cancel_complete(view)
-                else []
-            )
-        case ev.Promoted():
-            if view.status == "completed":
-                return []
-            a = view.attempts.get(e.attempt_id)
-            done = completed(view, now)
-            if done is None:  # never a second terminal event; only the Job goes
-                return [DeleteJob(a.cluster, a.namespace, a.job_name, f"promoted after the workload was {view.status}")] if a and view.terminal else []
-            return [Emit(done), *([DeleteJob(a.cluster, a.namespace, a.job_name, "completed and promoted")] if a is not None else [])]
-        case _:
-            return []
 
 
 def unknown_cancel(workload_id: str) -> RefuseMessage:
@@ -1116,16 +1026,16 @@ def to_stop(view: WorkloadView) -> list[AttemptView]:
     that never answers again. (A stale attempt is collected as an orphan, without a lease: a
     cancel does not wait for it.)
     """
-    return [
-        a
-        for a in view.attempts.values()
-        if not a.gone
-        and (
-            a.live
-            or a.status == "failed"
-            or (a.status == "succeeded" and not a.promoted and not a.promotion_rejected and not a.fenced)
-        )
-    ]
+    return [a for a in view.attempts.values() if _must_stop(a)]
+
+
+def _must_stop(a: AttemptView) -> bool:
+    """May `a` still run or publish, so that a cancel waits for it (`to_stop`)?"""
+    return not a.gone and (
+        a.live
+        or a.status == "failed"
+        or (a.status == "succeeded" and not a.promoted and not a.promotion_rejected and not a.fenced)
+    )
 
 
 def _cancel_complete(view: WorkloadView) -> bool:
@@ -1144,59 +1054,106 @@ def _cancelled(view: WorkloadView, now: float, reason: str) -> Emit:
     )
 
 
-def on_cancel(
-    view: WorkloadView | None, workload_id: str, reason: str, now: float, env: Environment
-) -> list[Action]:
-    """`gpuorch cancel` in any state: fence every attempt that may still run or publish; done when all are gone.
+def on_cancel(view: WorkloadView | None, workload_id: str, reason: str, now: float) -> list[Action]:
+    """`gpuorch cancel` in any state: the cancel goes on record (`cancel-requested`, with its
+    reason); what it needs then is `reconcile`'s to decide once that is folded: a fence for every
+    attempt that may still run or publish (`to_stop`), `cancelled` once all are confirmed gone.
 
     Unknown id: `rejected`. Finished workload (or one whose result is already promoted): nothing.
-    Idempotent: an attempt whose fence was already requested (lost, failed, an earlier cancel) is
-    not asked again; the fencer is already pursuing it.
+    Idempotent: a cancel already on record asks nothing again (`reconcile` pursues it).
     """
     if view is None or (view.workload is None and not view.terminal):
         return [unknown_cancel(workload_id)]
-    if view.terminal or view.promoted_attempt is not None:
+    if view.terminal or view.promoted_attempt is not None or view.cancel_requested:
         return []
-    out: list[Action] = []
-    if not view.cancel_requested:
-        out.append(
-            Emit(
-                ev.CancelRequested(
-                    event_id=event_id(workload_id, "cancel-requested"),
-                    workload_id=workload_id,
-                    at=now,
-                    reason=reason,
-                )
+    return [
+        Emit(
+            ev.CancelRequested(
+                event_id=event_id(workload_id, "cancel-requested"), workload_id=workload_id, at=now, reason=reason
             )
         )
-    stopping = to_stop(view)
-    for a in stopping:
-        if "fence-requested" not in a.times:
-            out.append(_fence(view, a, now, f"cancel: {reason}", env.time_scale))
-    if not stopping:
-        out.append(_cancelled(view, now, reason))
-    return out
+    ]
+
+
+def fence_reason(view: WorkloadView, a: AttemptView) -> str | None:
+    """Why `a` must be fenced now (None: it need not be, or its fence is already asked: the fencer
+    pursues it). Each case once, whichever event made it so:
+
+    - it failed, or was lost (whatever the workload's state: a late one too);
+    - the workload ended, or its cancel is under way, and `a` may still run or publish (`to_stop`;
+      one created while the cancel was being decided, say);
+    - the router's plan preempts it (`preemption-requested` on record, the router's reason) and it
+      is still interruptible (declared preemptible, with a checkpoint: refused here too otherwise);
+    - it is the latest attempt, fenced by the fencer itself (a second attempt at one epoch) and not
+      promoted: its replacement needs the fencer's verdict, which a fence request asks for.
+    """
+    wl = view.workload
+    if wl is None or a.gone or "fence-requested" in a.times:
+        return None
+    if a.status == "failed":
+        return f"attempt failed: {a.reason}"
+    if a.status == "lost":
+        return f"lost: {a.reason}"
+    if view.terminal:
+        return f"cancel: attempt created after the workload was {view.status}" if a.live else None
+    if view.cancel_requested:
+        if not _must_stop(a):
+            return None
+        after = a.times.get("created", 0.0) > view.times.get("cancel-requested", math.inf)
+        return "cancel: attempt created after a cancel was requested" if after else f"cancel: {view.cancel_reason}"
+    if "preemption-requested" in a.times and a.live and not a.fenced:
+        return a.reason if interruptible(wl) else None
+    latest = view.latest_attempt
+    if latest is a and needs_replacement(a) and a.status != "succeeded":
+        return f"the fencer fenced it while {a.status}: its replacement needs the fencer's verdict"
+    return None
+
+
+def _promoted_job(view: WorkloadView, why: str) -> list[Action]:
+    """Delete the promoted attempt's Job: its outputs are published, nothing of it is needed. A Job
+    that is gone already is a no-op to delete, so asking again is harmless."""
+    a = view.attempts.get(view.promoted_attempt) if view.promoted_attempt is not None else None
+    return [DeleteJob(a.cluster, a.namespace, a.job_name, why)] if a is not None else []
 
 
 def reconcile(
     view: WorkloadView, now: float, env: Environment, traceparent: str | None = None
 ) -> list[Action]:
-    """Level-triggered: what the workload's state still needs, whatever events were missed.
+    """Level-triggered: what the workload's state still needs, whatever events were missed. The
+    one decision function for a workload's next steps: the dispatcher folds each event and then
+    calls this (the event path), calls it periodically for what is due by time alone (a
+    replacement after its retry backoff), and on taking a workload over (its owner died).
 
-    A dispatcher that takes over a workload (its owner died) calls this to re-drive it, and the
-    owner calls it periodically for what is due by time alone (a replacement after its retry
-    backoff). Every action carries the same deterministic event id as the one the event-driven
-    path would have published, and nothing that the state already shows is asked again, so
-    calling it any number of times changes nothing once the workload is where it should be.
+    Fences (`fence_reason`), promotion requests (`promote_request`), `completed` and the promoted
+    attempt's Job deletion (`_promoted_job`), the cancel's end (`cancelled` once every attempt is
+    confirmed gone), the routed attempt's Job (`on_routed`), `workload-failed`
+    (`workload_failure`) and the replacement's route request (`replacement_request`).
+
+    Every action carries its deterministic event id, and nothing the state already shows is
+    asked again, so calling it any number of times changes nothing once the workload is where it
+    should be; an effect published but not folded back yet is asked again with the same id,
+    which the bus drops as a duplicate (`Nats-Msg-Id`).
     """
     wl = view.workload
-    if wl is None or view.terminal:
+    if wl is None:
         return []
-    out: list[Action] = [Emit(p) for a in view.attempts.values() if (p := promote_request(view, a, now)) is not None]
+    out: list[Action] = [
+        _fence(view, a, now, why, env.time_scale)
+        for a in view.attempts.values()
+        if (why := fence_reason(view, a)) is not None
+    ]
+    if view.terminal:  # a promotion that came after the workload ended otherwise: only its Job goes
+        late = view.status != "completed" and view.promoted_attempt is not None
+        return out + (_promoted_job(view, f"promoted after the workload was {view.status}") if late else [])
+    out.extend(Emit(p) for a in view.attempts.values() if (p := promote_request(view, a, now)) is not None)
     if (done := completed(view, now)) is not None:
-        out.append(Emit(done))
+        out.extend([Emit(done), *_promoted_job(view, "completed and promoted")])
     if view.cancel_requested:
-        return out + on_cancel(view, view.workload_id, "cancel (re-driven)", now, env)
+        if _cancel_complete(view):
+            # the cancel's own reason when it stopped nothing (as the workload's final reason)
+            why = "cancelled; every attempt confirmed gone" if view.attempts else view.cancel_reason or "cancelled"
+            out.append(_cancelled(view, now, why))
+        return out
     latest = view.latest_attempt
     wanted = max(view.routed_attempts | {0})
     if (
@@ -1214,11 +1171,6 @@ def reconcile(
         )
         out.extend(on_routed(view, routed, now, env, traceparent))
     elif latest is not None and needs_replacement(latest):
-        if "fence-requested" not in latest.times and latest.status != "succeeded":
-            reason = (
-                f"attempt failed: {latest.reason}" if latest.status == "failed" else f"lost: {latest.reason}"
-            )
-            out.append(_fence(view, latest, now, reason, env.time_scale))
         step = workload_failure(view, now) or replacement_request(view, now, env)
         if step is not None:
             out.append(Emit(step))
@@ -1251,6 +1203,13 @@ def reconcile_due(view: WorkloadView, env: Environment) -> float:
 # its record names is over: superseded, or marked ended by someone who saw its lease run out
 # (a compare-and-set on the lease key, so that it races with the owner's own renewal and
 # exactly one of the two wins). Both are facts that stay true, so a stale read of them is safe.
+
+
+def needs_owner(view: WorkloadView) -> bool:
+    """Must a dispatcher own this workload (claim it at start-up, take it over from a dead owner)?
+    One that goes on and has something for the dispatcher: routed (its attempts are the owner's
+    to create and follow), or a cancel under way (its fences and its end are the owner's)."""
+    return not view.terminal and view.workload is not None and bool(view.routed_attempts or view.cancel_requested)
 
 
 def instance_alive(lease: InstanceLease | None, now: float) -> bool:

@@ -490,7 +490,7 @@ class Dispatcher:
         views = self.follower.projection.workloads
         for wid in list(views.keys() - self._owned.keys()):  # (a set difference: not a look at every view)
             view = views.get(wid)
-            if view is None or view.terminal or view.workload is None or not view.routed_attempts:
+            if view is None or not core.needs_owner(view):
                 continue
             if core.claim(self.records.get(wid), self.me, self.generation, self._over) is None:
                 continue
@@ -621,38 +621,40 @@ class Dispatcher:
             self.ended.add(e.workload_id)  # its owner record is dropped at the next renewal
         if e.workload_id in self.owned:
             spans.record_attempt(view, e, msg.context)  # an attempt that ended: its span and its phases
-        now = time.time()
-        if isinstance(e, ev.Routed):
-            env = await self.checkpointed(view.attempts.values())
-            actions = core.on_routed(view, e, now, env, traceparent=self.follower.traceparent(e.workload_id))
-            if not actions or not await self.owns(e.workload_id, fresh=e.attempt_number == 1 and not view.attempts):
-                return []
-            try:
-                return await self.execute(actions, e.workload_id)
-            except Exception as exc:
-                out: list[ev.Base] = []
-                for c in (a for a in actions if isinstance(a, core.CreateJob)):
-                    evs = core.create_unanswered(
-                        c, now, str(exc), unreachable=unreachable(exc), delivered=msg.delivered
-                    )
-                    if evs is None:
-                        log.warning(
-                            "job.create_failed",
-                            workload=e.workload_id,
-                            error=str(exc),
-                            delivered=msg.delivered,
-                        )
-                        raise Retry(1.0) from exc
-                    out.extend(evs)
-                return out
         if isinstance(e, ev.Running) and e.workload_id in self.owned:
             await self.record_staged(view, e)
-        actions = core.on_event(view, e, now, self.environment())
-        if core.needs_checkpoints(actions):  # a replacement's route request names the latest checkpoint
-            actions = core.on_event(view, e, now, await self.checkpointed(view.attempts.values()))
-        if not actions or not await self.owns(e.workload_id):
+        # the event is folded: what the workload's state needs now is `core.reconcile`'s to say, as
+        # for the upkeep and a take-over (one decision function; each effect with its event id)
+        now, tp, routed = time.time(), self.follower.traceparent(e.workload_id), isinstance(e, ev.Routed)
+        # a routed attempt's Job names the latest checkpoint (`choose_mode`): read it before deciding
+        env = await self.checkpointed(view.attempts.values()) if routed else self.environment()
+        actions = core.reconcile(view, now, env, tp)
+        if not routed and core.needs_checkpoints(actions):  # a route request names the latest checkpoint
+            actions = core.reconcile(view, now, await self.checkpointed(view.attempts.values()), tp)
+        if not routed:  # an attempt we created ourselves is on its way to our projection: not twice
+            mine = self.created.get(e.workload_id, set())
+            actions = [a for a in actions if not (isinstance(a, core.CreateJob) and a.created.attempt_id in mine)]
+        fresh = isinstance(e, ev.Routed) and e.attempt_number == 1 and not view.attempts  # (a claim hint)
+        if not actions or not await self.owns(e.workload_id, fresh=fresh):
             return []
-        return await self.execute(actions, e.workload_id)
+        try:
+            return await self.execute(actions, e.workload_id)
+        except Exception as exc:
+            creates = [a for a in actions if isinstance(a, core.CreateJob)]
+            if not creates:
+                raise
+            if not routed:  # the routed event's redelivery (and the upkeep) try the create again
+                log.warning("job.create_failed", workload=e.workload_id, error=str(exc))
+                self.upkeep_dirty.add(e.workload_id)
+                return []
+            out: list[ev.Base] = []
+            for c in creates:
+                evs = core.create_unanswered(c, now, str(exc), unreachable=unreachable(exc), delivered=msg.delivered)
+                if evs is None:
+                    log.warning("job.create_failed", workload=e.workload_id, error=str(exc), delivered=msg.delivered)
+                    raise Retry(1.0) from exc
+                out.extend(evs)
+            return out
 
     async def on_command(self, msg: Incoming) -> Sequence[ev.Base]:
         e = msg.event
@@ -672,7 +674,7 @@ class Dispatcher:
             )
             if refused is not None:
                 raise Reject(f"cancel refused: {refused}", claimed_workload_id=wid)
-        actions = core.on_cancel(view, wid, e.reason, time.time(), self.environment())
+        actions = core.on_cancel(view, wid, e.reason, time.time())
         return await self.execute(actions, wid)
 
     def unrecorded(self, view: WorkloadView | None, workload_id: str) -> set[str]:
@@ -873,7 +875,7 @@ class Dispatcher:
             log.info("dispatcher.caught_up", events=n, instance=self.me, from_seq=start)
             await self.start_ownership()
             for wid, view in list(self.follower.projection.workloads.items()):
-                if not view.terminal and view.routed_attempts and await self._claim(wid) is not None:
+                if core.needs_owner(view) and await self._claim(wid) is not None:
                     try:
                         await self.redrive(view)  # whatever a crash interrupted
                     except (
