@@ -251,7 +251,7 @@ class Simulation:
                 self.view_at[i], self.view_version[i] = now, m.version
                 self.view_free[i] = m.free_gpus()
                 if self.need_snapshots:
-                    self.indexes[m.name] = build_index(m.snapshot(now, queue_model=self.queue_model))
+                    self.indexes[m.name] = build_index(m.snapshot(now, queue_model=self.queue_model), self.indexes.get(m.name))
                     self.snapshots_built += 1
 
     def _add_load(self, m: ClusterModel, w: Work) -> None:
