@@ -39,7 +39,7 @@ from typing import Final
 import msgspec
 
 from gpuorch_proto.inventory import ClusterSnapshot
-from gpuorch_proto.placement import placement_for
+from gpuorch_proto.placement import Placement, placement_for
 from gpuorch_proto.resume import CheckpointRef, ResumeVerdict
 from gpuorch_proto.routing import Check, ClusterVerdict, RoutingDecision
 from gpuorch_proto.workload import Workload
@@ -111,6 +111,22 @@ NodePart = tuple[tuple[Check, ...], tuple[NodeClass, ...]]
 
 
 @dataclass(slots=True, eq=False)
+class _Checked:
+    """An eligibility signature's checks on one cluster, with what placement reads of them: they
+    read the node classes and registry facts only, so indexes that share both share these (the
+    cluster's queue waits, which placement also reads, are not here)."""
+
+    checks: list[Check]  # never mutated: verdicts copy it
+    ok: bool
+    staging: Staging
+    resume: ResumeVerdict | None
+    suitable: tuple[NodeClass, ...]
+    queues: tuple[str, ...]
+    placement: Placement | None  # when ok
+    ineligible: _Elig | None  # when not ok: one `_Elig` for every index sharing these
+
+
+@dataclass(slots=True, eq=False)
 class _IndexMemo:
     """The memos of one index (they read that snapshot only)."""
 
@@ -124,6 +140,7 @@ class _IndexMemo:
     reg: dict[tuple[object, ...], tuple[Staging, ResumeVerdict | None, tuple[Check, ...], tuple[str, ...]]] = field(
         default_factory=dict
     )
+    checked: dict[int, _Checked] = field(default_factory=dict)  # eligibility signature -> checks
 
 
 @dataclass(slots=True, eq=False)
@@ -132,11 +149,14 @@ class _Shared:
 
     classes: tuple[NodeClass, ...]
     node_count: int
+    cpu_reported: bool
+    reachable: bool
     node: dict[tuple[object, ...], NodePart]
     shape: dict[tuple[object, ...], NodePart]
     facts: tuple[object, ...]
     owners: dict[str, tuple[str, ...]]
     reg: dict[tuple[object, ...], tuple[Staging, ResumeVerdict | None, tuple[Check, ...], tuple[str, ...]]]
+    checked: dict[int, _Checked]
 
 
 # name, index, its memos, their evaluation memo (looked up once per cluster: the hot loop), observed_at, reachable, error
@@ -261,15 +281,24 @@ class RoutingMemo:
         facts = tuple(getattr(idx, name) for name in REGISTRY_FACTS)
         last = self.shared.get(idx.cluster)
         if last is not None:
-            if last.classes is idx.classes and last.node_count == idx.node_count:
+            nodes = (
+                last.classes is idx.classes
+                and last.node_count == idx.node_count
+                and last.cpu_reported == idx.cpu_reported
+                and last.reachable == idx.reachable
+            )
+            registry = all(map(operator.is_, last.facts, facts)) and last.owners == idx.queue_owners
+            if nodes:
                 im.node, im.shape = last.node, last.shape
-            if all(map(operator.is_, last.facts, facts)) and last.owners == idx.queue_owners:
+            if registry:
                 im.reg = last.reg
+            if nodes and registry:  # the checks read nothing else (but the cluster's name: the same)
+                im.checked = last.checked
         elif len(self.shared) >= self.index_cache:
             del self.shared[next(iter(self.shared))]
         self.shared[idx.cluster] = _Shared(
-            classes=idx.classes, node_count=idx.node_count, node=im.node, shape=im.shape, facts=facts,
-            owners=dict(idx.queue_owners), reg=im.reg,
+            classes=idx.classes, node_count=idx.node_count, cpu_reported=idx.cpu_reported, reachable=idx.reachable,
+            node=im.node, shape=im.shape, facts=facts, owners=dict(idx.queue_owners), reg=im.reg, checked=im.checked,
         )
 
     def _signature(self, wl: Workload, history: RoutingHistory | None, resume: CheckpointRef | None) -> _Sig:
@@ -393,6 +422,30 @@ class RoutingMemo:
     def _eligibility(self, idx: SnapshotIndex, im: _IndexMemo, s: _Sig) -> _Elig:
         """``decision.eligibility`` with its parts memoised."""
         d = s.d
+        got = im.checked.get(s.elig_sig)
+        if got is None:
+            got = self._checked(idx, im, s)
+            if len(im.checked) >= self.memo_size:
+                im.checked.clear()
+            im.checked[s.elig_sig] = got
+        if got.ineligible is not None:
+            return got.ineligible
+        elig = _Elig(checks=got.checks, ok=True, staging=got.staging, resume=got.resume)
+        suitable, queues = got.suitable, got.queues
+        key = (suitable, queues, d.per_node, d.units, d.per_worker, d.workers)
+        placed = im.place.get(key)
+        if placed is None:
+            placed = placement_terms(idx, d, suitable, queues)
+            if len(im.place) >= self.memo_size:
+                im.place.clear()
+            im.place[key] = placed
+        elig.queue_wait, elig.queue, elig.product, elig.pools, elig.only_model, elig.queue_basis = placed
+        elig.placement = got.placement
+        return elig
+
+    def _checked(self, idx: SnapshotIndex, im: _IndexMemo, s: _Sig) -> _Checked:
+        """The checks of ``decision.eligibility``, their node and registry parts memoised."""
+        d = s.d
         checks: list[Check] = [cluster_allowed(idx, d)]
         node_list, suitable = self._node_checks(idx, im, s)
         checks.extend(node_list)
@@ -407,18 +460,11 @@ class RoutingMemo:
             im.reg[s.reg_key] = reg
         staging, resume, reg_checks, queues = reg
         checks.extend(reg_checks)
-        elig = _Elig(checks=checks, ok=all(map(_CHECK_OK, checks)), staging=staging, resume=resume)
-        if elig.ok:
-            key = (tuple(suitable), queues, d.per_node, d.units, d.per_worker, d.workers)
-            placed = im.place.get(key)
-            if placed is None:
-                placed = placement_terms(idx, d, suitable, queues)
-                if len(im.place) >= self.memo_size:
-                    im.place.clear()
-                im.place[key] = placed
-            elig.queue_wait, elig.queue, elig.product, elig.pools, elig.only_model, elig.queue_basis = placed
-            elig.placement = placement_for(d.resources, d.requirements, (c.product for c in idx.classes))
-        return elig
+        if all(map(_CHECK_OK, checks)):
+            placement = placement_for(d.resources, d.requirements, (c.product for c in idx.classes))
+            return _Checked(checks, True, staging, resume, tuple(suitable), queues, placement, None)
+        ineligible = _Elig(checks=checks, ok=False, staging=staging, resume=resume)
+        return _Checked(checks, False, staging, resume, tuple(suitable), queues, None, ineligible)
 
     def _evaluate(self, idx: SnapshotIndex, im: _IndexMemo, s: _Sig) -> _Eval:
         elig = im.elig.get(s.elig_sig)
