@@ -8,7 +8,7 @@ import multiprocessing
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 
@@ -72,7 +72,7 @@ def _replay_one(name: str) -> tuple[Row, RunResult]:
 
 def _workers(ns: argparse.Namespace, replays: int) -> int:
     if ns.workers is not None:
-        return max(1, min(ns.workers, replays))
+        return max(1, min(int(ns.workers), replays))
     if "fork" not in multiprocessing.get_all_start_methods():
         return 1
     return max(1, min(os.cpu_count() or 1, replays))
@@ -99,6 +99,10 @@ def _replay(world: World, jobs: Sequence[SimJob], names: Sequence[str], ns: argp
     return rows, results
 
 
+def _note_done(done: list[str], label: str) -> Callable[[Future[tuple[Row, RunResult]]], None]:
+    return lambda _future: done.append(label)
+
+
 def _replay_parallel(world: World, jobs: Sequence[SimJob], names: Sequence[str], ns: argparse.Namespace,
                      background: Sequence[BackgroundJob], progress: Progress | None, labels: Sequence[str],
                      workers: int) -> tuple[list[Row], list[RunResult]]:
@@ -112,7 +116,7 @@ def _replay_parallel(world: World, jobs: Sequence[SimJob], names: Sequence[str],
         done: list[str] = []
         if progress is not None:
             for label, fut in zip(labels, futures, strict=True):
-                fut.add_done_callback(lambda _f, label=label: done.append(label))
+                fut.add_done_callback(_note_done(done, label))
         out = []
         for fut in futures:
             out.append(fut.result())

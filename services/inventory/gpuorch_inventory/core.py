@@ -706,18 +706,26 @@ def request_shapes(slots: Sequence[Slot], reference_gpus: int = REFERENCE_GPUS) 
 
 
 def _strict_start(
-    free: list[int], events: list[tuple[float, int, int]], t: float, nodes: Sequence[int], member: frozenset[int],
-    gpus: int, workers: int,
+    free: list[int], counts: list[int], events: list[tuple[float, int, int]], t: float, nodes: Sequence[int] | None,
+    member: frozenset[int] | None, gpus: int, workers: int, per_count: Sequence[int],
 ) -> float | None:
     """Advance the clock from `t` (releasing the GPUs of what ends) until `workers` placements of
-    `gpus` GPUs are free on `nodes`; the time, None when nothing more ends first."""
+    `gpus` GPUs are free on `nodes` (None: on every node); the time, None when nothing more ends
+    first. `counts[v]`: how many nodes have `v` GPUs free (kept up to date with `free`);
+    `per_count[v]`: placements on a node with `v` free (`v // gpus`)."""
     pop = heapq.heappop
     while events and events[0][0] <= t:
         _, i, g = pop(events)
-        free[i] += g
-    have = 0
-    for i in nodes:
-        have += free[i] // gpus
+        before = free[i]
+        free[i] = before + g
+        counts[before] -= 1
+        counts[before + g] += 1
+    if nodes is None:  # every node: from how many nodes have each free count
+        have = sum(map(operator.mul, counts, per_count))
+    else:
+        have = 0
+        for i in nodes:
+            have += free[i] // gpus
     while have < workers:
         if not events:
             return None
@@ -726,7 +734,9 @@ def _strict_start(
             _, i, g = pop(events)
             before = free[i]
             free[i] = before + g
-            if i in member:
+            counts[before] -= 1
+            counts[before + g] += 1
+            if member is None or i in member:
                 have += (before + g) // gpus - before // gpus
     return t
 
@@ -741,7 +751,7 @@ class WaitLayout:
     everything here is a function of the slots and shapes alone.
     """
 
-    __slots__ = ("_nodes", "cap", "everywhere", "index", "lines", "most", "shapes", "slots")
+    __slots__ = ("_nodes", "cap", "everywhere", "index", "lines", "most", "per_count", "shapes", "slots")
 
     def __init__(self, slots: Sequence[Slot], shapes: Sequence[RequestShape]) -> None:
         self.slots = slots
@@ -750,35 +760,41 @@ class WaitLayout:
         self.cap = [s.gpus for s in slots]
         self.everywhere = tuple(range(len(slots)))
         cap = self.cap
-        lines: list[tuple[int, int, tuple[int, ...], frozenset[int], bool]] = []
+        lines: list[tuple[int, int, tuple[int, ...] | None, frozenset[int] | None, bool]] = []
         for shape in shapes:
             on = tuple(i for i in self.everywhere if shape.counts(slots[i].gpu_product, slots[i].pool))
             fits = sum(cap[i] // shape.gpus for i in on) >= shape.workers
-            lines.append((shape.gpus, shape.workers, on, frozenset(on), fits))
-        #: per shape: GPUs per worker, workers, its nodes (as a tuple and a set), whether it ever fits
+            every = on == self.everywhere
+            lines.append((shape.gpus, shape.workers, None if every else on, None if every else frozenset(on), fits))
+        #: per shape: GPUs per worker, workers, its nodes in node order and as a set (None: every
+        #: node), whether it can ever fit
         self.lines = lines
         #: a demand's node set (None: every node) -> its nodes as a tuple and a set; (node set, GPUs
         #: per worker) -> placements an idle cluster has
         self.most: dict[tuple[frozenset[str] | None, int], int] = {}
-        self._nodes: dict[frozenset[str] | None, tuple[tuple[int, ...], frozenset[int]]] = {
-            None: (self.everywhere, frozenset(self.everywhere))
-        }
+        self._nodes: dict[frozenset[str], tuple[tuple[int, ...], frozenset[int]]] = {}
+        #: per GPUs per worker g (1 .. the most a node has): placements on a node with v free, v // g
+        most = max(cap, default=0)
+        self.per_count = [()] + [tuple(v // g for v in range(most + 1)) for g in range(1, most + 1)]
 
-    def nodes_of(self, names: frozenset[str] | None) -> tuple[tuple[int, ...], frozenset[int]]:
+    def nodes_of(self, names: frozenset[str] | None) -> tuple[tuple[int, ...] | None, frozenset[int] | None]:
+        """A demand's nodes, in node order and as a set (None, None: every node)."""
+        if names is None:
+            return None, None
         got = self._nodes.get(names)
         if got is None:
-            on = tuple(i for i in self.everywhere if self.slots[i].name in (names or ()))
+            on = tuple(i for i in self.everywhere if self.slots[i].name in names)
             if len(self._nodes) >= _LAYOUT_MEMO:
                 self._nodes.clear()
-                self._nodes[None] = (self.everywhere, frozenset(self.everywhere))
             got = self._nodes[names] = (on, frozenset(on))
         return got
 
-    def room(self, names: frozenset[str] | None, nodes: tuple[int, ...], gpus: int) -> int:
+    def room(self, names: frozenset[str] | None, nodes: tuple[int, ...] | None, gpus: int) -> int:
+        """Placements of `gpus` GPUs an idle cluster has on `nodes` (None: every node)."""
         room = self.most.get((names, gpus))
         if room is None:
             cap = self.cap
-            room = sum(cap[i] // gpus for i in nodes)
+            room = sum(cap[i] // gpus for i in (self.everywhere if nodes is None else nodes))
             if len(self.most) >= _LAYOUT_MEMO:
                 self.most.clear()
             self.most[(names, gpus)] = room
@@ -811,6 +827,8 @@ def _strict_waits(layout: WaitLayout, holds: Sequence[Hold], ahead: Sequence[Dem
         if remaining is not None and g > 0:
             events.append((remaining, i, g))
     heapq.heapify(events)
+    counts = list(map(free.count, range(len(layout.per_count))))  # nodes with v GPUs free, v = 0 .. the most a node has
+    per_count = layout.per_count
     push = heapq.heappush
     t = 0.0
     for d in ahead[:max_ahead]:
@@ -820,32 +838,46 @@ def _strict_waits(layout: WaitLayout, holds: Sequence[Hold], ahead: Sequence[Dem
         nodes, member = layout.nodes_of(d.nodes)
         if layout.room(d.nodes, nodes, gpus) < workers:
             continue  # it can never fit: skipped, as a scheduler skips an unschedulable pod
-        start = _strict_start(free, events, t, nodes, member, gpus, workers)
+        start = _strict_start(free, counts, events, t, nodes, member, gpus, workers, per_count[gpus])
         if start is None:
             return [None] * len(layout.shapes)  # the line is stuck behind work of unknown duration
         t = start
         for _ in range(workers):
             # the node with the fewest free GPUs that fit, then the first (nodes are in node order)
-            best, least = -1, 0
-            for j in nodes:
-                f = free[j]
-                if f >= gpus and (best < 0 or f < least):
-                    best, least = j, f
-            free[best] -= gpus
+            if nodes is None:
+                least = gpus
+                while not counts[least]:
+                    least += 1
+                best = free.index(least)
+            else:
+                best, least = -1, 0
+                for j in nodes:
+                    f = free[j]
+                    if f >= gpus and (best < 0 or f < least):
+                        best, least = j, f
+            free[best] = least - gpus
+            counts[least] -= 1
+            counts[least - gpus] += 1
             if d.duration is not None:
                 push(events, (t + max(0.0, d.duration), best, gpus))
     while events and events[0][0] <= t:
         _, i, g = heapq.heappop(events)
-        free[i] += g
+        before = free[i]
+        free[i] = before + g
+        counts[before] -= 1
+        counts[before + g] += 1
     rest: list[tuple[float, int, int]] | None = None
     out: list[float | None] = []
     for gpus, workers, on, counted, fits in layout.lines:
         if not fits:
             out.append(None)
             continue
-        have = 0
-        for i in on:
-            have += free[i] // gpus
+        if on is None:
+            have = sum(map(operator.mul, counts, per_count[gpus]))
+        else:
+            have = 0
+            for i in on:
+                have += free[i] // gpus
         at: float | None = t
         if have < workers:
             at = None
@@ -853,7 +885,7 @@ def _strict_waits(layout: WaitLayout, holds: Sequence[Hold], ahead: Sequence[Dem
                 rest = sorted(events)
             probe = list(free)
             for end, i, g in rest:
-                if i in counted:
+                if counted is None or i in counted:
                     before = probe[i]
                     probe[i] = before + g
                     have += (before + g) // gpus - before // gpus
