@@ -97,6 +97,8 @@ class ClusterModel:
     pending: dict[int, Work] = field(default_factory=dict)
     running: dict[int, Work] = field(default_factory=dict)
     version: int = 0  # bumped at every observable change
+    pending_gpus: int = 0  # GPUs of `pending` and of `running`, kept with them
+    running_gpus: int = 0
     _suitable: dict[tuple[float, tuple[str, ...], int], tuple[int, ...]] = field(default_factory=dict)
     _info: dict[tuple[int, int], NodeInfo] = field(default_factory=dict)
     # what the last snapshot published, kept while it holds: the node list (until a start or an
@@ -196,6 +198,7 @@ class ClusterModel:
         for i in plan.nodes:
             self.intervals[i].append((w.end, w.per_worker))
         self.pending[w.key] = w
+        self.pending_gpus += w.gpus
         self.version += 1
 
     def note_staged(self, ref: str, ready: float) -> None:
@@ -206,6 +209,8 @@ class ClusterModel:
     def apply_start(self, w: Work) -> None:
         del self.pending[w.key]
         self.running[w.key] = w
+        self.pending_gpus -= w.gpus
+        self.running_gpus += w.gpus
         for i in w.nodes:
             self.free[i] -= w.per_worker
         self.version += 1
@@ -213,6 +218,7 @@ class ClusterModel:
 
     def apply_end(self, w: Work) -> None:
         del self.running[w.key]
+        self.running_gpus -= w.gpus
         for i in w.nodes:
             self.free[i] += w.per_worker
         self.version += 1
@@ -251,8 +257,11 @@ class ClusterModel:
             if held is None:
                 held = w.held = (tuple(nodes[i].name for i in w.nodes), w.start + w.expected_run + w.image_s + w.data_s + w.startup_s)
             remaining = max(0.0, held[1] - now)
-            pw = w.per_worker
-            holds.extend([Hold(name, pw, remaining) for name in held[0]])
+            names = held[0]
+            if len(names) == 1:
+                holds.append(Hold(names[0], w.per_worker, remaining))
+            else:
+                holds.extend([Hold(name, w.per_worker, remaining) for name in names])
         ahead: list[Demand] = []
         for w in self.pending.values():
             d = w.demand
@@ -305,7 +314,7 @@ class ClusterModel:
             if self._staged is None or self._staged[0] != staged:
                 self._staged = (staged, msgspec.structs.replace(reg, datasets_cached=[*reg.datasets_cached, *staged]))
             reg = self._staged[1]
-        pending_gpus = sum(w.gpus for w in self.pending.values())
+        pending_gpus = self.pending_gpus
         busy = bool(self.pending) or not any(self.free)  # else a one-GPU request fits now: 0
         wait, shaped = 0.0, []
         if queue_model == "inventory":
@@ -318,5 +327,5 @@ class ClusterModel:
         return ClusterSnapshot(
             cluster=self.name, reachable=True, observed_at=now, published_at=now,
             nodes=self._node_list(), queues=[queue],
-            running_gpus=sum(w.gpus for w in self.running.values()), pending_gpus=pending_gpus, registry=reg,
+            running_gpus=self.running_gpus, pending_gpus=pending_gpus, registry=reg,
         )

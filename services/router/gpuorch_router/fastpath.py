@@ -62,7 +62,7 @@ from .decision import Evaluation, decide, pin_verdicts
 from .demand import Demand, checkpoint_store, parse_demand
 from .estimate import Elig, build_terms, estimate, placement_terms, relative_speed
 from .history import RoutingHistory, key_label, workload_key
-from .index import REGISTRY_FACTS, NodeClass, SnapshotIndex
+from .index import NodeClass, SnapshotIndex
 
 __all__ = ["RoutingMemo"]
 
@@ -277,8 +277,9 @@ class RoutingMemo:
         """Give `im` the memos of the cluster's last index that read only what is unchanged: the
         node filters and gang shapes read the node classes (shared by the index when every node
         is equal, `SnapshotIndex(previous=...)`), the registry checks the registry's facts, the
-        cluster's name and its queue owners."""
-        facts = tuple(getattr(idx, name) for name in REGISTRY_FACTS)
+        cluster's name and its queue owners (the registry facts are one tuple for indexes that share
+        them: `SnapshotIndex.registry_facts`)."""
+        facts = idx.registry_facts
         last = self.shared.get(idx.cluster)
         if last is not None:
             nodes = (
@@ -287,7 +288,7 @@ class RoutingMemo:
                 and last.cpu_reported == idx.cpu_reported
                 and last.reachable == idx.reachable
             )
-            registry = all(map(operator.is_, last.facts, facts)) and last.owners == idx.queue_owners
+            registry = last.facts is facts and last.owners == idx.queue_owners
             if nodes:
                 im.node, im.shape = last.node, last.shape
             if registry:

@@ -163,6 +163,7 @@ class SnapshotIndex:
         "queue_owners",
         "reachable",
         "readable",
+        "registry_facts",
         "snapshot",
         "startup",
     )
@@ -170,6 +171,7 @@ class SnapshotIndex:
     classes: tuple[NodeClass, ...]
     node_count: int
     cpu_reported: bool
+    registry_facts: tuple[object, ...]
 
     def __init__(self, snapshot: ClusterSnapshot, previous: SnapshotIndex | None = None) -> None:
         """`previous`: the same cluster's last index, or None; the index is the same either way
@@ -209,8 +211,9 @@ class SnapshotIndex:
         self.pending_gpus = snapshot.pending_gpus
 
     def _registry_from(self, previous: SnapshotIndex) -> None:
-        for name in REGISTRY_FACTS:
-            setattr(self, name, getattr(previous, name))
+        for name, value in zip(REGISTRY_FACTS, previous.registry_facts, strict=True):
+            setattr(self, name, value)
+        self.registry_facts = previous.registry_facts
 
     def _registry_sets(self, snapshot: ClusterSnapshot) -> None:
         reg = snapshot.registry
@@ -235,6 +238,8 @@ class SnapshotIndex:
         self.readable = self.data_locations | frozenset(s for s in reg.artifact_stores if s not in self.bandwidth)
         self.startup = max(0.0, reg.startup_seconds)
         self.price = max(0.0, reg.price_per_gpu_hour)
+        #: every attribute of `REGISTRY_FACTS`, in that order: one object for indexes that share them
+        self.registry_facts = tuple(getattr(self, name) for name in REGISTRY_FACTS)
 
 
 #: the index's attributes made from the registry alone (`SnapshotIndex._registry_sets`)
