@@ -8,8 +8,8 @@ import multiprocessing
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from collections.abc import Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 from . import whatif
@@ -99,31 +99,26 @@ def _replay(world: World, jobs: Sequence[SimJob], names: Sequence[str], ns: argp
     return rows, results
 
 
-def _note_done(done: list[str], label: str) -> Callable[[Future[tuple[Row, RunResult]]], None]:
-    return lambda _future: done.append(label)
-
-
 def _replay_parallel(world: World, jobs: Sequence[SimJob], names: Sequence[str], ns: argparse.Namespace,
                      background: Sequence[BackgroundJob], progress: Progress | None, labels: Sequence[str],
                      workers: int) -> tuple[list[Row], list[RunResult]]:
     """The replays in `workers` forked processes (each replay is independent and seeded: the same
     rows as one after another). The world and jobs are inherited by the fork, not sent; each result
-    comes back with its CPU time. On a terminal, a line says which replays are done."""
+    comes back with its CPU time. On a terminal, a line says which replays are done (a worker's
+    replay has no per-job progress)."""
     ctx = multiprocessing.get_context("fork")
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_start_worker,
                              initargs=(world, jobs, ns.seed, ns.queue_model, background)) as pool:
         futures: list[Future[tuple[Row, RunResult]]] = [pool.submit(_replay_one, name) for name in names]
-        done: list[str] = []
         if progress is not None:
-            for label, fut in zip(labels, futures, strict=True):
-                fut.add_done_callback(_note_done(done, label))
-        out = []
-        for fut in futures:
-            out.append(fut.result())
-            if progress is not None:
+            label_of = dict(zip(futures, labels, strict=True))
+            done: list[str] = []
+            progress.write(f"{CLEAR}0/{len(futures)} replays done in {workers} processes")
+            for fut in as_completed(futures):
+                done.append(label_of[fut])
                 progress.write(f"{CLEAR}{len(done)}/{len(futures)} replays done in {workers} processes ({', '.join(done)})")
-        if progress is not None:
             progress.write(CLEAR)
+        out = [fut.result() for fut in futures]
     return [r for r, _ in out], [res for _, res in out]
 
 
