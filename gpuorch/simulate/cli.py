@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import multiprocessing
+import os
 import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 from . import whatif
@@ -16,7 +19,7 @@ from .generator import GeneratorConfig, SimJob, generate
 from .mapping import TraceFormat, builtin_formats, load_mapping
 from .plots import write_plots, write_whatif_plot
 from .policies import POLICIES
-from .progress import Progress
+from .progress import CLEAR, Progress
 from .report import Row, document, markdown, summarize
 from .trace import read_nodes, read_trace
 from .world import World, load_world, world_from_nodes
@@ -45,6 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--what-if", action="append", default=[], metavar="CHANGE",
                    help='a changed fleet, e.g. "east-h100:+16 nodes", "central-lab/dev:-4 nodes" (repeatable): '
                         "replay both fleets, print the difference per policy")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="replay N policies at once, one process each (default: the machine's cores; 1: one after another)")
     p.add_argument("--what-if-clusters", type=Path, default=None, metavar="FILE",
                    help="the what-if fleet as a second clusters file (--what-if changes apply on top of it)")
 
@@ -56,8 +61,36 @@ def _load(path: Path) -> World:
         raise SystemExit(f"gpuorch simulate: {exc}") from exc
 
 
+#: what a worker process replays (set in the worker, before any replay: `_start_worker`)
+_worker: dict[str, object] = {}
+
+
+def _start_worker(world: World, jobs: Sequence[SimJob], seed: int, queue_model: str, background: Sequence[BackgroundJob]) -> None:
+    _worker.update(world=world, jobs=jobs, seed=seed, queue_model=queue_model, background=background)
+
+
+def _replay_one(name: str) -> tuple[Row, RunResult]:
+    """One policy's replay in a worker process, its CPU time measured there."""
+    w = _worker
+    cpu0 = time.process_time()
+    result = Simulation(w["world"], w["jobs"], name, seed=w["seed"], queue_model=w["queue_model"],  # type: ignore[arg-type]
+                        background=w["background"]).run()  # type: ignore[arg-type]
+    return summarize(result, cpu_seconds=time.process_time() - cpu0), result
+
+
+def _workers(ns: argparse.Namespace, replays: int) -> int:
+    if ns.workers is not None:
+        return max(1, min(int(ns.workers), replays))
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    return max(1, min(os.cpu_count() or 1, replays))
+
+
 def _replay(world: World, jobs: Sequence[SimJob], names: Sequence[str], ns: argparse.Namespace,
             background: Sequence[BackgroundJob], progress: Progress | None, labels: Sequence[str]) -> tuple[list[Row], list[RunResult]]:
+    workers = _workers(ns, len(names))
+    if workers > 1:
+        return _replay_parallel(world, jobs, names, ns, background, progress, labels, workers)
     rows, results = [], []
     span = max((j.submit for j in jobs), default=0.0)
     for name, label in zip(names, labels, strict=True):
@@ -92,6 +125,29 @@ def _fleet(ns: argparse.Namespace, fmt: TraceFormat) -> World:
         return world_from_nodes(rows, fmt.nodes.registry, fmt.source or fmt.name, base)
     except (OSError, ValueError) as exc:
         raise SystemExit(f"gpuorch simulate: {exc}") from exc
+
+
+def _replay_parallel(world: World, jobs: Sequence[SimJob], names: Sequence[str], ns: argparse.Namespace,
+                     background: Sequence[BackgroundJob], progress: Progress | None, labels: Sequence[str],
+                     workers: int) -> tuple[list[Row], list[RunResult]]:
+    """The replays in `workers` forked processes (each replay is independent and seeded: the same
+    rows as one after another). The world and jobs are inherited by the fork, not sent; each result
+    comes back with its CPU time. On a terminal, a line says which replays are done (a worker's
+    replay has no per-job progress)."""
+    ctx = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_start_worker,
+                             initargs=(world, jobs, ns.seed, ns.queue_model, background)) as pool:
+        futures: list[Future[tuple[Row, RunResult]]] = [pool.submit(_replay_one, name) for name in names]
+        if progress is not None:
+            label_of = dict(zip(futures, labels, strict=True))
+            done: list[str] = []
+            progress.write(f"{CLEAR}0/{len(futures)} replays done in {workers} processes")
+            for fut in as_completed(futures):
+                done.append(label_of[fut])
+                progress.write(f"{CLEAR}{len(done)}/{len(futures)} replays done in {workers} processes ({', '.join(done)})")
+            progress.write(CLEAR)
+        out = [fut.result() for fut in futures]
+    return [r for r, _ in out], [res for _, res in out]
 
 
 def run(ns: argparse.Namespace) -> int:

@@ -27,8 +27,16 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from gpuorch_inventory.core import Demand, Hold, Slot, published_waits, request_shapes, shape_waits
-from gpuorch_proto.inventory import ClusterSnapshot, NodeInfo, QueueInfo, ShapeWait
+from gpuorch_inventory.core import (
+    Demand,
+    Hold,
+    Slot,
+    published_waits,
+    request_shapes,
+    shape_waits,
+    wait_layout,
+)
+from gpuorch_proto.inventory import ClusterRegistryEntry, ClusterSnapshot, NodeInfo, QueueInfo, ShapeWait
 from gpuorch_proto.placement import accelerator_matches, gpu_memory_ok, sharing_ok
 from gpuorch_proto.workload import Sharing
 from gpuorch_router.policy import DEFAULT_IMAGE_PULL_SECONDS, DEFAULT_OUTPUT_TRANSFER_SECONDS, relative_speed
@@ -64,6 +72,10 @@ class Work:
     data_gb: float = 0.0
     run_s: float = 0.0
     startup_s: float = 0.0
+    # what inventory's waits read of it, made once (`ClusterModel.shape_waits`): pending, its
+    # demand; running, its nodes' names and its expected end
+    demand: Demand | None = None
+    held: tuple[tuple[str, ...], float] | None = None
 
     @property
     def gpus(self) -> int:
@@ -93,8 +105,14 @@ class ClusterModel:
     pending: dict[int, Work] = field(default_factory=dict)
     running: dict[int, Work] = field(default_factory=dict)
     version: int = 0  # bumped at every observable change
+    pending_gpus: int = 0  # GPUs of `pending` and of `running`, kept with them
+    running_gpus: int = 0
     _suitable: dict[tuple[object, ...], tuple[int, ...]] = field(default_factory=dict)
     _info: dict[tuple[int, int], NodeInfo] = field(default_factory=dict)
+    # what the last snapshot published, kept while it holds: the node list (until a start or an
+    # end changes free GPUs) and the registry with the datasets staged by then
+    _nodes: list[NodeInfo] | None = None
+    _staged: tuple[tuple[str, ...], ClusterRegistryEntry] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.spec.nodes)
@@ -109,6 +127,7 @@ class ClusterModel:
         # the node layout and request shapes inventory's waits are for (they never change here)
         self.slots = [Slot(n.name, n.gpus, n.product, n.pool) for n in self.spec.nodes if n.gpus > 0]
         self.shapes = request_shapes(self.slots)
+        self.layout = wait_layout(self.slots, self.shapes)
 
     @property
     def name(self) -> str:
@@ -193,6 +212,7 @@ class ClusterModel:
         for i in plan.nodes:
             self.intervals[i].append((w.end, w.per_worker))
         self.pending[w.key] = w
+        self.pending_gpus += w.gpus
         self.version += 1
 
     def note_staged(self, ref: str, ready: float) -> None:
@@ -203,15 +223,20 @@ class ClusterModel:
     def apply_start(self, w: Work) -> None:
         del self.pending[w.key]
         self.running[w.key] = w
+        self.pending_gpus -= w.gpus
+        self.running_gpus += w.gpus
         for i in w.nodes:
             self.free[i] -= w.per_worker
         self.version += 1
+        self._nodes = None
 
     def apply_end(self, w: Work) -> None:
         del self.running[w.key]
+        self.running_gpus -= w.gpus
         for i in w.nodes:
             self.free[i] += w.per_worker
         self.version += 1
+        self._nodes = None
 
     def free_gpus(self) -> int:
         return sum(self.free)
@@ -225,6 +250,12 @@ class ClusterModel:
             self._info[(i, f)] = info
         return info
 
+    def _node_list(self) -> list[NodeInfo]:
+        """Every node as inventory reports it now (one list while free GPUs stay the same: never mutated)."""
+        if self._nodes is None:
+            self._nodes = [self._node(i) for i in range(len(self.spec.nodes))]
+        return self._nodes
+
     def shape_waits(self, now: float) -> list[ShapeWait]:
         """What inventory publishes for this cluster's queue: the waits per request shape of
         `gpuorch_inventory.core.shape_waits`, in the registry's admission order (`fifo`, the
@@ -232,14 +263,26 @@ class ClusterModel:
         ahead in arrival order, each job a gang for its declared run time plus startup (staging is
         not known before it starts)."""
         nodes = self.spec.nodes
-        holds = [Hold(nodes[i].name, w.per_worker, max(0.0, w.start + w.expected_run + w.image_s + w.data_s + w.startup_s - now))
-                 for w in self.running.values() for i in w.nodes]
-        all_nodes = len(nodes)
-        startup = self.spec.registry.startup_seconds
-        ahead = [Demand(gpus=w.per_worker, duration=w.expected_run + startup, workers=w.workers,
-                        nodes=None if len(w.suitable) == all_nodes else frozenset(nodes[i].name for i in w.suitable))
-                 for w in self.pending.values()]
-        starts = shape_waits(self.slots, holds, ahead, self.shapes, self.spec.registry.queueing)
+        holds: list[Hold] = []
+        for w in self.running.values():
+            held = w.held
+            if held is None:
+                held = w.held = (tuple(nodes[i].name for i in w.nodes), w.start + w.expected_run + w.image_s + w.data_s + w.startup_s)
+            remaining = max(0.0, held[1] - now)
+            names = held[0]
+            if len(names) == 1:
+                holds.append(Hold(names[0], w.per_worker, remaining))
+            else:
+                holds.extend([Hold(name, w.per_worker, remaining) for name in names])
+        ahead: list[Demand] = []
+        for w in self.pending.values():
+            d = w.demand
+            if d is None:
+                d = w.demand = Demand(gpus=w.per_worker, duration=w.expected_run + self.spec.registry.startup_seconds,
+                                      workers=w.workers,
+                                      nodes=None if len(w.suitable) == len(nodes) else frozenset(nodes[i].name for i in w.suitable))
+            ahead.append(d)
+        starts = shape_waits(self.slots, holds, ahead, self.shapes, self.spec.registry.queueing, layout=self.layout)
         return published_waits(self.shapes, starts, None)
 
     def pooled_wait(self, now: float) -> float:
@@ -278,10 +321,12 @@ class ClusterModel:
     def snapshot(self, now: float, *, queue_model: str = "inventory") -> ClusterSnapshot:
         """What inventory would publish now: per node free GPUs, the queue, staged datasets."""
         reg = self.spec.registry
-        staged = [ref for ref, t in self.cache_ready.items() if t <= now and ref not in self.cached]
+        staged = tuple(sorted(ref for ref, t in self.cache_ready.items() if t <= now and ref not in self.cached))
         if staged:
-            reg = msgspec.structs.replace(reg, datasets_cached=[*reg.datasets_cached, *sorted(staged)])
-        pending_gpus = sum(w.gpus for w in self.pending.values())
+            if self._staged is None or self._staged[0] != staged:
+                self._staged = (staged, msgspec.structs.replace(reg, datasets_cached=[*reg.datasets_cached, *staged]))
+            reg = self._staged[1]
+        pending_gpus = self.pending_gpus
         busy = bool(self.pending) or not any(self.free)  # else a one-GPU request fits now: 0
         wait, shaped = 0.0, []
         if queue_model == "inventory":
@@ -293,6 +338,6 @@ class ClusterModel:
                           estimated_wait_seconds=wait, shape_waits=shaped)
         return ClusterSnapshot(
             cluster=self.name, reachable=True, observed_at=now, published_at=now,
-            nodes=[self._node(i) for i in range(len(self.spec.nodes))], queues=[queue],
-            running_gpus=sum(w.gpus for w in self.running.values()), pending_gpus=pending_gpus, registry=reg,
+            nodes=self._node_list(), queues=[queue],
+            running_gpus=self.running_gpus, pending_gpus=pending_gpus, registry=reg,
         )

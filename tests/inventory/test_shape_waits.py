@@ -16,6 +16,7 @@ from gpuorch_inventory.core import (
     request_shapes,
     shape_waits,
     snapshot_changed,
+    wait_layout,
 )
 from gpuorch_proto import ClusterRegistryEntry, ClusterSnapshot, RequestShape
 from gpuorch_proto.inventory import QueueRegistry
@@ -197,6 +198,32 @@ def test_shape_waits_on_plain_data() -> None:
     ahead = [Demand(4, 3 * H), Demand(4, 1 * H)]
     shapes = [RequestShape(gpus=1), RequestShape(gpus=8), RequestShape(gpus=8, workers=2), RequestShape(gpus=16)]
     assert shape_waits(slots, holds, ahead, shapes, "fifo") == [1 * H, 2 * H, 3 * H, None]  # no node has 16
+
+
+def test_a_tie_in_best_fit_goes_to_the_first_node_in_node_order() -> None:
+    """Two idle 8-GPU nodes of different models: the 8-GPU job ahead takes the first (as
+    `ClusterModel.plan` and the scheduler's best fit then node order do), so the second model's
+    node is the one free now."""
+    slots = [Slot("a", 8, A100_80), Slot("v", 8, "Tesla-V100-SXM2-32GB")]
+    shapes = [RequestShape(gpus=8, gpu_product=A100_80), RequestShape(gpus=8, gpu_product="Tesla-V100-SXM2-32GB")]
+    assert shape_waits(slots, [], [Demand(8, 1 * H)], shapes, "fifo") == [1 * H, 0.0]
+    slots.reverse()  # node order decides, not the model
+    assert shape_waits(slots, [], [Demand(8, 1 * H)], shapes, "fifo") == [0.0, 1 * H]
+
+
+def test_a_layout_made_once_gives_the_same_waits_and_one_of_other_slots_is_not_used() -> None:
+    slots = [Slot("x", 8, A100_80, "train"), Slot("y", 4, A100_40, "dev")]
+    shapes = request_shapes(slots)
+    layout = wait_layout(slots, shapes)
+    cases = [
+        ([Hold("x", 8, 600.0)], [Demand(4, 1 * H), Demand(8, 2 * H, workers=1)]),
+        ([Hold("y", 2, 60.0), Hold("gone", 8, 60.0)], [Demand(2, H, nodes=frozenset({"y"})), Demand(4, H, workers=2)]),
+        ([], [Demand(16, H)]),  # never fits: skipped
+    ]
+    for holds, ahead in cases:  # one layout over several snapshots, as the replay and inventory use it
+        assert shape_waits(slots, holds, ahead, shapes, "fifo", layout=layout) == shape_waits(slots, holds, ahead, shapes, "fifo")
+    other = [Slot("z", 2, A100_80)]
+    assert shape_waits(other, [], [Demand(2, H)], request_shapes(other), "fifo", layout=layout) == [H, H]
 
 
 def test_published_shapes_of_a_homogeneous_and_a_mixed_cluster() -> None:

@@ -28,7 +28,9 @@ from gpuorch_proto.workload import CheckpointPolicy, Toleration, Workload
 from gpuorch_router.decision import route
 from gpuorch_router.fastpath import RoutingMemo
 from gpuorch_router.history import MeasuredTimeline, RoutingHistory, update_history
+from gpuorch_router.index import SnapshotIndex
 from gpuorch_router.pipeline import with_stage_inputs
+from gpuorch_router.policy import build_index
 from tests.router.test_properties import MODELS, NAMES, cluster, workload
 from tests.support.builders import NOW, make_snapshot, make_workload
 
@@ -218,3 +220,62 @@ def test_workloads_differing_in_one_input_through_one_memo(field: str) -> None:
     memo = RoutingMemo()
     for wl, resume in ((a, ck), (b, rb), (a, ck), (b, rb)):
         _same(memo.route(wl, "w", w, NOW, resume=resume), _reference(wl, w, NOW, resume=resume))
+
+
+def _republished(draw: st.DrawFn, old: ClusterSnapshot, now: float) -> ClusterSnapshot:
+    """What inventory publishes next for a cluster: mostly the same nodes and registry with a new
+    age and new queue waits; sometimes one node's free GPUs, the registry, or everything changed."""
+    r = msgspec.structs.replace
+    change = draw(st.sampled_from(["waits", "waits", "waits", "node", "registry", "equal copy", "new"]))
+    if change == "new":
+        return draw(snapshot(old.cluster))
+    waits = [r(q, estimated_wait_seconds=draw(st.sampled_from([0.0, 60.0, 1800.0, 7200.0]))) for q in old.queues]
+    new = r(old, observed_at=now - draw(st.sampled_from([0.0, 3.0, 30.0])), queues=waits)
+    if change == "node" and new.nodes:
+        k = draw(st.integers(0, len(new.nodes) - 1))
+        n = new.nodes[k]
+        nodes = list(new.nodes)
+        nodes[k] = r(n, gpus_free=draw(st.integers(0, max(0, n.gpus_allocatable))))
+        new = r(new, nodes=nodes)
+    elif change == "registry":
+        reg = new.registry
+        new = r(new, registry=r(reg, datasets_cached=[*reg.datasets_cached, f"ds@{draw(st.integers(3, 5))}"]))
+    elif change == "equal copy":  # equal nodes and registry, but new objects (as decoded from the wire)
+        new = _copy(new, ClusterSnapshot)
+    return new
+
+
+def _index_fields(idx: SnapshotIndex) -> dict[str, Any]:
+    out = {name: getattr(idx, name) for name in SnapshotIndex.__slots__ if name not in ("classes", "snapshot")}
+    out["classes"] = [
+        (c.pool, c.product, c.memory_mib, c.allocatable, dict(c.labels), c.taints, c.sharing, c.nodes, c.ready,
+         c.free_hist, c.cpu_max, c.memory_max, c.has_idle, c.members)
+        for c in idx.classes
+    ]  # fmt: skip
+    return out
+
+
+@SETTINGS
+@given(data=st.data())
+def test_indexes_built_from_the_previous_one_route_as_the_reference(data: Any) -> None:
+    """The replay's and the router service's path: each republished snapshot is indexed with the
+    cluster's previous index (sharing its node classes and registry sets when equal) and routed
+    through one memo (which then shares its node, registry and check memos): every index equals
+    one built afresh, and every decision the reference's."""
+    w = data.draw(world())
+    names = sorted(w)
+    pool = data.draw(st.lists(workloads(names), min_size=1, max_size=3))
+    hist = data.draw(st.sampled_from([None, data.draw(histories(names))]))
+    memo = RoutingMemo()
+    now = NOW
+    indexes = {n: build_index(s) for n, s in w.items()}
+    for _ in range(data.draw(st.integers(4, 14))):
+        if data.draw(st.booleans()):
+            now += data.draw(st.sampled_from([0.3, 1.0, 5.0, 60.0]))
+            name = data.draw(st.sampled_from(names))
+            w[name] = _republished(data.draw, w[name], now)
+            indexes[name] = build_index(w[name], indexes[name])
+            assert _index_fields(indexes[name]) == _index_fields(SnapshotIndex(w[name]))
+        wl = data.draw(st.sampled_from(pool))
+        got = memo.route(wl, "w", indexes, now, history=hist)
+        _same(got, _reference(wl, w, now, history=hist, resume=None))

@@ -92,6 +92,34 @@ def test_the_command_replays_real_itp_rows_and_writes_json_and_plots(tmp_path: P
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
 
 
+def _command_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, object]:
+    with pytest.raises(SystemExit) as done:
+        main(["simulate", "--trace", str(ITP), "--limit", "20", "--seed", "3", "-o", "json", *args])
+    assert done.value.code == 0
+    doc = json.loads(capsys.readouterr().out)
+    del doc["wall_seconds"]
+    for p in doc["policies"]:
+        assert p.pop("cpu_seconds") > 0  # measured in the process that replayed it
+    return doc
+
+
+def test_policies_replayed_in_worker_processes_give_the_same_table(capsys: pytest.CaptureFixture[str]) -> None:
+    policies = "gpuorch,emptiest,random,clairvoyant"
+    apart = _command_json(capsys, "--policy", policies, "--workers", "2")
+    together = _command_json(capsys, "--policy", policies, "--workers", "1")
+    assert [p["policy"] for p in apart["policies"]] == policies.split(",")  # type: ignore[index]
+    assert apart == together
+
+
+def test_a_replay_leaves_the_collector_as_it_found_it() -> None:
+    import gc
+
+    thresholds, enabled = gc.get_threshold(), gc.isenabled()
+    w = _world()
+    simulate(w, jobs(_trace(20), w, GeneratorConfig(), seed=0), "gpuorch")
+    assert gc.get_threshold() == thresholds and gc.isenabled() == enabled and gc.get_freeze_count() == 0
+
+
 @pytest.mark.parametrize("module", ["gpuorch.simulate.engine", "gpuorch.simulate.model", "gpuorch.simulate.policies",
                                     "gpuorch.simulate.generator", "gpuorch.simulate.report"])
 def test_the_simulators_core_imports_no_io(module: str) -> None:

@@ -15,4 +15,5 @@ BENCHES: list[str] = [
     "gpuorch.dev.bench.pending:run",
     "gpuorch.dev.bench.localkube:run",
     "gpuorch.dev.bench.storage:run",
+    "gpuorch.dev.bench.replay:run",
 ]

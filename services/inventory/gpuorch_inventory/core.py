@@ -58,6 +58,7 @@ __all__ = [
     "PodStart",
     "QueueHistory",
     "Slot",
+    "WaitLayout",
     "build_snapshot",
     "earliest_start",
     "measure_queue_delays",
@@ -73,6 +74,7 @@ __all__ = [
     "snapshot_changed",
     "staged_refs",
     "unreachable_snapshot",
+    "wait_layout",
 ]
 
 GPU = GPU_RESOURCE
@@ -86,6 +88,8 @@ UNKNOWN_WAIT_S = 3600.0
 HISTORY_ALPHA = 0.3
 WAIT_TOLERANCE = 0.1
 MAX_AHEAD = 500
+#: node sets a `WaitLayout` remembers (cleared when full)
+_LAYOUT_MEMO = 1024
 #: the priority of the request a wait is estimated for: the dispatcher gives gpuorch's Jobs no
 #: priority class, so their pods have priority 0; pending pods of lower priority are behind them
 REQUEST_PRIORITY = 0
@@ -556,17 +560,18 @@ class _Timeline:
         return None if at is None else (at, limit - self.used[bisect_left(self.times, at)])
 
 
-@dataclass(frozen=True)
-class Hold:
-    """GPUs a running pod holds on a node for `remaining` simulated seconds (None = unknown)."""
+class Hold(msgspec.Struct, frozen=True):
+    """GPUs a running pod holds on a node for `remaining` simulated seconds (None = unknown).
+
+    A frozen struct (not a dataclass): one is made per running pod per snapshot, and a replay
+    makes millions; msgspec builds them in C."""
 
     node: str
     gpus: int
     remaining: float | None
 
 
-@dataclass(frozen=True)
-class Demand:
+class Demand(msgspec.Struct, frozen=True):
     """Pending work ahead in line: `workers` pods of `gpus` GPUs, each on one node among `nodes`
     (None = any), for `duration` (None = unknown). Under a strict order (`shape_waits`) its
     workers start together, as a gang; conservative backfilling places them one by one."""
@@ -701,18 +706,26 @@ def request_shapes(slots: Sequence[Slot], reference_gpus: int = REFERENCE_GPUS) 
 
 
 def _strict_start(
-    free: list[int], events: list[tuple[float, int, int]], t: float, nodes: Sequence[int], member: frozenset[int],
-    gpus: int, workers: int,
+    free: list[int], counts: list[int], events: list[tuple[float, int, int]], t: float, nodes: Sequence[int] | None,
+    member: frozenset[int] | None, gpus: int, workers: int, per_count: Sequence[int],
 ) -> float | None:
     """Advance the clock from `t` (releasing the GPUs of what ends) until `workers` placements of
-    `gpus` GPUs are free on `nodes`; the time, None when nothing more ends first."""
+    `gpus` GPUs are free on `nodes` (None: on every node); the time, None when nothing more ends
+    first. `counts[v]`: how many nodes have `v` GPUs free (kept up to date with `free`);
+    `per_count[v]`: placements on a node with `v` free (`v // gpus`)."""
     pop = heapq.heappop
     while events and events[0][0] <= t:
         _, i, g = pop(events)
-        free[i] += g
-    have = 0
-    for i in nodes:
-        have += free[i] // gpus
+        before = free[i]
+        free[i] = before + g
+        counts[before] -= 1
+        counts[before + g] += 1
+    if nodes is None:  # every node: from how many nodes have each free count
+        have = sum(map(operator.mul, counts, per_count))
+    else:
+        have = 0
+        for i in nodes:
+            have += free[i] // gpus
     while have < workers:
         if not events:
             return None
@@ -721,79 +734,158 @@ def _strict_start(
             _, i, g = pop(events)
             before = free[i]
             free[i] = before + g
-            if i in member:
+            counts[before] -= 1
+            counts[before + g] += 1
+            if member is None or i in member:
                 have += (before + g) // gpus - before // gpus
     return t
 
 
-def _strict_waits(
-    slots: Sequence[Slot], holds: Sequence[Hold], ahead: Sequence[Demand], shapes: Sequence[RequestShape], max_ahead: int
-) -> list[float | None]:
+class WaitLayout:
+    """A cluster's node layout and request shapes prepared for `shape_waits` (`wait_layout`).
+
+    Node indices and capacities, each shape's nodes and whether it can ever fit, and the node
+    sets of the demands seen so far (bounded). A caller that computes the waits of one layout
+    often makes it once and passes it (inventory for each queue line of a snapshot, the trace
+    replay for each snapshot of a cluster): the waits are the same as without it, since
+    everything here is a function of the slots and shapes alone.
+    """
+
+    __slots__ = ("_nodes", "cap", "everywhere", "index", "lines", "most", "per_count", "shapes", "slots")
+
+    def __init__(self, slots: Sequence[Slot], shapes: Sequence[RequestShape]) -> None:
+        self.slots = slots
+        self.shapes = shapes
+        self.index = {s.name: i for i, s in enumerate(slots)}
+        self.cap = [s.gpus for s in slots]
+        self.everywhere = tuple(range(len(slots)))
+        cap = self.cap
+        lines: list[tuple[int, int, tuple[int, ...] | None, frozenset[int] | None, bool]] = []
+        for shape in shapes:
+            on = tuple(i for i in self.everywhere if shape.counts(slots[i].gpu_product, slots[i].pool))
+            fits = sum(cap[i] // shape.gpus for i in on) >= shape.workers
+            every = on == self.everywhere
+            lines.append((shape.gpus, shape.workers, None if every else on, None if every else frozenset(on), fits))
+        #: per shape: GPUs per worker, workers, its nodes in node order and as a set (None: every
+        #: node), whether it can ever fit
+        self.lines = lines
+        #: a demand's node set (None: every node) -> its nodes as a tuple and a set; (node set, GPUs
+        #: per worker) -> placements an idle cluster has
+        self.most: dict[tuple[frozenset[str] | None, int], int] = {}
+        self._nodes: dict[frozenset[str], tuple[tuple[int, ...], frozenset[int]]] = {}
+        #: per GPUs per worker g (1 .. the most a node has): placements on a node with v free, v // g
+        most = max(cap, default=0)
+        self.per_count = [()] + [tuple(v // g for v in range(most + 1)) for g in range(1, most + 1)]
+
+    def nodes_of(self, names: frozenset[str] | None) -> tuple[tuple[int, ...] | None, frozenset[int] | None]:
+        """A demand's nodes, in node order and as a set (None, None: every node)."""
+        if names is None:
+            return None, None
+        got = self._nodes.get(names)
+        if got is None:
+            on = tuple(i for i in self.everywhere if self.slots[i].name in names)
+            if len(self._nodes) >= _LAYOUT_MEMO:
+                self._nodes.clear()
+            got = self._nodes[names] = (on, frozenset(on))
+        return got
+
+    def room(self, names: frozenset[str] | None, nodes: tuple[int, ...] | None, gpus: int) -> int:
+        """Placements of `gpus` GPUs an idle cluster has on `nodes` (None: every node)."""
+        room = self.most.get((names, gpus))
+        if room is None:
+            cap = self.cap
+            room = sum(cap[i] // gpus for i in (self.everywhere if nodes is None else nodes))
+            if len(self.most) >= _LAYOUT_MEMO:
+                self.most.clear()
+            self.most[(names, gpus)] = room
+        return room
+
+
+def wait_layout(slots: Sequence[Slot], shapes: Sequence[RequestShape]) -> WaitLayout:
+    """`slots` and `shapes` prepared for `shape_waits` (pass the same sequences with it)."""
+    return WaitLayout(slots, shapes)
+
+
+def _strict_waits(layout: WaitLayout, holds: Sequence[Hold], ahead: Sequence[Demand], max_ahead: int) -> list[float | None]:
     """`shape_waits` for a strict order: each demand ahead starts, all its workers at once, no
     earlier than the one before it, at the first time its gang fits on its nodes (each worker on
     the node with the fewest free GPUs that fit, then in node order); the request likewise after
     the last one. Free GPUs only grow after the line's last start, so that is exact: it is
     `gpuorch.simulate`'s strict-FIFO cluster (`ClusterModel.plan`) run on the expected times."""
-    n = len(slots)
-    index = {s.name: i for i, s in enumerate(slots)}
-    cap = [s.gpus for s in slots]
-    free = list(cap)  # never below 0: a node's running pods hold at most what it has
+    index = layout.index
+    free = list(layout.cap)  # never below 0: a node's running pods hold at most what it has
     events: list[tuple[float, int, int]] = []  # (end, node, GPUs released)
     for h in holds:
         i = index.get(h.node)
-        if i is None or h.gpus <= 0 or (h.remaining is not None and h.remaining <= 0):
+        remaining = h.remaining
+        if i is None or h.gpus <= 0 or (remaining is not None and remaining <= 0):
             continue
-        g = min(h.gpus, free[i])
+        g = h.gpus
+        if g > free[i]:
+            g = free[i]
         free[i] -= g
-        if h.remaining is not None and g > 0:
-            events.append((h.remaining, i, g))
+        if remaining is not None and g > 0:
+            events.append((remaining, i, g))
     heapq.heapify(events)
-    everywhere = tuple(range(n))
-    eligible: dict[frozenset[str] | None, tuple[tuple[int, ...], frozenset[int]]] = {None: (everywhere, frozenset(everywhere))}
-    most: dict[tuple[frozenset[str] | None, int], int] = {}  # placements an idle cluster has
+    counts = list(map(free.count, range(len(layout.per_count))))  # nodes with v GPUs free, v = 0 .. the most a node has
+    per_count = layout.per_count
+    push = heapq.heappush
     t = 0.0
     for d in ahead[:max_ahead]:
         gpus, workers = d.gpus, d.workers
         if gpus <= 0 or workers <= 0:
             continue
-        got = eligible.get(d.nodes)
-        if got is None:
-            names = d.nodes or frozenset()
-            on = tuple(i for i in everywhere if slots[i].name in names)
-            got = eligible[d.nodes] = (on, frozenset(on))
-        nodes, member = got
-        room = most.get((d.nodes, gpus))
-        if room is None:
-            room = most[(d.nodes, gpus)] = sum(cap[i] // gpus for i in nodes)
-        if room < workers:
+        nodes, member = layout.nodes_of(d.nodes)
+        if layout.room(d.nodes, nodes, gpus) < workers:
             continue  # it can never fit: skipped, as a scheduler skips an unschedulable pod
-        start = _strict_start(free, events, t, nodes, member, gpus, workers)
+        start = _strict_start(free, counts, events, t, nodes, member, gpus, workers, per_count[gpus])
         if start is None:
-            return [None] * len(shapes)  # the line is stuck behind work of unknown duration
+            return [None] * len(layout.shapes)  # the line is stuck behind work of unknown duration
         t = start
         for _ in range(workers):
-            i = min((free[j], j) for j in nodes if free[j] >= gpus)[1]
-            free[i] -= gpus
+            # the node with the fewest free GPUs that fit, then the first (nodes are in node order)
+            if nodes is None:
+                least = gpus
+                while not counts[least]:
+                    least += 1
+                best = free.index(least)
+            else:
+                best, least = -1, 0
+                for j in nodes:
+                    f = free[j]
+                    if f >= gpus and (best < 0 or f < least):
+                        best, least = j, f
+            free[best] = least - gpus
+            counts[least] -= 1
+            counts[least - gpus] += 1
             if d.duration is not None:
-                heapq.heappush(events, (t + max(0.0, d.duration), i, gpus))
+                push(events, (t + max(0.0, d.duration), best, gpus))
     while events and events[0][0] <= t:
         _, i, g = heapq.heappop(events)
-        free[i] += g
-    rest = sorted(events)
+        before = free[i]
+        free[i] = before + g
+        counts[before] -= 1
+        counts[before + g] += 1
+    rest: list[tuple[float, int, int]] | None = None
     out: list[float | None] = []
-    for shape in shapes:
-        gpus, workers = shape.gpus, shape.workers
-        counted = frozenset(i for i in everywhere if shape.counts(slots[i].gpu_product, slots[i].pool))
-        if sum(cap[i] // gpus for i in counted) < workers:
+    for gpus, workers, on, counted, fits in layout.lines:
+        if not fits:
             out.append(None)
             continue
-        have = sum(free[i] // gpus for i in counted)
+        if on is None:
+            have = sum(map(operator.mul, counts, per_count[gpus]))
+        else:
+            have = 0
+            for i in on:
+                have += free[i] // gpus
         at: float | None = t
         if have < workers:
             at = None
+            if rest is None:
+                rest = sorted(events)
             probe = list(free)
             for end, i, g in rest:
-                if i in counted:
+                if counted is None or i in counted:
                     before = probe[i]
                     probe[i] = before + g
                     have += (before + g) // gpus - before // gpus
@@ -812,6 +904,7 @@ def shape_waits(
     queueing: Queueing = "best-effort",
     *,
     max_ahead: int = MAX_AHEAD,
+    layout: WaitLayout | None = None,
 ) -> list[float | None]:
     """When (simulated seconds from now) a new request of each shape could start, with `ahead` the
     demand before it in the destination's admission order; None: not within what is known.
@@ -821,7 +914,8 @@ def shape_waits(
     (`earliest_start`): the demand ahead reserves GPUs pod by pod, and the request takes the
     earliest time from which its gang stays free on the shape's nodes. Running pods (`holds`) free
     their GPUs when their remaining time ends (None: never). Only the first `max_ahead` demands
-    are simulated; beyond them the estimate is optimistic.
+    are simulated; beyond them the estimate is optimistic. `layout`: `wait_layout(slots, shapes)`
+    of these very sequences, made once by a caller that asks often (else made here).
     """
     if queueing == "best-effort":
         usage = _book_ahead({s.name: s.gpus for s in slots}, holds, ahead, max_ahead)
@@ -829,7 +923,9 @@ def shape_waits(
             _gang_for_good(usage, [s.name for s in slots if shape.counts(s.gpu_product, s.pool)], shape.gpus, shape.workers)
             for shape in shapes
         ]
-    return _strict_waits(slots, holds, ahead, shapes, max_ahead)
+    if layout is None or layout.slots is not slots or layout.shapes is not shapes:
+        layout = WaitLayout(slots, shapes)
+    return _strict_waits(layout, holds, ahead, max_ahead)
 
 
 @dataclass(frozen=True)
@@ -1053,6 +1149,7 @@ def _waits(
     schedulable = [n for n in parsed_nodes if n.schedulable and n.gpus > 0]
     slots = [Slot(n.info.name, n.gpus, n.info.gpu_product, n.info.pool) for n in schedulable]
     shapes = request_shapes(slots, reference_gpus)
+    layout = wait_layout(slots, shapes)
     holds = [Hold(p.node, p.gpus, _remaining(p, now, time_scale)) for p in parsed if p.holds and p.node]
     known = _queue_names(registry)
     known_set = set(known)
@@ -1076,7 +1173,7 @@ def _waits(
         key = line_of(queue)
         if key not in starts:
             ahead = _ahead(lines.get(key, []), queueing, eligible)
-            starts[key] = shape_waits(slots, holds, ahead, shapes, queueing)
+            starts[key] = shape_waits(slots, holds, ahead, shapes, queueing, layout=layout)
         measured = None if history is None else history.ewma(cluster, queue)
         out[queue] = published_waits(shapes, starts[key], measured, unknown_wait_s)
     return out

@@ -14,6 +14,9 @@ evaluation reads (``docs/routing.md`` lists them):
   signature, and parts of the checks by the demand fields they read (node filters, gang shape,
   registry checks with staging and resume, queue placement), so a new signature recomputes only
   what it changes; an ineligible cluster's verdict is shared by every signature with its checks;
+  a cluster's next index shares the parts its inputs leave unchanged (node filters and gang
+  shapes while it has the same node classes, registry checks while it has the same registry
+  facts and queue owners): a republished snapshot mostly changes ages and queue waits only;
 * per *world* (the mapping of snapshots, recognised by item identity): the last decision per
   signature with the interval of ``now`` over which it stays the same, and *plans* for decisions
   at new snapshot ages (every verdict prebuilt but its age and freshness check);
@@ -167,6 +170,21 @@ class _Cached(Parts):
         return got if got is not None else _put(self.im.place, key, super().placed(idx, d, suitable, queues), self.size)
 
 
+@dataclass(slots=True, eq=False)
+class _Shared:
+    """A cluster's last index memos, with what they read: node classes and registry facts."""
+
+    classes: tuple[NodeClass, ...]
+    node_count: int
+    cpu_reported: bool
+    reachable: bool
+    node: dict[tuple[object, ...], NodePart]
+    shape: dict[tuple[object, ...], NodePart]
+    facts: tuple[object, ...]
+    owners: dict[str, tuple[str, ...]]
+    reg: dict[tuple[object, ...], RegistryPart]
+
+
 # name, index, its memos, their evaluation memo (looked up once per cluster: the hot loop), observed_at, reachable, error
 Row = tuple[str, SnapshotIndex, _IndexMemo, dict[int, _Eval], float, bool, str | None]
 Candidate = tuple[float, str, Evaluation]
@@ -242,6 +260,7 @@ class RoutingMemo:
         self.max_worlds = worlds
         self.indexes: dict[int, tuple[ClusterSnapshot, SnapshotIndex]] = {}
         self.index_memos: dict[int, tuple[SnapshotIndex, _IndexMemo]] = {}
+        self.shared: dict[str, _Shared] = {}  # cluster -> its last index's memos (`_share`)
         self.sig_ids = itertools.count(1)
         self.enc = msgspec.msgpack.Encoder()
         # (eligibility bytes, estimate bytes, history, resume) -> signature; equal keys, equal demand
@@ -274,10 +293,38 @@ class RoutingMemo:
         if entry is not None and entry[0] is idx:
             return entry[1]
         im = _IndexMemo()
+        self._share(idx, im)
         if len(self.index_memos) >= self.index_cache:
             del self.index_memos[next(iter(self.index_memos))]
         self.index_memos[id(idx)] = (idx, im)
         return im
+
+    def _share(self, idx: SnapshotIndex, im: _IndexMemo) -> None:
+        """Give `im` the memos of the cluster's last index that read only what is unchanged: the
+        node filters and gang shapes read the node classes (shared by the index when every node
+        is equal, `SnapshotIndex(previous=...)`), the registry checks the registry's facts, the
+        cluster's name and its queue owners (the registry facts are one tuple for indexes that share
+        them: `SnapshotIndex.registry_facts`)."""
+        facts = idx.registry_facts
+        last = self.shared.get(idx.cluster)
+        if last is not None:
+            nodes = (
+                last.classes is idx.classes
+                and last.node_count == idx.node_count
+                and last.cpu_reported == idx.cpu_reported
+                and last.reachable == idx.reachable
+            )
+            registry = last.facts is facts and last.owners == idx.queue_owners
+            if nodes:
+                im.node, im.shape = last.node, last.shape
+            if registry:
+                im.reg = last.reg
+        elif len(self.shared) >= self.index_cache:
+            del self.shared[next(iter(self.shared))]
+        self.shared[idx.cluster] = _Shared(
+            classes=idx.classes, node_count=idx.node_count, cpu_reported=idx.cpu_reported, reachable=idx.reachable,
+            node=im.node, shape=im.shape, facts=facts, owners=dict(idx.queue_owners), reg=im.reg,
+        )
 
     def _signature(self, wl: Workload, history: RoutingHistory | None, resume: CheckpointRef | None) -> _Sig:
         """The workload's demand, shared by every workload with the same routing-relevant fields."""

@@ -381,8 +381,24 @@ def _summaries(clusters: Mapping[str, tuple[ClusterSample, ...]]) -> tuple[dict[
     return overlap, output
 
 
-def _build(h: RoutingHistory, runs: tuple[_Bucket, ...], clusters: Mapping[str, tuple[ClusterSample, ...]]) -> RoutingHistory:
-    overlap, output = (dict(h.overlap), dict(h.output_seconds)) if clusters is h.clusters else _summaries(clusters)
+def _build(
+    h: RoutingHistory, runs: tuple[_Bucket, ...], clusters: Mapping[str, tuple[ClusterSample, ...]], changed: str | None = None
+) -> RoutingHistory:
+    """`h` with `runs` and `clusters`; `changed`: the one cluster whose window differs from `h`'s
+    (the others keep their summaries: the same as summarising them again, in the same order)."""
+    if clusters is h.clusters:
+        overlap, output = dict(h.overlap), dict(h.output_seconds)
+    elif changed is not None:
+        new_overlap, new_output = _summaries({changed: clusters[changed]})
+        overlap, output = {}, {}
+        for c in clusters:
+            have_overlap, have_output = (new_overlap, new_output) if c == changed else (h.overlap, h.output_seconds)
+            if c in have_overlap:
+                overlap[c] = have_overlap[c]
+            if c in have_output:
+                output[c] = have_output[c]
+    else:
+        overlap, output = _summaries(clusters)
     return RoutingHistory(
         runs=runs, clusters=MappingProxyType(dict(clusters)), overlap=MappingProxyType(overlap),
         output_seconds=MappingProxyType(output), default_overlap=h.default_overlap, quantile=h.quantile,
@@ -409,15 +425,17 @@ def update_history(history: RoutingHistory | None, measured: MeasuredTimeline) -
         output = measured.promoted_at - measured.finished_at
     frac = measured_overlap(measured)
     clusters: Mapping[str, tuple[ClusterSample, ...]] = h.clusters
+    changed = None
     if frac is not None or output is not None:
         stamps = [t for t in (measured.promoted_at, measured.finished_at, measured.admitted_at, measured.routed_at) if t is not None]
         cs = ClusterSample(max(stamps, default=0.0), uid, frac, output)
         window = _insert(h.clusters.get(measured.cluster, ()), cs, CLUSTER_SAMPLES)
         if window is not None:
             clusters = {**h.clusters, measured.cluster: window}
+            changed = measured.cluster
     if runs is h.runs and clusters is h.clusters:
         return h
-    return _build(h, runs, clusters)
+    return _build(h, runs, clusters, changed)
 
 
 # ---- snapshot form -------------------------------------------------------------------------

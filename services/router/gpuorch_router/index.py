@@ -4,7 +4,10 @@ A :class:`SnapshotIndex` groups a snapshot's nodes into *classes* of identical n
 model, memory, installed GPUs, labels, scheduling taints, sharing) with counts and a histogram of
 free GPUs on Ready nodes, so the checks cost O(classes), not O(nodes); registry facts become sets
 and queues are looked up by name. Built once per published snapshot; immutable once built (the
-fast path's caches live in :class:`gpuorch_router.fastpath.RoutingMemo`, never here).
+fast path's caches live in :class:`gpuorch_router.fastpath.RoutingMemo`, never here). Built
+with the cluster's previous index, it takes from it the parts whose inputs are equal (the node
+classes when every node is, the registry's sets when the registry is): inventory republishes a
+cluster every few seconds, mostly with nothing but its age and queue waits changed.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from gpuorch_proto.inventory import ClusterSnapshot, NodeInfo, QueueInfo, Taint
 from gpuorch_proto.kubesem import BLOCKING_EFFECTS
 from gpuorch_proto.placement import LABEL_GPU_COUNT, LABEL_MIG_STRATEGY
 
-__all__ = ["VOLATILE_LABELS", "NodeClass", "SnapshotIndex", "installed_gpus", "node_classes", "plural"]
+__all__ = ["REGISTRY_FACTS", "VOLATILE_LABELS", "NodeClass", "SnapshotIndex", "installed_gpus", "node_classes", "plural"]
 
 #: Labels unique per node: left out of node classes (else every node is its own class).
 VOLATILE_LABELS: Final = frozenset({"kubernetes.io/hostname"})
@@ -160,11 +163,19 @@ class SnapshotIndex:
         "queue_owners",
         "reachable",
         "readable",
+        "registry_facts",
         "snapshot",
         "startup",
     )
 
-    def __init__(self, snapshot: ClusterSnapshot) -> None:
+    classes: tuple[NodeClass, ...]
+    node_count: int
+    cpu_reported: bool
+    registry_facts: tuple[object, ...]
+
+    def __init__(self, snapshot: ClusterSnapshot, previous: SnapshotIndex | None = None) -> None:
+        """`previous`: the same cluster's last index, or None; the index is the same either way
+        (equal nodes give equal classes; the previous index's are shared, never changed)."""
         reg = snapshot.registry
         self.snapshot = snapshot
         self.cluster = snapshot.cluster
@@ -172,10 +183,40 @@ class SnapshotIndex:
         self.observed_at = snapshot.observed_at
         self.published_at = snapshot.published_at
         self.error = snapshot.error
-        self.classes = node_classes(snapshot.nodes)
-        self.node_count = len(snapshot.nodes)
-        # Inventory that does not report free CPU/memory leaves every node at 0/0: then not checked.
-        self.cpu_reported = any(n.cpu_free > 0 or n.memory_free > 0 for n in snapshot.nodes)
+        before = previous.snapshot if previous is not None and previous.cluster == snapshot.cluster else None
+        if before is not None and (before.nodes is snapshot.nodes or before.nodes == snapshot.nodes):
+            assert previous is not None
+            self.classes, self.node_count, self.cpu_reported = previous.classes, previous.node_count, previous.cpu_reported
+        else:
+            self.classes = node_classes(snapshot.nodes)
+            self.node_count = len(snapshot.nodes)
+            # Inventory that does not report free CPU/memory leaves every node at 0/0: then not checked.
+            self.cpu_reported = any(n.cpu_free > 0 or n.memory_free > 0 for n in snapshot.nodes)
+        if before is not None and (before.registry is reg or before.registry == reg):
+            assert previous is not None
+            self._registry_from(previous)
+        else:
+            self._registry_sets(snapshot)
+        # The registry is the authority on which queues exist and who may use them; a snapshot's
+        # observed queues stand in only when the registry names none.
+        owners: dict[str, tuple[str, ...]] = {}
+        if reg.queues:
+            for q in reg.queues:
+                owners[q.name] = tuple(q.owners)
+        else:
+            for qi in snapshot.queues:
+                owners[qi.name] = tuple(qi.owners)
+        self.queue_owners: Mapping[str, tuple[str, ...]] = owners
+        self.queue_info: Mapping[str, QueueInfo] = {q.name: q for q in snapshot.queues}
+        self.pending_gpus = snapshot.pending_gpus
+
+    def _registry_from(self, previous: SnapshotIndex) -> None:
+        for name, value in zip(REGISTRY_FACTS, previous.registry_facts, strict=True):
+            setattr(self, name, value)
+        self.registry_facts = previous.registry_facts
+
+    def _registry_sets(self, snapshot: ClusterSnapshot) -> None:
+        reg = snapshot.registry
         self.artifact_stores = frozenset(reg.artifact_stores)
         self.checkpoint_stores = frozenset(reg.checkpoint_stores) | self.artifact_stores
         self.connections = frozenset(reg.connections)
@@ -197,15 +238,23 @@ class SnapshotIndex:
         self.readable = self.data_locations | frozenset(s for s in reg.artifact_stores if s not in self.bandwidth)
         self.startup = max(0.0, reg.startup_seconds)
         self.price = max(0.0, reg.price_per_gpu_hour)
-        # The registry is the authority on which queues exist and who may use them; a snapshot's
-        # observed queues stand in only when the registry names none.
-        owners: dict[str, tuple[str, ...]] = {}
-        if reg.queues:
-            for q in reg.queues:
-                owners[q.name] = tuple(q.owners)
-        else:
-            for qi in snapshot.queues:
-                owners[qi.name] = tuple(qi.owners)
-        self.queue_owners: Mapping[str, tuple[str, ...]] = owners
-        self.queue_info: Mapping[str, QueueInfo] = {q.name: q for q in snapshot.queues}
-        self.pending_gpus = snapshot.pending_gpus
+        #: every attribute of `REGISTRY_FACTS`, in that order: one object for indexes that share them
+        self.registry_facts = tuple(getattr(self, name) for name in REGISTRY_FACTS)
+
+
+#: the index's attributes made from the registry alone (`SnapshotIndex._registry_sets`)
+REGISTRY_FACTS: Final = (
+    "artifact_stores",
+    "checkpoint_stores",
+    "connections",
+    "credentials",
+    "datasets_cached",
+    "datasets_by_name",
+    "images_cached",
+    "bandwidth",
+    "bandwidth_measured",
+    "data_locations",
+    "readable",
+    "startup",
+    "price",
+)

@@ -68,9 +68,10 @@ __all__ = [
 ]
 
 
-def build_index(snapshot: ClusterSnapshot) -> SnapshotIndex:
-    """A new index of `snapshot` (a :class:`RoutingMemo` keeps them by snapshot identity)."""
-    return SnapshotIndex(snapshot)
+def build_index(snapshot: ClusterSnapshot, previous: SnapshotIndex | None = None) -> SnapshotIndex:
+    """A new index of `snapshot` (a :class:`RoutingMemo` keeps them by snapshot identity); with the
+    cluster's `previous` index, its unchanged parts are shared (the same index either way)."""
+    return SnapshotIndex(snapshot, previous)
 
 
 def eligible_nodes(workload: Workload, snapshot: ClusterSnapshot | SnapshotIndex) -> frozenset[str]:

@@ -570,7 +570,7 @@ class Router:
         snap = trusted
         old = self.snapshots.get(snap.cluster)
         self.snapshots[snap.cluster] = snap
-        self.indexes[snap.cluster] = build_index(snap)
+        self.indexes[snap.cluster] = build_index(snap, self.indexes.get(snap.cluster))
         if old is None or old.reachable != snap.reachable or old.observed_at != snap.observed_at:
             self.inventory_changed.set()
 
